@@ -1,0 +1,136 @@
+"""The one settings object, read from flags, the environment and an optional TOML file.
+
+Precedence, highest first: command-line flags, ``ACP_BROKER_*`` environment
+variables, the TOML file named by ``--config`` (or ``ACP_BROKER_CONFIG``),
+then the defaults below.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+log = logging.getLogger(__name__)
+
+AGENT_META_KEY = "acpBroker/agent"
+"""``_meta`` key of ``session/new`` that picks the agent by name."""
+KIND_META_KEY = "acpBroker/kind"
+"""``_meta`` key of ``session/new`` that overrides the session's kind."""
+
+SESSION_KINDS = ("browser", "shell", "combined")
+
+
+class AgentSpec(BaseModel):
+    """One agent behind the broker: a command that speaks ACP over stdio."""
+
+    name: str
+    command: list[str]
+    kind: str = "combined"
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("an agent needs a command")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in SESSION_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(SESSION_KINDS)}")
+        return value
+
+    @classmethod
+    def parse(cls, text: str) -> AgentSpec:
+        """``NAME=COMMAND ARGS…`` as given to ``--agent``."""
+        name, sep, command = text.partition("=")
+        if not sep or not name.strip() or not command.strip():
+            raise ValueError(f"--agent takes NAME='COMMAND ARGS…', got {text!r}")
+        return cls(name=name.strip(), command=command)  # type: ignore[arg-type]
+
+
+def demo_agent() -> AgentSpec:
+    """The demo agent shipped in the package; used when no agent is configured."""
+    return AgentSpec(name="demo", command=[sys.executable, "-m", "workers.agent_host.demo_agent"])
+
+
+class Settings(BaseSettings):
+    """Everything a broker process can be told."""
+
+    model_config = SettingsConfigDict(env_prefix="ACP_BROKER_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    path: str = "/acp"
+    redis_url: str | None = None
+    agents: list[AgentSpec] = Field(default_factory=list)
+    cursor_secret: str | None = None
+    cursor_old_secrets: list[str] = Field(default_factory=list)
+    tenant: str = "default"
+
+    list_page_size: int = Field(default=50, ge=1, le=1000)
+    max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(default=64, ge=4)
+    max_queue_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    ping_interval: float = Field(default=20.0, gt=0)
+    agent_request_timeout: float = Field(default=60.0, gt=0)
+    cancel_grace: float = Field(default=10.0, gt=0)
+    feed_maxlen: int = Field(default=100_000, ge=1000)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    def agent_list(self) -> list[AgentSpec]:
+        """The configured agents, the default first; the demo agent when none is set."""
+        return self.agents or [demo_agent()]
+
+    def cursor_keys(self) -> list[bytes]:
+        """Signing keys, newest first; generates one (and warns) when none is set."""
+        if self.cursor_secret is None:
+            log.warning(
+                "no cursor secret configured: generated a random one. List cursors will not "
+                "survive a restart or work across nodes; set ACP_BROKER_CURSOR_SECRET."
+            )
+            self.cursor_secret = secrets.token_urlsafe(32)
+        return [s.encode() for s in [self.cursor_secret, *self.cursor_old_secrets]]
+
+
+def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
+    """Build the settings; ``overrides`` are flags that were given (None = not given)."""
+    path = config_file or os.environ.get("ACP_BROKER_CONFIG")
+    settings_cls = Settings
+    if path:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
+        settings_cls = type("FileSettings", (Settings,), {"model_config": config})
+    return settings_cls(**{k: v for k, v in overrides.items() if v is not None})

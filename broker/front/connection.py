@@ -1,0 +1,296 @@
+"""One client connection: the negotiated surface, its active sessions, its outgoing queue.
+
+Frames in are parsed and dispatched (requests run concurrently, since a prompt
+runs for long and a cancel must overtake it). Frames out go through a bounded
+queue drained by one writer, so a slow client never slows another: past the
+bound it is disconnected with :data:`CLOSE_SLOW_CONSUMER`.
+
+Ordering rules live here. While a request that activates a session is being
+answered, the session's live events are *held*, so the response precedes them
+(``session/new``) or follows a replay and precedes them (``session/load``);
+``session/prompt`` answers only once the connection has been sent every event
+up to the prompt's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from ..protocol import jsonrpc
+from ..protocol.jsonrpc import Invalid, JsonObject, Request, Response, RpcError
+from ..protocol.pending import PeerGone, PendingRequests
+from ..protocol.render import origin_of, session_updates
+from ..store.events import EventType, LogEvent
+
+if TYPE_CHECKING:
+    from .methods import AcpMethods
+
+log = logging.getLogger(__name__)
+
+CLOSE_SLOW_CONSUMER = 4008
+"""Close code for a client that reads too slowly (its outgoing queue overflowed)."""
+CLOSE_GOING_AWAY = 1001
+"""Close code when the broker shuts down: reconnect (to any node)."""
+
+
+@dataclass(eq=False)
+class ActiveSession:
+    """A session active on this connection and how far its events have been sent."""
+
+    tenant: str
+    session_id: str
+    delivered: int = 0
+    held: list[LogEvent] | None = None
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+
+
+class ClientConnection:
+    """The broker's side of one WebSocket connection."""
+
+    def __init__(self, ws: ServerConnection, methods: AcpMethods, *, tenant: str) -> None:
+        self.ws = ws
+        self.id = str(ws.id)
+        self.methods = methods
+        self.tenant = tenant
+        self.settings = methods.settings
+        self.protocol_version: int | None = None
+        self.client_capabilities: JsonObject = {}
+        self.active: dict[str, ActiveSession] = {}
+        self._pending = PendingRequests()
+        self._queue: deque[str] = deque()
+        self._queued_bytes = 0
+        self._wakeup = asyncio.Event()
+        self._closing = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it closes, then leave every session."""
+        writer = asyncio.create_task(self._write_loop())
+        try:
+            async for frame in self.ws:
+                if isinstance(frame, str):
+                    self._on_frame(frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._closing = True
+            writer.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            self._pending.fail_all("the client disconnected")
+            for session in list(self.active.values()):
+                await self.methods.hub.leave(session.tenant, session.session_id, self)
+            self.active.clear()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    def _on_frame(self, frame: str) -> None:
+        if len(frame.encode()) > self.settings.max_message_bytes:
+            too_big = RpcError(jsonrpc.INVALID_REQUEST, "message too large")
+            self.send(jsonrpc.error_reply(None, too_big))
+            return
+        message = jsonrpc.parse_frame(frame, max_depth=self.settings.max_json_depth)
+        if isinstance(message, Invalid):
+            if message.reply is not None:
+                self.send(message.reply)
+        elif isinstance(message, Response):
+            self._pending.resolve(message)
+        else:
+            self._spawn(self._handle(message))
+
+    async def _handle(self, request: Request) -> None:
+        try:
+            result = await self.methods.dispatch(self, request)
+        except RpcError as exc:
+            if request.id is not None:
+                self.send(jsonrpc.error_reply(request.id, exc))
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handling %s failed", request.method)
+            if request.id is not None:
+                internal = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
+                self.send(jsonrpc.error_reply(request.id, internal))
+            return
+        if request.id is not None and not isinstance(result, Deferred):
+            self.send(jsonrpc.result_reply(request.id, result))
+
+    # -- outgoing ---------------------------------------------------------------------------
+
+    def reply(self, request: Request, result: Any) -> None:
+        """Answer a request now (handlers that must order the reply use this, then DEFERRED)."""
+        if request.id is not None:
+            self.send(jsonrpc.result_reply(request.id, result))
+
+    def send(self, message: JsonObject) -> None:
+        self.send_text(jsonrpc.encode(message))
+
+    def send_text(self, text: str) -> None:
+        """Queue one frame; a client that lets the queue overflow is cut off."""
+        if self._closing:
+            return
+        self._queue.append(text)
+        self._queued_bytes += len(text)
+        if self._queued_bytes > self.settings.max_queue_bytes:
+            self._closing = True
+            self._queue.clear()
+            log.warning("connection %s is too slow; disconnecting it", self.id)
+            self._spawn(self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full"))
+            return
+        self._wakeup.set()
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                text = self._queue.popleft()
+                self._queued_bytes -= len(text)
+                try:
+                    await self.ws.send(text)
+                except ConnectionClosed:
+                    return
+
+    async def request_client(self, method: str, params: JsonObject) -> Any:
+        """Send a request to the client and wait for its answer.
+
+        Cancelling the wait tells the client the request is settled
+        (``$/cancel_request``).
+        """
+        msg_id, future = self._pending.open()
+        self.send(jsonrpc.request(msg_id, method, params))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.send(jsonrpc.notification("$/cancel_request", {"requestId": msg_id}))
+            raise
+        except PeerGone as exc:
+            raise ConnectionError(str(exc)) from None
+        finally:
+            self._pending.discard(msg_id)
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def activate(
+        self, tenant: str, session_id: str, *, replay_after: int | None, replay_now: bool
+    ) -> None:
+        """Make a session active here and hold its live events until :meth:`release`.
+
+        ``replay_after`` None: send only what comes next. Otherwise send every
+        event after that seq, now (``replay_now``, for load) or on release.
+        """
+        await self.deactivate(session_id)
+        session = ActiveSession(tenant, session_id, held=[])
+        self.active[session_id] = session
+        try:
+            head = await self.methods.hub.join(tenant, session_id, self)
+        except BaseException:
+            self.active.pop(session_id, None)
+            raise
+        if replay_after is None or replay_after >= head:
+            session.delivered = head
+            return
+        events = await self.methods.log.read(tenant, session_id, after=replay_after, until=head)
+        session.delivered = replay_after
+        if replay_now:
+            for event in events:
+                self._emit(session, event, replay=True)
+        else:
+            assert session.held is not None
+            session.held[:0] = events
+
+    def release(self, session_id: str) -> None:
+        """Send the events held back while a session was being activated."""
+        session = self.active.get(session_id)
+        if session is None or session.held is None:
+            return
+        held, session.held = session.held, None
+        for event in sorted(held, key=lambda e: e.seq):
+            self._emit(session, event, replay=False)
+
+    async def deactivate(self, session_id: str) -> None:
+        session = self.active.pop(session_id, None)
+        if session is not None:
+            for _, waiter in session.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            await self.methods.hub.leave(session.tenant, session_id, self)
+
+    def deliver(self, session_id: str, event: LogEvent) -> None:
+        """A live event from the hub."""
+        session = self.active.get(session_id)
+        if session is None:
+            return
+        if session.held is not None:
+            session.held.append(event)
+        else:
+            self._emit(session, event, replay=False)
+
+    async def wait_delivered(self, session_id: str, seq: int, timeout: float = 10.0) -> None:
+        """Wait until every event up to ``seq`` of the session has been queued here."""
+        session = self.active.get(session_id)
+        if session is None or session.delivered >= seq:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session.waiters.append((seq, future))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, timeout)
+
+    def _emit(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> None:
+        if event.seq <= session.delivered:
+            return
+        session.delivered = event.seq
+        own_prompt = not replay and event.type == EventType.PROMPT and origin_of(event) == self.id
+        if not own_prompt:
+            for text in _frames(event, session.session_id):
+                self.send_text(text)
+        if session.waiters:
+            self._wake_waiters(session)
+        if event.type == EventType.DELETED:
+            self._spawn(self.deactivate(session.session_id))
+
+    @staticmethod
+    def _wake_waiters(session: ActiveSession) -> None:
+        still = []
+        for seq, future in session.waiters:
+            if seq <= session.delivered:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                still.append((seq, future))
+        session.waiters = still
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def spawn(self, coro: Any) -> None:
+        """Run work tied to this connection's life."""
+        self._spawn(coro)
+
+
+class Deferred:
+    """A handler result meaning: the handler has sent (or will send) the reply itself."""
+
+
+DEFERRED = Deferred()
+
+def _frames(event: LogEvent, session_id: str) -> list[str]:
+    """The frames of an event, serialized once and shared by every connection."""
+    frames = event.frames.get("v1")
+    if frames is None:
+        frames = [jsonrpc.encode(m) for m in session_updates(event, session_id)]
+        event.frames["v1"] = frames
+    return frames

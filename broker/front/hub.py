@@ -1,0 +1,223 @@
+"""The fan-out hub: one live subscription per session, shared by every local connection.
+
+A front node subscribes (sharded pub/sub) once per session that is active on
+any of its connections, reference counted, and hands each event to all of
+them. Pub/sub may drop messages, so the hub keeps the last seq it delivered per
+session: an older seq is a duplicate and is dropped, a gap is filled from the
+log before the new event goes out, and a periodic position check against the
+snapshots catches a loss that no later event reveals. Connections therefore
+see every event of a session in seq order, each exactly once, from the
+position :meth:`FanoutHub.join` returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..store.client import Store
+from ..store.events import LogEvent
+from ..store.keys import PREFIX, SessionKeys
+from ..store.log import SessionLog, SessionMissing
+
+log = logging.getLogger(__name__)
+
+
+class Subscriber(Protocol):
+    """A connection, as the hub sees it."""
+
+    id: str
+
+    def deliver(self, session_id: str, event: LogEvent) -> None: ...
+
+
+@dataclass(eq=False)
+class SessionFeed:
+    """This node's live subscription to one session."""
+
+    keys: SessionKeys
+    subscribers: set[Subscriber] = field(default_factory=set)
+    last: int | None = None  # the last seq handed out; None until the subscription is live
+    epoch: str | None = None
+    early: list[tuple[int, str, LogEvent]] = field(default_factory=list)
+    ready: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    confirmed: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class FanoutHub:
+    """Live events of the sessions active on this node's connections."""
+
+    def __init__(self, redis: Store, session_log: SessionLog, *, check_interval: float = 2.0) -> None:
+        self.redis = redis
+        self.log = session_log
+        self.check_interval = check_interval
+        self.node_channel = f"{PREFIX}:node:{secrets.token_hex(8)}"
+        self._feeds: dict[str, SessionFeed] = {}
+        self._pubsub: Any = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._process_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._pubsub = self.redis.pubsub()
+        await self._pubsub.ssubscribe(self.node_channel)
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name="hub-reader"),
+            asyncio.create_task(self._check_loop(), name="hub-position-check"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+
+    async def join(self, tenant: str, session_id: str, subscriber: Subscriber) -> int:
+        """Subscribe ``subscriber`` to a session; it gets every event after the returned seq."""
+        keys = SessionKeys(tenant, session_id)
+        feed = self._feeds.get(keys.channel)
+        if feed is None:
+            feed = SessionFeed(keys)
+            self._feeds[keys.channel] = feed
+            try:
+                await self._open(feed)
+            except BaseException:
+                self._feeds.pop(keys.channel, None)
+                with contextlib.suppress(Exception):
+                    await self._pubsub.sunsubscribe(keys.channel)
+                feed.ready.cancel()
+                raise
+        await asyncio.shield(feed.ready)
+        feed.subscribers.add(subscriber)
+        assert feed.last is not None
+        return feed.last
+
+    async def leave(self, tenant: str, session_id: str, subscriber: Subscriber) -> None:
+        channel = SessionKeys(tenant, session_id).channel
+        feed = self._feeds.get(channel)
+        if feed is None:
+            return
+        feed.subscribers.discard(subscriber)
+        if not feed.subscribers and feed.ready.done():
+            del self._feeds[channel]
+            with contextlib.suppress(Exception):
+                await self._pubsub.sunsubscribe(channel)
+
+    def subscribers(self, session_id: str, tenant: str) -> list[Subscriber]:
+        feed = self._feeds.get(SessionKeys(tenant, session_id).channel)
+        return list(feed.subscribers) if feed else []
+
+    async def _open(self, feed: SessionFeed) -> None:
+        await self._pubsub.ssubscribe(feed.keys.channel)
+        await asyncio.wait_for(asyncio.shield(feed.confirmed), 10.0)
+        snap = await self.redis.hmget(feed.keys.snapshot, ["seq", "epoch"])
+        if snap[0] is None:
+            raise SessionMissing(feed.keys.session_id)
+        feed.last, feed.epoch = int(snap[0]), snap[1]
+        early, feed.early = feed.early, []
+        async with self._process_lock:
+            for seq, epoch, event in early:
+                await self._accept(feed, seq, epoch, event)
+        feed.ready.set_result(None)
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("pub/sub read failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            if message is not None:
+                await self._on_message(message)
+
+    async def _on_message(self, message: dict[str, Any]) -> None:
+        channel = message.get("channel")
+        feed = self._feeds.get(channel) if isinstance(channel, str) else None
+        if feed is None:
+            return
+        kind = message.get("type")
+        if kind == "ssubscribe":
+            if not feed.confirmed.done():
+                feed.confirmed.set_result(None)
+            return
+        if kind != "smessage":
+            return
+        data = json.loads(message["data"])
+        event = LogEvent(int(data["seq"]), str(data["epoch"]), int(data["ts"]), data["event"])
+        if feed.last is None:
+            feed.early.append((event.seq, event.epoch, event))
+            return
+        async with self._process_lock:
+            await self._accept(feed, event.seq, event.epoch, event)
+
+    async def _accept(self, feed: SessionFeed, seq: int, epoch: str, event: LogEvent) -> None:
+        assert feed.last is not None
+        if epoch != feed.epoch:
+            log.warning("session %s has a new log epoch; catching up from its start", feed.keys.session_id)
+            feed.epoch, feed.last = epoch, 0
+        if seq <= feed.last:
+            return
+        if seq > feed.last + 1:
+            await self._catch_up(feed, until=seq - 1)
+        self._hand_out(feed, event)
+
+    async def _catch_up(self, feed: SessionFeed, until: int | None = None) -> None:
+        assert feed.last is not None
+        try:
+            events = await self.log.read(
+                feed.keys.tenant, feed.keys.session_id, after=feed.last, until=until,
+                epoch=feed.epoch,
+            )
+        except SessionMissing:
+            return
+        for event in events:
+            self._hand_out(feed, event)
+
+    def _hand_out(self, feed: SessionFeed, event: LogEvent) -> None:
+        feed.last = event.seq
+        for subscriber in list(feed.subscribers):
+            subscriber.deliver(feed.keys.session_id, event)
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_interval)
+            try:
+                await self.check_positions()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("position check failed")
+
+    async def check_positions(self) -> None:
+        """Compare every live feed with its snapshot and fill what pub/sub lost."""
+        feeds = [f for f in self._feeds.values() if f.last is not None]
+        if not feeds:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for feed in feeds:
+                pipe.hget(feed.keys.snapshot, "seq")
+            heads = await pipe.execute()
+        async with self._process_lock:
+            for feed, head in zip(feeds, heads, strict=True):
+                if head is not None and feed.last is not None and int(head) > feed.last:
+                    log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)
+                    await self._catch_up(feed)
+
+
+Deliver = Callable[[str, LogEvent], None]

@@ -1,0 +1,371 @@
+"""ACP v1 methods as the broker answers them.
+
+Each handler validates its params at the edge, then acts through the store,
+the hub and the agent host. Handlers that must order their reply against the
+session's events (new, load, resume, set_title) send the reply themselves and
+return :data:`DEFERRED`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workers.agent_host.host import AgentHost
+
+from ..config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
+from ..protocol.jsonrpc import (
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    JsonObject,
+    Request,
+    RpcError,
+    invalid_params,
+    not_found,
+)
+from ..protocol.render import POSITION_META
+from ..store.cursors import CursorCodec, InvalidCursor, fingerprint
+from ..store.events import EventType, SessionSnapshot
+from ..store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
+from ..store.log import SessionLog, SessionMissing
+from .connection import DEFERRED, ClientConnection
+from .hub import FanoutHub
+
+PROTOCOL_VERSION = 1
+REPLAY_AFTER_META = "acpBroker/replayAfter"
+"""``_meta`` key of ``session/resume`` (and ``session/load``): replay after this position."""
+
+Handler = Callable[[ClientConnection, Request], Awaitable[Any]]
+
+
+@dataclass
+class AcpMethods:
+    """Everything a connection needs to answer ACP requests."""
+
+    settings: Settings
+    log: SessionLog
+    index: SessionIndex
+    hub: FanoutHub
+    host: AgentHost
+    cursors: CursorCodec
+
+    async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
+        if request.method == "initialize":
+            return await self.initialize(conn, request)
+        if conn.protocol_version is None:
+            if request.is_notification:
+                return None
+            raise RpcError(INVALID_REQUEST, "the connection is not initialized: send initialize first")
+        handler = _HANDLERS.get(request.method)
+        if handler is None:
+            if request.is_notification:
+                return None  # unknown notifications are ignored, as JSON-RPC and ACP say
+            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        return await handler(self, conn, request)
+
+    # -- initialization ---------------------------------------------------------------------
+
+    async def initialize(self, conn: ClientConnection, request: Request) -> JsonObject:
+        if conn.protocol_version is not None:
+            raise RpcError(INVALID_REQUEST, "the connection is already initialized")
+        version = request.params.get("protocolVersion")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise invalid_params("protocolVersion must be a non-negative integer")
+        caps = request.params.get("clientCapabilities")
+        conn.client_capabilities = caps if isinstance(caps, dict) else {}
+        conn.protocol_version = PROTOCOL_VERSION
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": self.host.prompt_capabilities(),
+                "mcpCapabilities": {"http": True, "sse": True},
+                "sessionCapabilities": {
+                    "list": {},
+                    "resume": {},
+                    "close": {},
+                    "delete": {},
+                    "additionalDirectories": {},
+                    "setTitle": {},
+                },
+            },
+            "authMethods": [],
+            "agentInfo": {"name": "acp-broker", "title": "ACP Broker", "version": "0.1.0"},
+        }
+
+    # -- session setup ----------------------------------------------------------------------
+
+    async def session_new(self, conn: ClientConnection, request: Request) -> Any:
+        params = request.params
+        cwd = _absolute(params.get("cwd"), "cwd")
+        dirs = _directories(params.get("additionalDirectories"))
+        meta = _object(params.get("_meta"), "_meta")
+        agent = meta.get(AGENT_META_KEY, self.host.default_agent)
+        if not isinstance(agent, str):
+            raise invalid_params(f"_meta.{AGENT_META_KEY} must be an agent name")
+        kind = meta.get(KIND_META_KEY, self.host.kind_of(agent))
+        if kind not in SESSION_KINDS:
+            raise invalid_params(f"_meta.{KIND_META_KEY} must be one of {', '.join(SESSION_KINDS)}")
+        user_meta = {k: v for k, v in meta.items() if k not in (AGENT_META_KEY, KIND_META_KEY)}
+        agent_params: JsonObject = {"cwd": cwd, "mcpServers": _list(params.get("mcpServers"), "mcpServers")}
+        if dirs:
+            agent_params["additionalDirectories"] = dirs
+        if user_meta:
+            agent_params["_meta"] = user_meta
+        session_id, reply = await self.host.new_session(
+            conn.tenant, agent_params, agent=agent, kind=kind, meta=user_meta, origin=conn.id
+        )
+        await self._project(conn.tenant, session_id)
+        await conn.activate(conn.tenant, session_id, replay_after=0, replay_now=False)
+        conn.reply(request, reply)
+        conn.release(session_id)
+        return DEFERRED
+
+    async def session_load(self, conn: ClientConnection, request: Request) -> Any:
+        snapshot, after = await self._reopen(conn, request, replay_default=0)
+        reply = await self.host.attach(conn.tenant, snapshot.session_id, self._agent_params(request))
+        await conn.activate(conn.tenant, snapshot.session_id, replay_after=after, replay_now=True)
+        conn.reply(request, _without_session_id(reply))
+        conn.release(snapshot.session_id)
+        return DEFERRED
+
+    async def session_resume(self, conn: ClientConnection, request: Request) -> Any:
+        snapshot, after = await self._reopen(conn, request, replay_default=None)
+        reply = await self.host.attach(conn.tenant, snapshot.session_id, self._agent_params(request))
+        await conn.activate(conn.tenant, snapshot.session_id, replay_after=after, replay_now=True)
+        conn.reply(request, _without_session_id(reply))
+        conn.release(snapshot.session_id)
+        return DEFERRED
+
+    async def _reopen(
+        self, conn: ClientConnection, request: Request, *, replay_default: int | None
+    ) -> tuple[SessionSnapshot, int | None]:
+        params = request.params
+        snapshot = await self._snapshot(conn, params)
+        cwd = _absolute(params.get("cwd"), "cwd")
+        if normalize_cwd(cwd) != normalize_cwd(snapshot.cwd):
+            raise invalid_params("cwd does not match the session's working directory")
+        _directories(params.get("additionalDirectories"))
+        meta = _object(params.get("_meta"), "_meta")
+        after = replay_default
+        if REPLAY_AFTER_META in meta:
+            after = _replay_position(meta[REPLAY_AFTER_META], snapshot)
+        return snapshot, after
+
+    def _agent_params(self, request: Request) -> JsonObject:
+        params = request.params
+        out: JsonObject = {"mcpServers": _list(params.get("mcpServers"), "mcpServers")}
+        if params.get("additionalDirectories"):
+            out["additionalDirectories"] = params["additionalDirectories"]
+        return out
+
+    # -- prompt turn ------------------------------------------------------------------------
+
+    async def session_prompt(self, conn: ClientConnection, request: Request) -> Any:
+        session_id = self._active(conn, request.params)
+        if not isinstance(request.params.get("prompt"), list):
+            raise invalid_params("prompt must be a list of content blocks")
+        outcome = await self.host.prompt(conn.tenant, session_id, request.params, conn.id)
+        await conn.wait_delivered(session_id, outcome.position.seq)
+        return outcome.result
+
+    async def session_cancel(self, conn: ClientConnection, request: Request) -> None:
+        session_id = request.params.get("sessionId")
+        if isinstance(session_id, str) and session_id in conn.active:
+            await self.host.cancel(conn.tenant, session_id)
+
+    async def session_set_mode(self, conn: ClientConnection, request: Request) -> Any:
+        session_id = self._active(conn, request.params)
+        if not isinstance(request.params.get("modeId"), str):
+            raise invalid_params("modeId must be a string")
+        return await self.host.forward(conn.tenant, session_id, "session/set_mode", request.params)
+
+    async def session_set_config_option(self, conn: ClientConnection, request: Request) -> Any:
+        session_id = self._active(conn, request.params)
+        if not isinstance(request.params.get("configId"), str) or "value" not in request.params:
+            raise invalid_params("configId (a string) and value are required")
+        method = "session/set_config_option"
+        return await self.host.forward(conn.tenant, session_id, method, request.params)
+
+    async def session_set_title(self, conn: ClientConnection, request: Request) -> Any:
+        """Set a session's title and/or patch its ``_meta`` (the ``session/set_title`` RFD)."""
+        params = request.params
+        snapshot = await self._snapshot(conn, params)
+        update: JsonObject = {"sessionUpdate": "session_info_update"}
+        if "title" in params:
+            title = params["title"]
+            if title is not None and not isinstance(title, str):
+                raise invalid_params("title must be a string or null")
+            update["title"] = title
+        if "_meta" in params:
+            patch = params["_meta"]
+            if patch is not None and not isinstance(patch, dict):
+                raise invalid_params("_meta must be an object or null")
+            update["_meta"] = patch
+        if len(update) == 1:
+            raise invalid_params("give title and/or _meta")
+        active = conn.active.get(snapshot.session_id)
+        if active is not None:
+            active.held = active.held or []
+        try:
+            await self.log.append(
+                conn.tenant, snapshot.session_id,
+                {"type": EventType.UPDATE, "update": update, "origin": conn.id},
+            )
+            await self._project(conn.tenant, snapshot.session_id)
+            conn.reply(request, {})
+        finally:
+            conn.release(snapshot.session_id)
+        return DEFERRED
+
+    # -- session lifecycle ------------------------------------------------------------------
+
+    async def session_close(self, conn: ClientConnection, request: Request) -> JsonObject:
+        session_id = self._active(conn, request.params)
+        if self.host.prompt_origin(session_id) == conn.id:
+            await self.host.cancel(conn.tenant, session_id)
+        await conn.deactivate(session_id)
+        return {}
+
+    async def session_delete(self, conn: ClientConnection, request: Request) -> JsonObject:
+        session_id = _session_id(request.params)
+        try:
+            snapshot = await self.log.snapshot(conn.tenant, session_id)
+        except SessionMissing:
+            return {}  # deleting what never existed succeeds silently
+        if not snapshot.deleted:
+            await self.log.append(conn.tenant, session_id, {"type": EventType.DELETED})
+            await self.host.release(conn.tenant, session_id)
+            await self._project(conn.tenant, session_id)
+        await conn.deactivate(session_id)
+        return {}
+
+    async def session_list(self, conn: ClientConnection, request: Request) -> JsonObject:
+        params = request.params
+        cwd = params.get("cwd")
+        listing = ACP_LISTING
+        filters: JsonObject = {}
+        if cwd is not None:
+            cwd = normalize_cwd(_absolute(cwd, "cwd"))
+            listing, filters = cwd_listing(cwd), {"cwd": cwd}
+        mark = fingerprint(conn.tenant, "acp", filters)
+        after = None
+        cursor = params.get("cursor")
+        if cursor is not None:
+            if not isinstance(cursor, str):
+                raise invalid_params("cursor must be a string")
+            try:
+                after = self.cursors.decode(cursor, mark)
+            except InvalidCursor as exc:
+                raise invalid_params(f"invalid cursor: {exc}") from None
+        page = await self.index.page(conn.tenant, listing, after, self.settings.list_page_size)
+        result: JsonObject = {"sessions": [_session_info(row) for row in page.rows]}
+        if page.has_more and page.last is not None:
+            result["nextCursor"] = self.cursors.encode(page.last, mark)
+        return result
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _snapshot(self, conn: ClientConnection, params: JsonObject) -> SessionSnapshot:
+        session_id = _session_id(params)
+        try:
+            snapshot = await self.log.snapshot(conn.tenant, session_id)
+        except SessionMissing:
+            raise not_found("session") from None
+        if snapshot.deleted:
+            raise not_found("session")
+        return snapshot
+
+    def _active(self, conn: ClientConnection, params: JsonObject) -> str:
+        session_id = _session_id(params)
+        if session_id not in conn.active:
+            raise not_found("active session")
+        return session_id
+
+    async def _project(self, tenant: str, session_id: str) -> None:
+        """Bring the index up to date now, so the caller's next list sees its change."""
+        await self.index.project(await self.log.snapshot(tenant, session_id))
+
+
+def _session_id(params: JsonObject) -> str:
+    session_id = params.get("sessionId")
+    if not isinstance(session_id, str) or not session_id:
+        raise invalid_params("sessionId must be a non-empty string")
+    return session_id
+
+
+def _absolute(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not posixpath.isabs(value):
+        raise invalid_params(f"{name} must be an absolute path")
+    return value
+
+
+def _directories(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid_params("additionalDirectories must be a list of absolute paths")
+    return [_absolute(item, "each of additionalDirectories") for item in value]
+
+
+def _object(value: Any, name: str) -> JsonObject:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid_params(f"{name} must be an object")
+    return value
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid_params(f"{name} must be a list")
+    return value
+
+
+def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
+    """A position the broker gave out (``_meta.acpBroker/position``), checked against the log."""
+    if not isinstance(value, dict):
+        raise invalid_params(f"{REPLAY_AFTER_META} must be an object like {POSITION_META}")
+    seq, epoch = value.get("seq"), value.get("epoch")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(epoch, str):
+        raise invalid_params(f"{REPLAY_AFTER_META} needs an integer seq and a string epoch")
+    if epoch != snapshot.epoch:
+        raise invalid_params("the position belongs to another log (epoch mismatch)")
+    if seq > snapshot.seq:
+        raise invalid_params("the position is ahead of the session's log")
+    return seq
+
+
+def _without_session_id(reply: JsonObject) -> JsonObject:
+    return {k: v for k, v in reply.items() if k != "sessionId"}
+
+
+def _session_info(row: JsonObject) -> JsonObject:
+    info: JsonObject = {"sessionId": row["sessionId"], "cwd": row["cwd"]}
+    if row.get("additionalDirectories"):
+        info["additionalDirectories"] = row["additionalDirectories"]
+    if row.get("title") is not None:
+        info["title"] = row["title"]
+    info["updatedAt"] = row["updatedAt"]
+    if row.get("_meta"):
+        info["_meta"] = row["_meta"]
+    return info
+
+
+_HANDLERS: dict[str, Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]]] = {
+    "session/new": AcpMethods.session_new,
+    "session/load": AcpMethods.session_load,
+    "session/resume": AcpMethods.session_resume,
+    "session/prompt": AcpMethods.session_prompt,
+    "session/cancel": AcpMethods.session_cancel,
+    "session/set_mode": AcpMethods.session_set_mode,
+    "session/set_config_option": AcpMethods.session_set_config_option,
+    "session/set_title": AcpMethods.session_set_title,
+    "session/close": AcpMethods.session_close,
+    "session/delete": AcpMethods.session_delete,
+    "session/list": AcpMethods.session_list,
+}

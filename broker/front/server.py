@@ -1,0 +1,137 @@
+"""The front node: the WebSocket endpoint, health, and the roles it runs beside it.
+
+:class:`Broker` wires the parts together. ``serve`` runs the front and, unless
+told otherwise, the agent host and the projector in the same process, so one
+node works out of the box.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import signal
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request as HttpRequest
+from websockets.http11 import Response as HttpResponse
+
+from workers.agent_host.host import AgentHost
+from workers.projector.worker import Projector
+
+from ..config import Settings
+from ..store.client import Store, connect, embedded_warning
+from ..store.cursors import CursorCodec
+from ..store.index import SessionIndex
+from ..store.log import SessionLog
+from .connection import CLOSE_GOING_AWAY, ClientConnection
+from .hub import FanoutHub
+from .methods import AcpMethods
+from .routing import LocalClientRouter
+
+log = logging.getLogger(__name__)
+
+CONNECTION_ID_HEADER = "Acp-Connection-Id"
+
+
+class Broker:
+    """One broker process: front node plus, by default, an agent host and a projector."""
+
+    def __init__(self, settings: Settings, *, redis: Store | None = None) -> None:
+        self.settings = settings
+        if redis is None and settings.redis_url is None:
+            log.warning("%s", embedded_warning())
+        self.redis = redis if redis is not None else connect(settings.redis_url)
+        self.log = SessionLog(self.redis, feed_maxlen=settings.feed_maxlen)
+        self.index = SessionIndex(self.redis)
+        self.hub = FanoutHub(self.redis, self.log)
+        self.host = AgentHost(
+            settings.agent_list(),
+            self.log,
+            LocalClientRouter(self.hub),
+            request_timeout=settings.agent_request_timeout,
+            cancel_grace=settings.cancel_grace,
+        )
+        self.methods = AcpMethods(
+            settings, self.log, self.index, self.hub, self.host, CursorCodec(settings.cursor_keys())
+        )
+        self.connections: set[ClientConnection] = set()
+        self._server: Server | None = None
+        self._projector: asyncio.Task[Any] | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        await self.hub.start()
+        self._projector = asyncio.create_task(Projector(self.redis).run(), name="projector")
+        await self.host.start()
+        self._server = await serve(
+            self._handle,
+            self.settings.host,
+            self.settings.port,
+            process_request=self._process_request,
+            process_response=self._process_response,
+            max_size=self.settings.max_frame_bytes,
+            ping_interval=self.settings.ping_interval,
+            ping_timeout=self.settings.ping_interval,
+            compression=None,
+        )
+        log.info("acp-broker listening on ws://%s:%d%s", self.settings.host, self.port, self.settings.path)
+
+    async def stop(self) -> None:
+        """Stop accepting, tell clients to reconnect elsewhere, stop the roles."""
+        if self._server is not None:
+            self._server.close(close_connections=False)
+            for conn in list(self.connections):
+                with contextlib.suppress(Exception):
+                    await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
+            await self._server.wait_closed()
+        await self.host.stop()
+        if self._projector is not None:
+            self._projector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._projector
+        await self.hub.stop()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        conn = ClientConnection(ws, self.methods, tenant=self.settings.tenant)
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+
+    def _process_request(self, ws: ServerConnection, request: HttpRequest) -> HttpResponse | None:
+        path = request.path.split("?", 1)[0]
+        if path == self.settings.path:
+            return None
+        if path == "/healthz":
+            return ws.respond(http.HTTPStatus.OK, "ok\n")
+        return ws.respond(http.HTTPStatus.NOT_FOUND, "not found\n")
+
+    def _process_response(
+        self, ws: ServerConnection, request: HttpRequest, response: HttpResponse
+    ) -> None:
+        if response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS:
+            response.headers[CONNECTION_ID_HEADER] = str(ws.id)
+
+
+async def run_broker(settings: Settings) -> None:
+    """Run a broker until SIGINT or SIGTERM."""
+    broker = Broker(settings)
+    await broker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    print(f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}", flush=True)
+    await stop.wait()
+    await broker.stop()

@@ -1,0 +1,34 @@
+"""Connecting to the store: a real Redis (single or Cluster) or the embedded one.
+
+The embedded store is fakeredis with Lua, in this process: the same commands,
+the same scripts, the same code path, but single-node and not durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import fakeredis
+from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+
+Store = Any
+"""A ``redis.asyncio.Redis`` (or a fakeredis stand-in) with ``decode_responses=True``."""
+
+
+def connect(url: str | None) -> Store:
+    """A client for ``url``, or for a new embedded store when ``url`` is None."""
+    if url is None:
+        return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    return Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+def embedded_warning() -> str:
+    """What ``serve`` says when it runs on the embedded store."""
+    return (
+        "no Redis URL configured: using the embedded in-process store. It is single-node and "
+        "NOT durable: every session is lost when this process stops. Set --redis-url "
+        "(or ACP_BROKER_REDIS_URL) for anything but a demo."
+    )

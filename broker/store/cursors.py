@@ -1,0 +1,79 @@
+"""Opaque, signed list cursors.
+
+A cursor carries the keyset position of the last row of a page (the index
+member it sorted under) and a fingerprint of the tenant and the filters that
+produced it, signed with HMAC-SHA256. Any node holding one of the deployment's
+keys can read it, nothing is kept between calls, and a forged, truncated,
+foreign or mismatched cursor is rejected.
+
+Keys rotate: the first key signs, every key verifies, so cursors in flight stay
+valid while an old key is still listed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_TAG_BYTES = 16
+
+
+class InvalidCursor(ValueError):
+    """The cursor was not made by this deployment for this tenant and these filters."""
+
+
+def fingerprint(tenant: str, listing: str, filters: Mapping[str, Any]) -> str:
+    """A short digest naming the tenant, the listing and its filters."""
+    canonical = json.dumps([tenant, listing, filters], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class CursorCodec:
+    """Signs and verifies cursors with a list of keys (newest first)."""
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            raise ValueError("a cursor codec needs at least one key")
+        self._keys = list(keys)
+
+    def encode(self, position: str, fingerprint: str) -> str:
+        payload = _b64(json.dumps({"p": position, "f": fingerprint}, separators=(",", ":")).encode())
+        return f"{payload}.{_b64(self._tag(self._keys[0], payload))}"
+
+    def decode(self, cursor: str, fingerprint: str) -> str:
+        """The position a cursor holds; :class:`InvalidCursor` unless it is genuine and ours."""
+        payload, sep, tag = cursor.partition(".")
+        if not sep or not payload:
+            raise InvalidCursor("malformed cursor")
+        try:
+            given = _unb64(tag)
+        except ValueError:
+            raise InvalidCursor("malformed cursor") from None
+        if not any(hmac.compare_digest(given, self._tag(key, payload)) for key in self._keys):
+            raise InvalidCursor("cursor signature does not match")
+        data = json.loads(_unb64(payload))
+        if data.get("f") != fingerprint:
+            raise InvalidCursor("cursor belongs to another listing, tenant or filter")
+        position = data.get("p")
+        if not isinstance(position, str):
+            raise InvalidCursor("malformed cursor")
+        return position
+
+    @staticmethod
+    def _tag(key: bytes, payload: str) -> bytes:
+        return hmac.new(key, payload.encode(), hashlib.sha256).digest()[:_TAG_BYTES]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, TypeError) as exc:
+        raise ValueError("not base64url") from exc

@@ -1,0 +1,191 @@
+"""Session events and the pure fold of a log into a session's snapshot.
+
+An event body is a JSON object with a ``type``. The append script stores the
+body verbatim and keeps the snapshot hash in step by applying the *snapshot
+operations* that :func:`snapshot_ops` derives from the body, so the snapshot
+in Redis is always ``fold(log)``; :func:`fold` is the same computation done in
+Python, which is how the tests prove it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+JsonObject = dict[str, Any]
+SnapshotOp = tuple[str, str, str]
+
+
+class EventType(StrEnum):
+    """What an event in a session's log records."""
+
+    CREATED = "created"  # session/new: cwd, roots, agent, kind, user metadata
+    UPDATE = "update"  # a session/update payload, from the agent or made by the broker
+    PROMPT = "prompt"  # a prompt accepted: its content and the connection that sent it
+    PROMPT_END = "prompt_end"  # that prompt finished: stopReason, or an error
+    STATUS = "status"  # the session's status changed (RUNNING, STOPPED, ERROR)
+    BOUND = "bound"  # an agent process took the session: the agent's own session id
+    NOTICE = "notice"  # something the broker tells the session's viewers
+    DELETED = "deleted"  # session/delete
+
+
+class Status(StrEnum):
+    """A session's status, as listed by the REST and MCP session lists."""
+
+    RUNNING = "RUNNING"  # an agent process holds the session
+    STOPPED = "STOPPED"  # no agent process holds it; load or resume brings it back
+    ERROR = "ERROR"  # the agent process that held it failed
+    DELETED = "DELETED"  # session/delete; kept in the log, hidden from session/list
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    """One entry of a session's log, at position ``seq`` of log ``epoch``."""
+
+    seq: int
+    epoch: str
+    ts: int
+    body: JsonObject
+    frames: dict[str, list[str]] = field(default_factory=dict, compare=False, repr=False)
+    """Wire frames of this event, rendered once and shared by every connection."""
+
+    @property
+    def type(self) -> str:
+        return str(self.body.get("type", ""))
+
+
+@dataclass(slots=True)
+class SessionSnapshot:
+    """The current state of a session: ``fold`` of its log."""
+
+    tenant: str
+    session_id: str
+    epoch: str
+    seq: int
+    created_ms: int
+    updated_ms: int
+    cwd: str = ""
+    additional_directories: list[str] = field(default_factory=list)
+    agent: str = ""
+    kind: str = ""
+    title: str | None = None
+    updated_at: str | None = None  # an explicit updatedAt set by session_info_update
+    status: str = Status.RUNNING
+    agent_session_id: str | None = None
+    prompt_id: str | None = None  # the prompt running now, if any
+    meta: JsonObject = field(default_factory=dict)
+
+    @classmethod
+    def from_hashes(cls, snap: Mapping[str, str], meta: Mapping[str, str]) -> SessionSnapshot:
+        """Build a snapshot from the snapshot hash and the metadata hash."""
+        return cls(
+            tenant=snap["tenant"],
+            session_id=snap["sid"],
+            epoch=snap["epoch"],
+            seq=int(snap["seq"]),
+            created_ms=int(snap["created"]),
+            updated_ms=int(snap.get("updated", snap["created"])),
+            cwd=snap.get("cwd", ""),
+            additional_directories=json.loads(snap.get("dirs", "[]")),
+            agent=snap.get("agent", ""),
+            kind=snap.get("kind", ""),
+            title=snap.get("title"),
+            updated_at=snap.get("updatedAt"),
+            status=snap.get("status", Status.RUNNING),
+            agent_session_id=snap.get("agentSid"),
+            prompt_id=snap.get("prompt"),
+            meta={key: json.loads(value) for key, value in meta.items()},
+        )
+
+    @property
+    def deleted(self) -> bool:
+        return self.status == Status.DELETED
+
+
+def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
+    """The snapshot operations an event implies (see ``lua/append.lua``)."""
+    kind = body.get("type")
+    if kind == EventType.CREATED:
+        return _created_ops(body)
+    if kind == EventType.UPDATE:
+        update = body.get("update") or {}
+        if update.get("sessionUpdate") == "session_info_update":
+            return _info_ops(update)
+        return []
+    if kind == EventType.PROMPT:
+        return [("set", "prompt", str(body["promptId"]))]
+    if kind == EventType.PROMPT_END:
+        return [("del", "prompt", "")]
+    if kind == EventType.STATUS:
+        return [("set", "status", str(body["status"]))]
+    if kind == EventType.BOUND:
+        return [("set", "agentSid", str(body["agentSessionId"]))]
+    if kind == EventType.DELETED:
+        return [("set", "status", Status.DELETED), ("del", "prompt", "")]
+    return []
+
+
+def _created_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
+    ops: list[SnapshotOp] = [
+        ("set", "cwd", str(body["cwd"])),
+        ("set", "dirs", dumps(body.get("additionalDirectories") or [])),
+        ("set", "agent", str(body.get("agent", ""))),
+        ("set", "kind", str(body.get("kind", ""))),
+        ("set", "status", Status.RUNNING),
+    ]
+    for key, value in (body.get("meta") or {}).items():
+        ops.append(("mset", key, dumps(value)))
+    return ops
+
+
+def _info_ops(update: Mapping[str, Any]) -> list[SnapshotOp]:
+    """``session_info_update``: omitted = unchanged, null clears, ``_meta`` patches by key."""
+    ops: list[SnapshotOp] = []
+    for name, snap_field in (("title", "title"), ("updatedAt", "updatedAt")):
+        if name in update:
+            value = update[name]
+            ops.append(("del", snap_field, "") if value is None else ("set", snap_field, str(value)))
+    if "_meta" in update:
+        patch = update["_meta"]
+        if patch is None:
+            ops.append(("mclear", "", ""))
+        else:
+            for key, value in patch.items():
+                ops.append(("mdel", key, "") if value is None else ("mset", key, dumps(value)))
+    return ops
+
+
+def apply_ops(snap: dict[str, str], meta: dict[str, str], ops: Iterable[SnapshotOp]) -> None:
+    """Apply snapshot operations to in-memory hashes, exactly as the append script does."""
+    for op, name, value in ops:
+        if op == "set":
+            snap[name] = value
+        elif op == "del":
+            snap.pop(name, None)
+        elif op == "mset":
+            meta[name] = value
+        elif op == "mdel":
+            meta.pop(name, None)
+        elif op == "mclear":
+            meta.clear()
+
+
+def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSnapshot | None:
+    """The snapshot a log folds into; ``None`` for an empty log."""
+    snap: dict[str, str] = {}
+    meta: dict[str, str] = {}
+    for event in events:
+        if not snap:
+            snap.update(tenant=tenant, sid=session_id, epoch=event.epoch, created=str(event.ts))
+        snap["seq"] = str(event.seq)
+        snap["updated"] = str(event.ts)
+        apply_ops(snap, meta, snapshot_ops(event.body))
+    return SessionSnapshot.from_hashes(snap, meta) if snap else None
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, as stored in the log and sent on the wire."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,181 @@
+"""The materialized session index: per-tenant rows and ordered listings.
+
+Each listing is a sorted set whose members all score 0 and sort by their text,
+``<inverted time>:<session id>``, so newest first with ties broken by session
+id, and a page after a keyset position is one ``ZRANGE … BYLEX LIMIT``:
+O(log N + page size) at any depth. The row a page shows is kept beside it in a
+hash, so one round trip (``lua/page.lua``) serves a page.
+
+Projection is idempotent: a session's row and entries are a function of its
+snapshot, written with compare-and-set on a per-session version that records
+the snapshot seq and the entries written, so replays and racing projectors
+converge on the newest snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+from .client import Store
+from .events import JsonObject, SessionSnapshot, Status, dumps
+from .keys import TenantKeys
+
+_TIME_CEILING = 10**13 - 1  # ms; keeps inverted times at 13 digits until the year 2286
+ACP_LISTING = "acp"  # every session not deleted, by updatedAt
+
+
+def rfc3339(ms: int) -> str:
+    """An RFC 3339 UTC timestamp with milliseconds."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def member(ms: int, session_id: str) -> str:
+    """The index member that sorts a session newest-first by ``ms``, then by id."""
+    return f"{_TIME_CEILING - ms:013d}:{session_id}"
+
+
+def normalize_cwd(cwd: str) -> str:
+    """A cwd as the index compares it: trailing separators removed (but ``/`` stays)."""
+    stripped = cwd.rstrip("/")
+    return stripped or "/"
+
+
+def cwd_listing(cwd: str) -> str:
+    """The listing of the sessions whose cwd is exactly ``cwd``."""
+    digest = hashlib.sha256(normalize_cwd(cwd).encode()).hexdigest()[:32]
+    return f"acp:cwd:{digest}"
+
+
+def row_of(snapshot: SessionSnapshot) -> JsonObject:
+    """Everything a listing shows about a session."""
+    return {
+        "sessionId": snapshot.session_id,
+        "cwd": snapshot.cwd,
+        "additionalDirectories": snapshot.additional_directories,
+        "title": snapshot.title,
+        "updatedAt": snapshot.updated_at or rfc3339(snapshot.updated_ms),
+        "createdAt": rfc3339(snapshot.created_ms),
+        "status": snapshot.status,
+        "kind": snapshot.kind,
+        "agent": snapshot.agent,
+        "_meta": snapshot.meta,
+    }
+
+
+def entries_of(snapshot: SessionSnapshot) -> dict[str, str]:
+    """The listings a session belongs to, each with the member it sorts under."""
+    if snapshot.status == Status.DELETED:
+        return {}
+    by_updated = member(snapshot.updated_ms, snapshot.session_id)
+    return {ACP_LISTING: by_updated, cwd_listing(snapshot.cwd): by_updated}
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """What the index holds for a session: the snapshot seq and the entries written."""
+
+    seq: int
+    entries: dict[str, str]
+
+    def encode(self) -> str:
+        return dumps({"q": self.seq, "e": self.entries})
+
+    @classmethod
+    def decode(cls, text: str | None) -> Version | None:
+        if not text:
+            return None
+        data = json.loads(text)
+        return cls(int(data["q"]), dict(data["e"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a listing; ``last`` is the keyset position to continue after."""
+
+    rows: list[JsonObject]
+    last: str | None
+    has_more: bool
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", name).read_text()
+
+
+class SessionIndex:
+    """Reads and writes the per-tenant session index."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = redis
+        self._project = redis.register_script(_script("project.lua"))
+        self._page = redis.register_script(_script("page.lua"))
+
+    async def project(self, snapshot: SessionSnapshot, *, force: bool = False) -> bool:
+        """Bring the index up to ``snapshot``; False if it already held this or a newer one.
+
+        ``force`` rewrites the session's entries even at the same seq (rebuilds).
+        """
+        keys = TenantKeys(snapshot.tenant)
+        new = Version(snapshot.seq, entries_of(snapshot))
+        row = dumps(row_of(snapshot))
+        while True:
+            raw = await self.redis.hget(keys.versions, snapshot.session_id)
+            old = Version.decode(raw)
+            if old is not None and old.seq >= snapshot.seq and not force:
+                return False
+            if await self._write(keys, snapshot.session_id, raw or "", old, new, row):
+                return True
+
+    async def remove(self, tenant: str, session_id: str) -> None:
+        """Take a session out of the index entirely."""
+        keys = TenantKeys(tenant)
+        while True:
+            raw = await self.redis.hget(keys.versions, session_id)
+            empty = Version(0, {})
+            if await self._write(keys, session_id, raw or "", Version.decode(raw), empty, ""):
+                return
+
+    async def _write(
+        self, keys: TenantKeys, session_id: str, raw: str, old: Version | None,
+        new: Version, row: str,
+    ) -> bool:
+        old_entries = old.entries if old else {}
+        script_keys = [keys.rows, keys.versions]
+        script_keys += [keys.index(name) for name in old_entries]
+        script_keys += [keys.index(name) for name in new.entries]
+        args: list[Any] = [session_id, raw, new.encode(), row, len(old_entries)]
+        args += list(old_entries.values()) + list(new.entries.values())
+        return bool(await self._project(keys=script_keys, args=args))
+
+    async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
+        """Up to ``limit`` rows of ``listing`` that sort after position ``after``."""
+        keys = TenantKeys(tenant)
+        low = f"({after}" if after else "-"
+        members, rows = await self._page(
+            keys=[keys.index(listing), keys.rows], args=[low, limit + 1]
+        )
+        has_more = len(members) > limit
+        members, rows = members[:limit], rows[:limit]
+        parsed = [json.loads(row) for row in rows if row]
+        return Page(parsed, members[-1] if members else None, has_more)
+
+    async def row(self, tenant: str, session_id: str) -> JsonObject | None:
+        raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
+        return json.loads(raw) if raw else None
+
+    async def dump(self, tenant: str) -> Mapping[str, Any]:
+        """Everything the index holds for a tenant (to compare a rebuild with the live one)."""
+        keys = TenantKeys(tenant)
+        rows = await self.redis.hgetall(keys.rows)
+        versions = await self.redis.hgetall(keys.versions)
+        listings: dict[str, list[str]] = {}
+        for version in versions.values():
+            for name in Version.decode(version).entries:  # type: ignore[union-attr]
+                listings[name] = await self.redis.zrange(keys.index(name), 0, -1)
+        return {"rows": rows, "listings": listings}

@@ -1,0 +1,156 @@
+"""Session logs: the append path and the read paths.
+
+A session's log is a Redis stream whose entry IDs are ``<seq>-0``; the append
+script (``lua/append.lua``) is the only writer. Reads are plain ``XRANGE``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .client import Store
+from .events import EventType, JsonObject, LogEvent, SessionSnapshot, dumps, snapshot_ops
+from .keys import SessionKeys
+
+
+class SessionMissing(LookupError):
+    """No session with this id in this tenant (or it belongs to another tenant)."""
+
+
+class SessionExists(Exception):
+    """A session with this id already exists."""
+
+
+class Fenced(Exception):
+    """The appender's fencing token is stale: another agent host holds the session."""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where an append landed: ``seq`` within log ``epoch``."""
+
+    seq: int
+    epoch: str
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", name).read_text()
+
+
+class SessionLog:
+    """Appends to and reads from session logs."""
+
+    def __init__(self, redis: Store, *, feed_maxlen: int = 100_000) -> None:
+        self.redis = redis
+        self.feed_maxlen = feed_maxlen
+        self._append = redis.register_script(_script("append.lua"))
+
+    async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
+        """Start a new log with its ``created`` event, under a fresh random epoch."""
+        if body.get("type") != EventType.CREATED:
+            raise ValueError("a log starts with a 'created' event")
+        return await self._run(tenant, session_id, body, mode="create", epoch=_new_epoch())
+
+    async def append(
+        self, tenant: str, session_id: str, body: JsonObject, *, fence: str = ""
+    ) -> Position:
+        """Append one event; raises :class:`SessionMissing` or :class:`Fenced`."""
+        return await self._run(tenant, session_id, body, mode="append", fence=fence)
+
+    async def _run(
+        self,
+        tenant: str,
+        session_id: str,
+        body: JsonObject,
+        *,
+        mode: str,
+        epoch: str = "",
+        fence: str = "",
+    ) -> Position:
+        keys = SessionKeys(tenant, session_id)
+        ops = snapshot_ops(body)
+        args: list[Any] = [
+            int(time.time() * 1000),
+            dumps(body),
+            mode,
+            epoch,
+            fence,
+            self.feed_maxlen,
+            tenant,
+            session_id,
+            len(ops),
+        ]
+        for op in ops:
+            args.extend(op)
+        try:
+            seq, got_epoch = await self._append(
+                keys=[keys.log, keys.snapshot, keys.meta, keys.feed, keys.channel], args=args
+            )
+        except ResponseError as exc:
+            raise _append_error(exc) from None
+        return Position(int(seq), str(got_epoch))
+
+    async def read(
+        self, tenant: str, session_id: str, *, after: int = 0, until: int | None = None,
+        count: int | None = None, epoch: str | None = None,
+    ) -> list[LogEvent]:
+        """Events with ``after < seq <= until`` in order (``epoch`` saves a snapshot read)."""
+        keys = SessionKeys(tenant, session_id)
+        if epoch is None:
+            epoch = await self.redis.hget(keys.snapshot, "epoch")
+            if epoch is None:
+                raise SessionMissing(session_id)
+        high = "+" if until is None else f"{until}-0"
+        entries = await self.redis.xrange(keys.log, f"({after}-0", high, count=count)
+        return [_entry_event(entry_id, fields, epoch) for entry_id, fields in entries]
+
+    async def snapshot(self, tenant: str, session_id: str) -> SessionSnapshot:
+        """The session's current snapshot; :class:`SessionMissing` if there is none."""
+        keys = SessionKeys(tenant, session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.snapshot)
+            pipe.hgetall(keys.meta)
+            snap, meta = await pipe.execute()
+        if not snap:
+            raise SessionMissing(session_id)
+        return SessionSnapshot.from_hashes(snap, meta)
+
+    async def set_fence(self, tenant: str, session_id: str, fence: str) -> None:
+        """Make ``fence`` the only token the append script accepts for this session."""
+        await self.redis.hset(SessionKeys(tenant, session_id).snapshot, "fence", fence)
+
+
+def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:
+    return LogEvent(
+        seq=int(entry_id.split("-", 1)[0]),
+        epoch=epoch,
+        ts=int(fields["ts"]),
+        body=json.loads(fields["ev"]),
+    )
+
+
+def _append_error(exc: ResponseError) -> Exception:
+    text = str(exc)
+    if "NOSESSION" in text:
+        return SessionMissing(text)
+    if "EXISTS" in text:
+        return SessionExists(text)
+    if "FENCED" in text:
+        return Fenced(text)
+    return exc
+
+
+def _new_epoch() -> str:
+    return secrets.token_hex(8)
+
+
+def new_session_id() -> str:
+    """An unguessable broker session id (128 random bits)."""
+    return "sess_" + secrets.token_hex(16)

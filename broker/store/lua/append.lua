@@ -1,0 +1,56 @@
+-- Append one event to a session's log, atomically with everything it implies:
+-- the next seq, the stream entry <seq>-0, the snapshot, the partition's change
+-- feed and the live event on the session's shard channel.
+--
+-- KEYS: 1 log stream, 2 snapshot hash, 3 metadata hash, 4 partition feed stream,
+--       5 live shard channel (declared so that Cluster checks its slot too)
+-- ARGV: 1 now (ms), 2 event body (JSON text, stored and published verbatim),
+--       3 mode ("create" or "append"), 4 epoch (create only), 5 fencing token ("" = none),
+--       6 feed max length, 7 tenant, 8 session id, 9 number of snapshot operations,
+--       then that many (op, field, value) triples:
+--         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
+-- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED.
+local log, snap, meta, feed, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local now, body, mode = ARGV[1], ARGV[2], ARGV[3]
+
+local epoch
+if mode == 'create' then
+  if redis.call('EXISTS', snap) == 1 then
+    return redis.error_reply('EXISTS session already exists')
+  end
+  epoch = ARGV[4]
+  redis.call('HSET', snap, 'epoch', epoch, 'seq', 0, 'created', now,
+             'tenant', ARGV[7], 'sid', ARGV[8])
+else
+  epoch = redis.call('HGET', snap, 'epoch')
+  if not epoch then
+    return redis.error_reply('NOSESSION no such session')
+  end
+  if ARGV[5] ~= '' and redis.call('HGET', snap, 'fence') ~= ARGV[5] then
+    return redis.error_reply('FENCED the session is held by another agent host')
+  end
+end
+
+local seq = redis.call('HINCRBY', snap, 'seq', 1)
+redis.call('XADD', log, seq .. '-0', 'ts', now, 'ev', body)
+redis.call('HSET', snap, 'updated', now)
+
+for i = 0, tonumber(ARGV[9]) - 1 do
+  local op, field, value = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
+  if op == 'set' then
+    redis.call('HSET', snap, field, value)
+  elseif op == 'del' then
+    redis.call('HDEL', snap, field)
+  elseif op == 'mset' then
+    redis.call('HSET', meta, field, value)
+  elseif op == 'mdel' then
+    redis.call('HDEL', meta, field)
+  elseif op == 'mclear' then
+    redis.call('DEL', meta)
+  end
+end
+
+redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq)
+redis.call('SPUBLISH', channel,
+  '{"seq":' .. seq .. ',"epoch":"' .. epoch .. '","ts":' .. now .. ',"event":' .. body .. '}')
+return {seq, epoch}

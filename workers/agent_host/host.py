@@ -1,0 +1,397 @@
+"""The agent host: runs agents, holds sessions, executes commands for them.
+
+The host keeps one process per configured agent and maps broker session ids
+to the agent's own session ids, which never leave it. Everything an agent says
+about a session is appended to the session's log; agent-to-client requests go
+to a client connection through a :class:`ClientChannel`. A session whose
+process is gone is brought back on demand (``session/load``, else
+``session/resume``, else a fresh agent session with a notice in the log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.config import AgentSpec
+from broker.protocol.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    JsonObject,
+    Request,
+    RpcError,
+    invalid_params,
+    not_found,
+)
+from broker.store.events import EventType, Status
+from broker.store.log import Position, SessionLog, SessionMissing, new_session_id
+
+from .process import AgentEvents, AgentFailed, AgentProcess
+
+log = logging.getLogger(__name__)
+
+CLIENT_CAPABILITIES: JsonObject = {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True}
+"""What the broker tells agents its clients can do; requests go to a client that can."""
+
+_NO_RESTORE_NOTICE = (
+    "The agent could not load or resume this session, so it starts afresh: it does not "
+    "remember the conversation above. The broker's log still holds all of it."
+)
+
+
+class ClientChannel(Protocol):
+    """How the host reaches a client connection where a session is active."""
+
+    async def request_client(
+        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
+    ) -> Any: ...
+
+
+@dataclass(eq=False)
+class HeldSession:
+    """A session an agent process holds on this host."""
+
+    tenant: str
+    session_id: str
+    agent: AgentProcess
+    agent_session_id: str
+    ready: bool = False  # its log exists and its updates may be appended
+    restoring: bool = False  # the agent is replaying history we already have: drop it
+    early: list[JsonObject] = field(default_factory=list)  # updates that came before ready
+    prompt_origin: str | None = None  # the connection whose prompt is running
+    prompt_task: asyncio.Task[Any] | None = None
+    client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptOutcome:
+    result: JsonObject
+    position: Position
+
+
+class AgentHost(AgentEvents):
+    """Runs agents and executes session commands against them."""
+
+    def __init__(
+        self,
+        agents: Sequence[AgentSpec],
+        session_log: SessionLog,
+        clients: ClientChannel,
+        *,
+        request_timeout: float = 60.0,
+        cancel_grace: float = 10.0,
+    ) -> None:
+        self.specs = {spec.name: spec for spec in agents}
+        self.default_agent = agents[0].name
+        self.log = session_log
+        self.clients = clients
+        self.request_timeout = request_timeout
+        self.cancel_grace = cancel_grace
+        self._processes: dict[str, AgentProcess] = {}
+        self._starting: dict[str, asyncio.Lock] = {}
+        self._held: dict[str, HeldSession] = {}
+        self._by_agent_sid: dict[tuple[int, str], HeldSession] = {}
+        self._restore_locks: dict[str, asyncio.Lock] = {}
+
+    # -- commands -------------------------------------------------------------------------
+
+    async def new_session(
+        self, tenant: str, params: JsonObject, *, agent: str, kind: str, meta: JsonObject,
+        origin: str,
+    ) -> tuple[str, JsonObject]:
+        """Create a session on ``agent``; returns the broker's session id and the agent's reply."""
+        process = await self._process(agent)
+        reply = await self._ask(process, "session/new", params)
+        agent_sid = str(reply.get("sessionId", ""))
+        if not agent_sid:
+            raise RpcError(INTERNAL_ERROR, f"agent {agent!r} returned no sessionId")
+        session_id = new_session_id()
+        held = self._hold(tenant, session_id, process, agent_sid)
+        await self.log.create(
+            tenant,
+            session_id,
+            {
+                "type": EventType.CREATED,
+                "cwd": params["cwd"],
+                "additionalDirectories": params.get("additionalDirectories") or [],
+                "agent": agent,
+                "kind": kind,
+                "meta": meta,
+                "origin": origin,
+            },
+        )
+        await self.log.append(
+            tenant, session_id, {"type": EventType.BOUND, "agentSessionId": agent_sid}
+        )
+        await self._make_ready(held)
+        return session_id, {**reply, "sessionId": session_id}
+
+    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
+        """Make sure an agent holds the session (for load/resume/prompt); returns the agent's reply
+        to the call that restored it ({} when it was held already)."""
+        if session_id in self._held:
+            return {}
+        lock = self._restore_locks.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            if session_id in self._held:
+                return {}
+            return await self._restore(tenant, session_id, params)
+
+    async def prompt(self, tenant: str, session_id: str, params: JsonObject, origin: str) -> PromptOutcome:
+        """Run one prompt turn; the log records the prompt, every update and the outcome."""
+        held = await self._require(tenant, session_id, params)
+        if held.prompt_task is not None:
+            raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
+        prompt_id = secrets.token_hex(8)
+        await self._append(held, {
+            "type": EventType.PROMPT, "promptId": prompt_id, "origin": origin,
+            "prompt": params.get("prompt", []),
+        })
+        held.prompt_origin = origin
+        held.prompt_task = asyncio.current_task()
+        try:
+            result = await self._ask(
+                held.agent, "session/prompt", {**params, "sessionId": held.agent_session_id},
+                timeout=None,
+            )
+        except RpcError as exc:
+            await self._end_prompt(held, prompt_id, error=exc.to_json())
+            raise
+        finally:
+            held.prompt_task = None
+            held.prompt_origin = None
+        position = await self._end_prompt(held, prompt_id, stop_reason=result.get("stopReason"))
+        return PromptOutcome(result, position)
+
+    async def cancel(self, tenant: str, session_id: str) -> None:
+        """Cancel the running prompt: tell the agent, settle its pending client requests."""
+        held = self._held.get(session_id)
+        if held is None or held.tenant != tenant:
+            return
+        for task in list(held.client_requests):
+            task.cancel()
+        with contextlib.suppress(AgentFailed):
+            await held.agent.notify("session/cancel", {"sessionId": held.agent_session_id})
+        if held.prompt_task is not None:
+            asyncio.get_running_loop().call_later(
+                self.cancel_grace, self._check_cancelled, held, held.prompt_task
+            )
+
+    async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
+        """Pass a session request (set_mode, set_config_option) to the agent that holds it."""
+        held = await self._require(tenant, session_id, {})
+        return await self._ask(held.agent, method, {**params, "sessionId": held.agent_session_id})
+
+    async def release(self, tenant: str, session_id: str) -> None:
+        """Stop holding the session (deleted): cancel its work, close it in the agent."""
+        held = self._held.get(session_id)
+        if held is None or held.tenant != tenant:
+            return
+        await self.cancel(tenant, session_id)
+        self._drop(held)
+        if held.agent.supports("close"):
+            with contextlib.suppress(AgentFailed, RpcError):
+                await held.agent.request("session/close", {"sessionId": held.agent_session_id})
+
+    async def stop(self) -> None:
+        """Stop every agent; held sessions are recorded as STOPPED."""
+        for held in list(self._held.values()):
+            self._drop(held)
+            with contextlib.suppress(Exception):
+                await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
+        await asyncio.gather(*(p.stop() for p in self._processes.values()), return_exceptions=True)
+        self._processes.clear()
+
+    def kind_of(self, agent: str) -> str:
+        spec = self.specs.get(agent)
+        if spec is None:
+            raise invalid_params(f"unknown agent {agent!r}; configured: {', '.join(self.specs)}")
+        return spec.kind
+
+    def prompt_capabilities(self) -> JsonObject:
+        """What prompts may carry: the default agent's capabilities, once it has started."""
+        process = self._processes.get(self.default_agent)
+        caps = process.capabilities.get("promptCapabilities") if process else None
+        return caps if isinstance(caps, dict) else {"embeddedContext": True}
+
+    async def start(self) -> None:
+        """Start every configured agent now, so a broken command shows at start-up."""
+        for name in self.specs:
+            try:
+                await self._process(name)
+            except RpcError as exc:
+                log.error("agent %r is not usable yet: %s", name, exc.message)
+
+    def holds(self, session_id: str) -> bool:
+        return session_id in self._held
+
+    def prompt_origin(self, session_id: str) -> str | None:
+        held = self._held.get(session_id)
+        return held.prompt_origin if held else None
+
+    def agent_pid(self, name: str) -> int | None:
+        process = self._processes.get(name)
+        return process.pid if process else None
+
+    # -- agent events ---------------------------------------------------------------------
+
+    async def on_agent_notification(self, agent: AgentProcess, request: Request) -> None:
+        if request.method != "session/update":
+            return
+        held = self._by_agent_sid.get((id(agent), str(request.params.get("sessionId"))))
+        update = request.params.get("update")
+        if held is None or held.restoring or not isinstance(update, dict):
+            return
+        body: JsonObject = {"type": EventType.UPDATE, "update": update}
+        if held.ready:
+            await self._append(held, body)
+        else:
+            held.early.append(body)
+
+    async def on_agent_request(self, agent: AgentProcess, request: Request) -> Any:
+        held = self._by_agent_sid.get((id(agent), str(request.params.get("sessionId"))))
+        if held is None:
+            raise not_found("session")
+        params = {**request.params, "sessionId": held.session_id}
+        task = asyncio.ensure_future(
+            self.clients.request_client(
+                held.tenant, held.session_id, request.method, params, held.prompt_origin
+            )
+        )
+        held.client_requests.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if request.method == "session/request_permission":
+                return {"outcome": {"outcome": "cancelled"}}
+            raise RpcError(INTERNAL_ERROR, "the prompt was cancelled") from None
+        finally:
+            held.client_requests.discard(task)
+
+    def on_agent_failed(self, agent: AgentProcess, reason: str) -> None:
+        if self._processes.get(agent.name) is agent:
+            del self._processes[agent.name]
+        for held in [h for h in self._held.values() if h.agent is agent]:
+            self._drop(held)
+            asyncio.ensure_future(self._mark_error(held, reason))
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _process(self, name: str) -> AgentProcess:
+        spec = self.specs.get(name)
+        if spec is None:
+            raise invalid_params(f"unknown agent {name!r}; configured: {', '.join(self.specs)}")
+        lock = self._starting.setdefault(name, asyncio.Lock())
+        async with lock:
+            process = self._processes.get(name)
+            if process is not None and not process.failed:
+                return process
+            process = AgentProcess(spec, self, request_timeout=self.request_timeout)
+            try:
+                await process.start(CLIENT_CAPABILITIES)
+            except AgentFailed as exc:
+                await process.stop()
+                raise RpcError(INTERNAL_ERROR, str(exc)) from None
+            self._processes[name] = process
+            return process
+
+    async def _ask(
+        self, process: AgentProcess, method: str, params: JsonObject, *, timeout: float | None = -1.0
+    ) -> JsonObject:
+        try:
+            result = await process.request(method, params, timeout=timeout)
+        except AgentFailed as exc:
+            raise RpcError(INTERNAL_ERROR, f"agent failed: {exc}") from None
+        return result if isinstance(result, dict) else {}
+
+    def _hold(self, tenant: str, session_id: str, process: AgentProcess, agent_sid: str) -> HeldSession:
+        held = HeldSession(tenant, session_id, process, agent_sid)
+        self._held[session_id] = held
+        self._by_agent_sid[(id(process), agent_sid)] = held
+        return held
+
+    def _drop(self, held: HeldSession) -> None:
+        if self._held.get(held.session_id) is held:
+            del self._held[held.session_id]
+        self._by_agent_sid.pop((id(held.agent), held.agent_session_id), None)
+
+    async def _make_ready(self, held: HeldSession) -> None:
+        held.ready = True
+        early, held.early = held.early, []
+        for body in early:
+            await self._append(held, body)
+
+    async def _require(self, tenant: str, session_id: str, params: JsonObject) -> HeldSession:
+        await self.attach(tenant, session_id, params)
+        held = self._held.get(session_id)
+        if held is None or held.tenant != tenant:
+            raise not_found("session")
+        return held
+
+    async def _restore(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
+        try:
+            snapshot = await self.log.snapshot(tenant, session_id)
+        except SessionMissing:
+            raise not_found("session") from None
+        if snapshot.deleted:
+            raise not_found("session")
+        process = await self._process(snapshot.agent)
+        base = {
+            "cwd": snapshot.cwd,
+            "mcpServers": params.get("mcpServers") or [],
+        }
+        if params.get("additionalDirectories") or snapshot.additional_directories:
+            base["additionalDirectories"] = (
+                params.get("additionalDirectories") or snapshot.additional_directories
+            )
+        agent_sid = snapshot.agent_session_id or ""
+        if agent_sid and (process.supports_load() or process.supports("resume")):
+            method = "session/load" if process.supports_load() else "session/resume"
+            held = self._hold(tenant, session_id, process, agent_sid)
+            held.restoring = True
+            try:
+                reply = await self._ask(process, method, {**base, "sessionId": agent_sid})
+            except RpcError:
+                self._drop(held)
+                raise
+            held.restoring = False
+        else:
+            reply = await self._ask(process, "session/new", base)
+            agent_sid = str(reply.get("sessionId", ""))
+            held = self._hold(tenant, session_id, process, agent_sid)
+            await self.log.append(tenant, session_id, {"type": EventType.NOTICE, "text": _NO_RESTORE_NOTICE})
+            await self.log.append(tenant, session_id, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        if snapshot.status != Status.RUNNING:
+            await self.log.append(tenant, session_id, {"type": EventType.STATUS, "status": Status.RUNNING})
+        await self._make_ready(held)
+        return {**reply, "sessionId": session_id}
+
+    async def _append(self, held: HeldSession, body: JsonObject) -> Position:
+        return await self.log.append(held.tenant, held.session_id, body)
+
+    async def _end_prompt(
+        self, held: HeldSession, prompt_id: str, *, stop_reason: Any = None,
+        error: JsonObject | None = None,
+    ) -> Position:
+        body: JsonObject = {"type": EventType.PROMPT_END, "promptId": prompt_id}
+        if error is not None:
+            body["error"] = error
+        else:
+            body["stopReason"] = stop_reason
+        return await self._append(held, body)
+
+    async def _mark_error(self, held: HeldSession, reason: str) -> None:
+        with contextlib.suppress(SessionMissing):
+            await self._append(held, {"type": EventType.STATUS, "status": Status.ERROR, "reason": reason})
+
+    def _check_cancelled(self, held: HeldSession, task: asyncio.Task[Any]) -> None:
+        """An agent that ignores a cancel past the grace period hangs: fail it."""
+        if held.prompt_task is task and not task.done() and not held.agent.failed:
+            held.agent.fail(
+                f"agent {held.agent.name!r} did not end a cancelled prompt within {self.cancel_grace:g}s"
+            )

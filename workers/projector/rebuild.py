@@ -1,0 +1,53 @@
+"""Rebuild the session index from the logs alone.
+
+Every session's log is folded (the pure :func:`broker.store.events.fold`) and
+projected over whatever the index holds; rows of sessions that no longer have
+a log are removed. The index stays readable throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from broker.store.client import Store
+from broker.store.events import fold
+from broker.store.index import SessionIndex
+from broker.store.keys import PREFIX, TenantKeys
+from broker.store.log import SessionLog
+
+log = logging.getLogger(__name__)
+
+
+async def find_sessions(redis: Store) -> dict[str, set[str]]:
+    """Every session with a log, by tenant (a SCAN: for rebuilds, not for serving)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    async for key in redis.scan_iter(match=f"{PREFIX}:{{*}}:t:*:s:*:log", count=1000):
+        # acpb:{tag}:t:<tenant>:s:<session>:log
+        _, _, rest = key.partition("}:t:")
+        tenant, _, rest = rest.partition(":s:")
+        found[tenant].add(rest.rsplit(":log", 1)[0])
+    return found
+
+
+async def rebuild_index(redis: Store) -> dict[str, int]:
+    """Rebuild every tenant's index from the logs; returns how many sessions per tenant."""
+    session_log = SessionLog(redis)
+    index = SessionIndex(redis)
+    counts: dict[str, int] = {}
+    for tenant, sessions in (await find_sessions(redis)).items():
+        for session_id in sessions:
+            events = await session_log.read(tenant, session_id)
+            snapshot = fold(tenant, session_id, events)
+            if snapshot is not None:
+                await index.project(snapshot, force=True)
+        await _remove_orphans(redis, index, tenant, sessions)
+        counts[tenant] = len(sessions)
+    return counts
+
+
+async def _remove_orphans(redis: Store, index: SessionIndex, tenant: str, live: set[str]) -> None:
+    keys = TenantKeys(tenant)
+    for session_id in set(await redis.hkeys(keys.rows)) - live:
+        await index.remove(tenant, session_id)
+        log.info("removed index row of vanished session %s", session_id)

@@ -1,0 +1,98 @@
+"""The projector: keeps the session index in step with the logs.
+
+It reads every partition's change feed through a consumer group, so several
+projectors share the work and a restarted one resumes where the group left
+off. Each notice names a session; the projector reads that session's snapshot
+and projects it, which is idempotent, so a notice seen twice does no harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from broker.store.client import Store
+from broker.store.index import SessionIndex
+from broker.store.keys import PARTITIONS, feed_key
+from broker.store.log import SessionLog, SessionMissing
+
+log = logging.getLogger(__name__)
+
+GROUP = "projector"
+
+
+class Projector:
+    """Consumes the change feeds and projects the sessions they name."""
+
+    def __init__(
+        self, redis: Store, *, batch: int = 500, block_ms: int = 1000, name: str | None = None
+    ) -> None:
+        self.redis = redis
+        self.log = SessionLog(redis)
+        self.index = SessionIndex(redis)
+        self.batch = batch
+        self.block_ms = block_ms
+        self.name = name or f"projector-{secrets.token_hex(4)}"
+        self.feeds = [feed_key(p) for p in range(PARTITIONS)]
+
+    async def ensure_groups(self) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for feed in self.feeds:
+                pipe.xgroup_create(feed, GROUP, id="0", mkstream=True)
+            results = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, ResponseError) and "BUSYGROUP" not in str(result):
+                raise result
+
+    async def run(self) -> None:
+        """Project until cancelled: first what this consumer left pending, then new notices."""
+        await self.ensure_groups()
+        await self._drain(pending=True)
+        while True:
+            try:
+                await self._drain(pending=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("projection failed; retrying")
+                await asyncio.sleep(1.0)
+
+    async def _drain(self, *, pending: bool) -> None:
+        streams = {feed: ("0" if pending else ">") for feed in self.feeds}
+        while True:
+            replies = await self.redis.xreadgroup(
+                GROUP, self.name, streams, count=self.batch,
+                block=None if pending else self.block_ms,
+            )
+            entries = [(feed, entries) for feed, entries in replies or [] if entries]
+            if not entries:
+                return
+            await self._apply(entries)
+            if not pending:
+                return
+
+    async def _apply(self, replies: list[tuple[str, list[tuple[str, dict[str, str]]]]]) -> None:
+        sessions: set[tuple[str, str]] = set()
+        for _, entries in replies:
+            for _, fields in entries:
+                sessions.add((fields["t"], fields["s"]))
+        for tenant, session_id in sessions:
+            await self.project(tenant, session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for feed, entries in replies:
+                pipe.xack(feed, GROUP, *[entry_id for entry_id, _ in entries])
+            await pipe.execute()
+
+    async def project(self, tenant: str, session_id: str) -> None:
+        with contextlib.suppress(SessionMissing):
+            await self.index.project(await self.log.snapshot(tenant, session_id))
+
+
+async def run_projector(redis: Store, **options: Any) -> None:
+    """The projector role, as a coroutine a test or ``serve`` can start in-process."""
+    await Projector(redis, **options).run()
