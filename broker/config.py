@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     cursor_secret: str | None = None
     cursor_old_secrets: list[str] = Field(default_factory=list)
     tenant: str = "default"
+    prestart_agents: bool = True
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

@@ -70,6 +70,7 @@ class ClientConnection:
         self._wakeup = asyncio.Event()
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -105,10 +106,40 @@ class ClientConnection:
                 self.send(message.reply)
         elif isinstance(message, Response):
             self._pending.resolve(message)
+        elif message.method == "$/cancel_request":
+            self._cancel_request(message.params.get("requestId"))
+        elif message.id is not None and message.id in self._inflight:
+            duplicate = RpcError(jsonrpc.INVALID_REQUEST, "a request with this id is in flight")
+            self.send(jsonrpc.error_reply(message.id, duplicate))
         else:
-            self._spawn(self._handle(message))
+            task = asyncio.ensure_future(self._handle(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            if message.id is not None:
+                self._inflight[message.id] = (message, task)
+
+    def _cancel_request(self, request_id: Any) -> None:
+        """``$/cancel_request``: a prompt is cancelled the ACP way, anything else dropped."""
+        inflight = self._inflight.get(request_id)
+        if inflight is None:
+            return
+        request, task = inflight
+        if request.method == "session/prompt":
+            # The agent ends the turn with stopReason "cancelled" and the prompt answers.
+            self._spawn(self.methods.dispatch(self, Request("session/cancel", request.params)))
+        else:
+            task.cancel()
+            cancelled = RpcError(jsonrpc.REQUEST_CANCELLED, "request cancelled")
+            self.send(jsonrpc.error_reply(request_id, cancelled))
 
     async def _handle(self, request: Request) -> None:
+        try:
+            await self._answer(request)
+        finally:
+            if request.id is not None:
+                self._inflight.pop(request.id, None)
+
+    async def _answer(self, request: Request) -> None:
         try:
             result = await self.methods.dispatch(self, request)
         except RpcError as exc:

@@ -168,6 +168,7 @@ class AcpMethods:
         if not isinstance(request.params.get("prompt"), list):
             raise invalid_params("prompt must be a list of content blocks")
         outcome = await self.host.prompt(conn.tenant, session_id, request.params, conn.id)
+        await self._project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)
         return outcome.result
 

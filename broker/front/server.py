@@ -43,6 +43,7 @@ class Broker:
         self.settings = settings
         if redis is None and settings.redis_url is None:
             log.warning("%s", embedded_warning())
+        self._owns_redis = redis is None
         self.redis = redis if redis is not None else connect(settings.redis_url)
         self.log = SessionLog(self.redis, feed_maxlen=settings.feed_maxlen)
         self.index = SessionIndex(self.redis)
@@ -69,7 +70,8 @@ class Broker:
     async def start(self) -> None:
         await self.hub.start()
         self._projector = asyncio.create_task(Projector(self.redis).run(), name="projector")
-        await self.host.start()
+        if self.settings.prestart_agents:
+            await self.host.start()
         self._server = await serve(
             self._handle,
             self.settings.host,
@@ -97,8 +99,9 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._projector
         await self.hub.stop()
-        with contextlib.suppress(Exception):
-            await self.redis.aclose()
+        if self._owns_redis:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn = ClientConnection(ws, self.methods, tenant=self.settings.tenant)

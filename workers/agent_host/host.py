@@ -221,11 +221,12 @@ class AgentHost(AgentEvents):
 
     async def start(self) -> None:
         """Start every configured agent now, so a broken command shows at start-up."""
-        for name in self.specs:
-            try:
-                await self._process(name)
-            except RpcError as exc:
-                log.error("agent %r is not usable yet: %s", name, exc.message)
+        results = await asyncio.gather(
+            *(self._process(name) for name in self.specs), return_exceptions=True
+        )
+        for name, result in zip(self.specs, results, strict=True):
+            if isinstance(result, RpcError):
+                log.error("agent %r is not usable yet: %s", name, result.message)
 
     def holds(self, session_id: str) -> bool:
         return session_id in self._held

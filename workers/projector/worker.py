@@ -54,11 +54,15 @@ class Projector:
         await self.ensure_groups()
         await self._drain(pending=True)
         while True:
+            if _cancelling():
+                raise asyncio.CancelledError
             try:
                 await self._drain(pending=False)
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if _cancelling():
+                    raise asyncio.CancelledError from None
                 log.exception("projection failed; retrying")
                 await asyncio.sleep(1.0)
 
@@ -91,6 +95,12 @@ class Projector:
     async def project(self, tenant: str, session_id: str) -> None:
         with contextlib.suppress(SessionMissing):
             await self.index.project(await self.log.snapshot(tenant, session_id))
+
+
+def _cancelling() -> bool:
+    """redis-py turns a cancellation during a blocking read into a TimeoutError."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def run_projector(redis: Store, **options: Any) -> None:

@@ -1,0 +1,161 @@
+"""The ``acp-broker`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from .config import AgentSpec, Settings, load_settings
+
+log = logging.getLogger("acp-broker")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument("--redis-url", help="redis://… (default: the embedded store)")
+    parser.add_argument("--tenant", help="tenant to act as (default: 'default')")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="acp-broker",
+        description="A broker for the Agent Client Protocol: many clients, many agents, "
+        "sessions kept as event logs in Redis.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run a broker node (front, agent host and projector)")
+    _common(serve)
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8765; 0 = any free port)")
+    serve.add_argument(
+        "--agent", action="append", default=[], metavar="NAME='COMMAND ARGS…'",
+        help="an ACP agent to run over stdio (repeatable; the first is the default)",
+    )
+    serve.add_argument("--cursor-secret", help="secret that signs list cursors")
+
+    worker = sub.add_parser("worker", help="run one worker role")
+    roles = worker.add_subparsers(dest="role", required=True, metavar="ROLE")
+    projector = roles.add_parser("projector", help="keep the session index up to date")
+    _common(projector)
+
+    connect = sub.add_parser(
+        "connect", help="bridge stdio to a broker's WebSocket (use the broker as an editor's agent)"
+    )
+    connect.add_argument("url", help="ws://HOST:PORT/acp")
+    connect.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
+    connect.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
+
+    sessions = sub.add_parser("sessions", help="print a table of the newest sessions")
+    _common(sessions)
+    sessions.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    sessions.add_argument("--cwd", help="only sessions in this working directory")
+
+    rebuild = sub.add_parser("rebuild-index", help="rebuild the session index from the logs")
+    _common(rebuild)
+    return parser
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    return load_settings(
+        getattr(args, "config", None),
+        redis_url=getattr(args, "redis_url", None),
+        tenant=getattr(args, "tenant", None),
+        **extra,
+    )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .front.server import run_broker
+
+    agents = [AgentSpec.parse(text) for text in args.agent] or None
+    settings = _settings(
+        args, host=args.host, port=args.port, agents=agents, cursor_secret=args.cursor_secret
+    )
+    asyncio.run(run_broker(settings))
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .store.client import connect
+
+    settings = _settings(args)
+    if settings.redis_url is None:
+        raise SystemExit("acp-broker worker: --redis-url is required (workers share Redis with nodes)")
+    from workers.projector.worker import run_projector
+
+    asyncio.run(run_projector(connect(settings.redis_url)))
+    return 0
+
+
+def _cmd_connect(args: argparse.Namespace) -> int:
+    from .bridge import main_connect
+
+    return main_connect(args.url, args.header, args.token)
+
+
+def _cmd_sessions(args: argparse.Namespace) -> int:
+    from .tables import print_sessions
+
+    settings = _settings(args)
+    return asyncio.run(print_sessions(settings, limit=args.limit, cwd=args.cwd))
+
+
+def _cmd_rebuild(args: argparse.Namespace) -> int:
+    from workers.projector.rebuild import rebuild_index
+
+    from .store.client import connect
+
+    settings = _settings(args)
+    if settings.redis_url is None:
+        raise SystemExit("acp-broker rebuild-index: --redis-url is required")
+
+    async def run() -> dict[str, int]:
+        redis = connect(settings.redis_url)
+        try:
+            return await rebuild_index(redis)
+        finally:
+            await redis.aclose()
+
+    counts = asyncio.run(run())
+    for tenant, count in sorted(counts.items()):
+        print(f"{tenant}: {count} sessions re-indexed")
+    if not counts:
+        print("no sessions found")
+    return 0
+
+
+_COMMANDS = {
+    "serve": _cmd_serve,
+    "worker": _cmd_worker,
+    "connect": _cmd_connect,
+    "sessions": _cmd_sessions,
+    "rebuild-index": _cmd_rebuild,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return _COMMANDS[args.command](args)
+    except (ValidationError, ValueError, FileNotFoundError) as exc:
+        print(f"acp-broker {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

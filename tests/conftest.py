@@ -1,0 +1,92 @@
+"""Fixtures: private Redis servers, brokers in-process or as real processes, clients."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from broker.config import AgentSpec, load_settings
+from broker.front.server import Broker
+from broker.store.client import connect
+
+from .support.redis_server import redis_server
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = Path(__file__).resolve().parent / "agents"
+
+DEMO_ENV = {"ACP_DEMO_TEST_COMMANDS": "1", "ACP_DEMO_CHUNK_DELAY": "0"}
+
+
+def demo_agent(name: str = "demo", **env: str) -> AgentSpec:
+    return AgentSpec(
+        name=name,
+        command=[sys.executable, "-m", "workers.agent_host.demo_agent"],
+        env={**DEMO_ENV, **env},
+    )
+
+
+def plain_agent(name: str = "plain") -> AgentSpec:
+    return AgentSpec(name=name, command=[sys.executable, str(AGENTS / "plain_agent.py")], kind="shell")
+
+
+@pytest.fixture(scope="session")
+def redis_url_session() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def redis_url(redis_url_session: str) -> str:
+    """A real, empty Redis for this test."""
+    with redis.Redis.from_url(redis_url_session) as client:
+        client.flushall()
+    return redis_url_session
+
+
+@pytest.fixture(params=["redis", "embedded"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def store(store_kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """A store client: a real Redis server, or the embedded store."""
+    if store_kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        client = connect(url)
+    else:
+        client = connect(None)
+    yield client
+    await client.aclose()
+
+
+def make_settings(**overrides: Any) -> Any:
+    overrides.setdefault("agents", [demo_agent(), plain_agent()])
+    overrides.setdefault("prestart_agents", False)
+    return load_settings(None, port=0, cursor_secret="test-secret", **overrides)
+
+
+@pytest.fixture
+async def broker(store: Any) -> AsyncIterator[Broker]:
+    """A broker node in this process, on the parametrized store."""
+    node = Broker(make_settings(), redis=store)
+    await node.start()
+    yield node
+    await node.stop()
+
+
+@pytest.fixture
+def url(broker: Broker) -> str:
+    return f"ws://127.0.0.1:{broker.port}/acp"
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env

@@ -1,0 +1,147 @@
+"""Test clients: the ``acp`` package's client over the broker's WebSocket, and a raw one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import websockets
+from acp import connect_to_agent, text_block
+from acp.client.connection import ClientSideConnection
+from acp.schema import AllowedOutcome, DeniedOutcome, RequestPermissionResponse
+from acp.ws import create_websocket_stream
+
+
+async def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    """Poll ``condition`` until it is truthy (bounded); returns its value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class RecordingClient:
+    """An ACP client that records every session/update and answers permission requests."""
+
+    permission: str = "allow"  # allow | reject | wait
+    updates: list[tuple[str, Any]] = field(default_factory=list)
+    raw: list[dict[str, Any]] = field(default_factory=list)
+    permission_requests: list[Any] = field(default_factory=list)
+    release_permission: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+        self.raw.append(kwargs)
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: Any, **kwargs: Any):
+        self.permission_requests.append((session_id, tool_call, options))
+        if self.permission == "wait":
+            await self.release_permission.wait()
+        if self.permission == "reject":
+            option = next(o for o in options if o.kind.startswith("reject"))
+        else:
+            option = next(o for o in options if o.kind.startswith("allow"))
+        if self.permission == "cancel":
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(option_id=option.option_id, outcome="selected")
+        )
+
+    def kinds(self, session_id: str | None = None) -> list[str]:
+        return [
+            u.session_update for sid, u in self.updates if session_id is None or sid == session_id
+        ]
+
+    def texts(self, session_id: str, kind: str = "agent_message_chunk") -> str:
+        return "".join(
+            u.content.text for sid, u in self.updates
+            if sid == session_id and u.session_update == kind and hasattr(u.content, "text")
+        )
+
+
+@dataclass
+class AcpTestClient:
+    """A connected, initialized ``acp`` client."""
+
+    conn: ClientSideConnection
+    client: RecordingClient
+    init: Any
+
+    async def new(self, cwd: str = "/tmp/project", **kwargs: Any) -> str:
+        response = await self.conn.new_session(cwd=cwd, **kwargs)
+        return response.session_id
+
+    async def prompt(self, session_id: str, text: str) -> Any:
+        return await self.conn.prompt(session_id=session_id, prompt=[text_block(text)])
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        """Any request, raw (for methods the acp client does not wrap)."""
+        return await self.conn._conn.send_request(method, params)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
+async def acp_client(url: str, *, permission: str = "allow", fs: bool = False) -> AcpTestClient:
+    transport = await create_websocket_stream(url)
+    client = RecordingClient(permission=permission)
+    conn = connect_to_agent(client, transport)
+    from acp.schema import ClientCapabilities, FileSystemCapabilities
+
+    caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=fs, write_text_file=fs))
+    init = await conn.initialize(protocol_version=1, client_capabilities=caps)
+    return AcpTestClient(conn, client, init)
+
+
+class RawClient:
+    """A bare WebSocket speaking JSON-RPC by hand, for malformed and edge-case traffic."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.next_id = 1000
+        self.inbox: list[dict[str, Any]] = []
+
+    @classmethod
+    async def connect(cls, url: str, **kwargs: Any) -> RawClient:
+        return cls(await websockets.connect(url, max_size=None, **kwargs))
+
+    async def send(self, payload: Any) -> None:
+        await self.ws.send(payload if isinstance(payload, str | bytes) else json.dumps(payload))
+
+    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
+        return json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def call(self, method: str, params: Any = None, timeout: float = 10.0) -> dict[str, Any]:
+        """Send a request and return its reply; notifications that come first go to ``inbox``."""
+        self.next_id += 1
+        msg_id = self.next_id
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": msg_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        return await self.reply_to(msg_id, timeout)
+
+    async def reply_to(self, msg_id: Any, timeout: float = 10.0) -> dict[str, Any]:
+        while True:
+            message = await self.recv(timeout)
+            if message.get("id") == msg_id and "method" not in message:
+                return message
+            self.inbox.append(message)
+
+    async def initialize(self) -> dict[str, Any]:
+        return await self.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+def text(value: str) -> list[dict[str, Any]]:
+    return [text_block(value).model_dump(by_alias=True, exclude_none=True)]

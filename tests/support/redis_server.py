@@ -1,0 +1,61 @@
+"""Private redis-server processes for tests: started on free ports in temporary folders."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server on port {port} exited with {proc.returncode}")
+        with contextlib.suppress(redis.ConnectionError, redis.BusyLoadingError):
+            if client.ping():
+                client.close()
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"redis-server on port {port} did not start")
+
+
+@contextlib.contextmanager
+def redis_server(*extra: str) -> Iterator[str]:
+    """A redis-server of our own; yields its URL and removes it afterwards."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH (.ci/run installs it)")
+    folder = Path(tempfile.mkdtemp(prefix="acpb-redis-"))
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+         "--save", "", "--appendonly", "no", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_ready(port, proc)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
