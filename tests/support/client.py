@@ -136,6 +136,15 @@ class RawClient:
                 return message
             self.inbox.append(message)
 
+    async def read_until(self, condition: Callable[[], Any], timeout: float = 10.0) -> None:
+        """Receive into ``inbox`` until ``condition()`` holds (bounded)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not condition():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {condition}")
+            self.inbox.append(await self.recv(left))
+
     async def initialize(self) -> dict[str, Any]:
         return await self.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
 

@@ -1,0 +1,134 @@
+"""Agents that crash, hang or write garbage: their prompts end with a clear error, their
+sessions are marked ERROR, and the broker and other agents carry on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from broker.front.server import Broker
+
+from .conftest import demo_agent, make_settings, plain_agent
+from .support.client import RawClient, text, wait_for
+
+
+@pytest.fixture
+async def touchy_broker(store: Any) -> AsyncIterator[Broker]:
+    """A broker whose agents are given little patience."""
+    node = Broker(
+        make_settings(
+            agents=[demo_agent(), plain_agent()], cancel_grace=0.5, agent_request_timeout=5
+        ),
+        redis=store,
+    )
+    await node.start()
+    yield node
+    await node.stop()
+
+
+async def _session(client: RawClient, agent: str = "demo") -> str:
+    reply = await client.call(
+        "session/new", {"cwd": "/tmp/f", "mcpServers": [], "_meta": {"acpBroker/agent": agent}}
+    )
+    return str(reply["result"]["sessionId"])
+
+
+async def _status(broker: Broker, session_id: str) -> str:
+    return (await broker.log.snapshot("default", session_id)).status
+
+
+@pytest.mark.parametrize("command", ["/crash", "/garbage"])
+async def test_a_failing_agent_ends_its_prompts_and_marks_sessions_error(
+    touchy_broker: Broker, command: str
+) -> None:
+    url = f"ws://127.0.0.1:{touchy_broker.port}/acp"
+    client = await RawClient.connect(url)
+    await client.initialize()
+    doomed = await _session(client)
+    bystander = await _session(client)
+    other_agent = await _session(client, "plain")
+    reply = await client.call("session/prompt", {"sessionId": doomed, "prompt": text(command)})
+    assert reply["error"]["code"] == -32603
+    assert "agent" in reply["error"]["message"]
+    for session_id in (doomed, bystander):
+        await wait_for_status(touchy_broker, session_id, "ERROR")
+    # Another agent carries on untouched.
+    ok = await client.call("session/prompt", {"sessionId": other_agent, "prompt": text("still here")})
+    assert ok["result"]["stopReason"] == "end_turn"
+    assert await _status(touchy_broker, other_agent) == "RUNNING"
+    # The failed session comes back on a fresh agent process at its next prompt.
+    again = await client.call("session/prompt", {"sessionId": doomed, "prompt": text("/notool back")})
+    assert again["result"]["stopReason"] == "end_turn"
+    assert await _status(touchy_broker, doomed) == "RUNNING"
+    # The log says what happened to the failed prompt.
+    events = await touchy_broker.log.read("default", doomed)
+    ends = [e.body for e in events if e.type == "prompt_end"]
+    assert "error" in ends[0] and ends[1]["stopReason"] == "end_turn"
+    await client.close()
+
+
+async def test_an_agent_that_ignores_cancel_is_failed_after_the_grace_period(
+    touchy_broker: Broker,
+) -> None:
+    url = f"ws://127.0.0.1:{touchy_broker.port}/acp"
+    client = await RawClient.connect(url)
+    await client.initialize()
+    session_id = await _session(client)
+    await client.send({"jsonrpc": "2.0", "id": "hang", "method": "session/prompt",
+                       "params": {"sessionId": session_id, "prompt": text("/hang")}})
+    await wait_for(lambda: touchy_broker.host.prompt_origin(session_id) is not None)
+    await client.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+    reply = await client.reply_to("hang", timeout=10)
+    assert reply["error"]["code"] == -32603
+    await wait_for_status(touchy_broker, session_id, "ERROR")
+    await client.close()
+
+
+async def test_cancel_settles_a_pending_permission_request(url: str) -> None:
+    client = await RawClient.connect(url)
+    await client.initialize()
+    session_id = await _session(client)
+    await client.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                       "params": {"sessionId": session_id, "prompt": text("read it")}})
+    await client.read_until(
+        lambda: any(m.get("method") == "session/request_permission" for m in client.inbox)
+    )
+    [ask] = [m for m in client.inbox if m.get("method") == "session/request_permission"]
+    await client.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+    reply = await client.reply_to("p")
+    assert reply["result"]["stopReason"] == "cancelled"
+    # The client is told the permission request is settled.
+    settled = [m for m in client.inbox if m.get("method") == "$/cancel_request"]
+    assert settled and settled[0]["params"]["requestId"] == ask["id"]
+    await client.close()
+
+
+async def test_an_agent_that_cannot_start_gives_a_clear_error(store: Any) -> None:
+    from broker.config import AgentSpec
+
+    broken = AgentSpec(name="broken", command=["/nonexistent/agent-binary"])
+    node = Broker(make_settings(agents=[broken, demo_agent()]), redis=store)
+    await node.start()
+    try:
+        client = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp")
+        await client.initialize()
+        reply = await client.call("session/new", {"cwd": "/tmp/x", "mcpServers": []})
+        assert reply["error"]["code"] == -32603 and "could not start" in reply["error"]["message"]
+        assert (await _session(client, "demo")).startswith("sess_")
+        await client.close()
+    finally:
+        await node.stop()
+
+
+async def wait_for_status(broker: Broker, session_id: str, status: str) -> None:
+    deadline = 10.0
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while await _status(broker, session_id) != status:
+        if loop.time() > end:
+            raise AssertionError(f"{session_id} never became {status}")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,128 @@
+"""Fan-out: every connection where a session is active gets its events, in order, once."""
+
+from __future__ import annotations
+
+from .support.client import RawClient, acp_client, text, wait_for
+
+
+def _info_updates(client: RawClient, session_id: str) -> list[dict]:
+    return [
+        m["params"]["update"]
+        for m in client.inbox
+        if m.get("method") == "session/update"
+        and m["params"]["sessionId"] == session_id
+        and m["params"]["update"]["sessionUpdate"] == "session_info_update"
+    ]
+
+
+async def test_info_updates_reach_exactly_the_connections_where_the_session_is_active(
+    url: str,
+) -> None:
+    a, b, c = [await RawClient.connect(url) for _ in range(3)]
+    for client in (a, b, c):
+        await client.initialize()
+    created = await a.call("session/new", {"cwd": "/tmp/fan", "mcpServers": []})
+    session_id = created["result"]["sessionId"]
+    other = await c.call("session/new", {"cwd": "/tmp/other", "mcpServers": []})
+    assert "result" in other
+    resumed = await b.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/fan"})
+    assert resumed["result"] is not None
+
+    # Agent-made: the first prompt names the session.
+    reply = await a.call("session/prompt", {"sessionId": session_id, "prompt": text("/notool name me")})
+    assert reply["result"]["stopReason"] == "end_turn"
+    # Client-made: a title and a metadata patch, then a clear.
+    await b.call("session/set_title", {"sessionId": session_id, "title": "Renamed", "_meta": {"team": "x"}})
+    await a.call("session/set_title", {"sessionId": session_id, "title": None, "_meta": {"team": None}})
+
+    expected = [
+        {"sessionUpdate": "session_info_update", "title": "/notool name me"},
+        {"sessionUpdate": "session_info_update", "title": "Renamed", "_meta": {"team": "x"}},
+        {"sessionUpdate": "session_info_update", "title": None, "_meta": {"team": None}},
+    ]
+    for client in (a, b):
+        await client.read_until(lambda client=client: len(_info_updates(client, session_id)) >= 3)
+        got = _info_updates(client, session_id)
+        assert [{k: v for k, v in u.items() if k != "_meta" or v} for u in got] == [
+            {k: v for k, v in u.items() if k != "_meta" or v} for u in expected
+        ]
+    # The third connection never had the session active: it got nothing of it.
+    await c.call("session/list", {})
+    assert not [m for m in c.inbox if m.get("params", {}).get("sessionId") == session_id]
+    listed = await c.call("session/list", {"cwd": "/tmp/fan"})
+    [info] = listed["result"]["sessions"]
+    assert "title" not in info and "team" not in info.get("_meta", {})
+    for client in (a, b, c):
+        await client.close()
+
+
+async def test_set_title_reply_precedes_the_update_on_the_requesting_connection(url: str) -> None:
+    a = await RawClient.connect(url)
+    await a.initialize()
+    session_id = (await a.call("session/new", {"cwd": "/tmp/t", "mcpServers": []}))["result"]["sessionId"]
+    await a.send({"jsonrpc": "2.0", "id": "t1", "method": "session/set_title",
+                  "params": {"sessionId": session_id, "title": "First"}})
+    order = []
+    while len(order) < 2:
+        message = await a.recv()
+        if message.get("id") == "t1":
+            order.append("reply")
+        elif message.get("method") == "session/update" and (
+            message["params"]["update"]["sessionUpdate"] == "session_info_update"
+        ):
+            order.append("update")
+    assert order == ["reply", "update"]
+    await a.close()
+
+
+async def test_a_second_window_sees_the_prompt_typed_in_the_first_and_the_reply(url: str) -> None:
+    typist = await acp_client(url)
+    session_id = await typist.new()
+    watcher = await acp_client(url)
+    await watcher.conn.resume_session(session_id=session_id, cwd="/tmp/project")
+    await typist.prompt(session_id, "/chunks 50")
+    await wait_for(lambda: watcher.client.texts(session_id).count("chunk") >= 50, what="50 chunks")
+    assert watcher.client.texts(session_id, "user_message_chunk") == "/chunks 50"
+    # The typist does not get its own message echoed back.
+    assert typist.client.texts(session_id, "user_message_chunk") == ""
+    # Both saw the reply chunks in the same order, each once.
+    assert watcher.client.texts(session_id) == typist.client.texts(session_id)
+    expected = "".join(f"chunk {i}" for i in range(1, 51))
+    assert typist.client.texts(session_id) == expected
+    for client in (typist, watcher):
+        await client.close()
+
+
+async def test_every_update_carries_the_broker_position_and_resume_replays_after_it(url: str) -> None:
+    first = await RawClient.connect(url)
+    await first.initialize()
+    session_id = (await first.call("session/new", {"cwd": "/tmp/p", "mcpServers": []}))["result"]["sessionId"]
+    await first.call("session/prompt", {"sessionId": session_id, "prompt": text("/chunks 10")})
+    updates = [m for m in first.inbox if m.get("method") == "session/update"]
+    positions = [m["params"]["_meta"]["acpBroker/position"] for m in updates]
+    assert [p["seq"] for p in positions] == sorted({p["seq"] for p in positions})
+    middle = positions[len(positions) // 2]
+    await first.close()
+
+    second = await RawClient.connect(url)
+    await second.initialize()
+    reply = await second.call(
+        "session/resume",
+        {"sessionId": session_id, "cwd": "/tmp/p", "_meta": {"acpBroker/replayAfter": middle}},
+    )
+    assert "result" in reply
+    replayed = [m["params"]["_meta"]["acpBroker/position"]["seq"] for m in second.inbox]
+    assert replayed == [p["seq"] for p in positions if p["seq"] > middle["seq"]]
+    stale = await second.call(
+        "session/resume",
+        {"sessionId": session_id, "cwd": "/tmp/p",
+         "_meta": {"acpBroker/replayAfter": {"seq": 1, "epoch": "not-this-log"}}},
+    )
+    assert stale["error"]["code"] == -32602
+    ahead = await second.call(
+        "session/resume",
+        {"sessionId": session_id, "cwd": "/tmp/p",
+         "_meta": {"acpBroker/replayAfter": {"seq": 10**9, "epoch": middle["epoch"]}}},
+    )
+    assert ahead["error"]["code"] == -32602
+    await second.close()

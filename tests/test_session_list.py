@@ -1,0 +1,134 @@
+"""session/list: keyset pages over the index, cwd filters, signed cursors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from broker.front.server import Broker
+from broker.store.cursors import fingerprint
+from broker.store.events import EventType
+from broker.store.log import new_session_id
+
+from .support.client import RawClient
+
+
+async def _seed(broker: Broker, count: int, *, distinct_times: int) -> list[tuple[int, str]]:
+    """``count`` sessions whose updatedAt takes only ``distinct_times`` values (many ties)."""
+    base = 1_790_000_000_000
+    made = []
+    for i in range(count):
+        session_id = new_session_id()
+        await broker.log.create("default", session_id, {"type": EventType.CREATED, "cwd": "/seed"})
+        snapshot = await broker.log.snapshot("default", session_id)
+        updated = base + (i % distinct_times) * 1000
+        await broker.index.project(dataclasses.replace(snapshot, updated_ms=updated), force=True)
+        made.append((updated, session_id))
+    return made
+
+
+async def _walk(client: RawClient, params: dict) -> tuple[list[dict], int]:
+    sessions, pages, cursor = [], 0, None
+    while True:
+        reply = await client.call("session/list", {**params, **({"cursor": cursor} if cursor else {})})
+        result = reply["result"]
+        sessions += result["sessions"]
+        pages += 1
+        cursor = result.get("nextCursor")
+        if cursor is None:
+            return sessions, pages
+
+
+async def test_walking_1000_sessions_with_tied_times_lists_each_once_newest_first(
+    broker: Broker, url: str
+) -> None:
+    made = await _seed(broker, 1000, distinct_times=7)
+    client = await RawClient.connect(url)
+    await client.initialize()
+    sessions, pages = await _walk(client, {})
+    ids = [s["sessionId"] for s in sessions]
+    assert len(ids) == 1000 and set(ids) == {sid for _, sid in made}
+    expected = [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
+    assert ids == expected
+    assert pages == 1000 // broker.settings.list_page_size
+    assert all(s["updatedAt"].endswith("Z") and "T" in s["updatedAt"] for s in sessions)
+    await client.close()
+
+
+async def test_empty_listing_has_empty_sessions_and_no_cursor(url: str) -> None:
+    client = await RawClient.connect(url)
+    await client.initialize()
+    reply = await client.call("session/list", {})
+    assert reply["result"] == {"sessions": []}
+    await client.close()
+
+
+async def test_cwd_filter_matches_exactly_with_trailing_separator_normalized(url: str) -> None:
+    client = await RawClient.connect(url)
+    await client.initialize()
+
+    async def new(cwd: str, dirs: list[str] | None = None) -> str:
+        params = {"cwd": cwd, "mcpServers": [], "additionalDirectories": dirs or []}
+        return (await client.call("session/new", params))["result"]["sessionId"]
+
+    exact = await new("/srv/app")
+    slashed = await new("/srv/app/")
+    await new("/srv/app/sub")
+    await new("/srv/other", ["/srv/app"])
+    await new("/srv/application")
+    for cwd in ("/srv/app", "/srv/app/", "/srv/app//"):
+        sessions, _ = await _walk(client, {"cwd": cwd})
+        assert {s["sessionId"] for s in sessions} == {exact, slashed}, cwd
+    with_dirs, _ = await _walk(client, {"cwd": "/srv/other"})
+    assert with_dirs[0]["additionalDirectories"] == ["/srv/app"]
+    for bad in ("srv/app", "", "./x", 42):
+        reply = await client.call("session/list", {"cwd": bad})
+        assert reply["error"]["code"] == -32602, bad
+    await client.close()
+
+
+async def test_tampered_truncated_and_foreign_cursors_are_invalid_params(
+    broker: Broker, url: str
+) -> None:
+    await _seed(broker, 120, distinct_times=3)
+    client = await RawClient.connect(url)
+    await client.initialize()
+    first = (await client.call("session/list", {}))["result"]
+    cursor = first["nextCursor"]
+    payload, tag = cursor.split(".")
+    flipped = ("A" if payload[5] != "A" else "B")
+    forged = [
+        cursor[:-3],  # truncated
+        payload[:5] + flipped + payload[6:] + "." + tag,  # tampered position
+        payload + "." + tag[::-1],  # tampered signature
+        "not-a-cursor",
+        "",
+        ".",
+        # Genuine signature, but for another tenant's listing.
+        broker.methods.cursors.encode("0:x", fingerprint("other-tenant", "acp", {})),
+    ]
+    for bad in forged:
+        reply = await client.call("session/list", {"cursor": bad})
+        assert reply["error"]["code"] == -32602, bad
+    # A cursor of the unfiltered listing is no good for a filtered one, and vice versa.
+    reply = await client.call("session/list", {"cwd": "/seed", "cursor": cursor})
+    assert reply["error"]["code"] == -32602
+    # The genuine cursor still works.
+    assert "result" in await client.call("session/list", {"cursor": cursor})
+    await client.close()
+
+
+async def test_deleted_sessions_leave_the_list_and_updates_move_a_session_first(url: str) -> None:
+    client = await RawClient.connect(url)
+    await client.initialize()
+    ids = []
+    for _ in range(3):
+        ids.append((await client.call("session/new", {"cwd": "/x", "mcpServers": []}))["result"]["sessionId"])
+    listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
+    assert set(listed) == set(ids)
+    await client.call("session/prompt", {"sessionId": ids[0], "prompt": [{"type": "text", "text": "/notool hi"}]})
+    listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
+    assert listed[0] == ids[0]
+    await client.call("session/delete", {"sessionId": ids[1]})
+    listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
+    assert ids[1] not in listed and len(listed) == 2
+    await client.close()
