@@ -36,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8765; 0 = any free port)")
     serve.add_argument(
-        "--agent", action="append", default=[], metavar="NAME='COMMAND ARGS…'",
+        "--agent",
+        action="append",
+        default=[],
+        metavar="NAME='COMMAND ARGS…'",
         help="an ACP agent to run over stdio (repeatable; the first is the default)",
     )
     serve.add_argument("--cursor-secret", help="secret that signs list cursors")
@@ -88,7 +91,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     if settings.redis_url is None:
-        raise SystemExit("acp-broker worker: --redis-url is required (workers share Redis with nodes)")
+        raise SystemExit(
+            "acp-broker worker: --redis-url is required (workers share Redis with nodes)"
+        )
     from workers.projector.worker import run_projector
 
     asyncio.run(run_projector(connect(settings.redis_url)))

@@ -128,7 +128,7 @@ class Settings(BaseSettings):
 def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
     """Build the settings; ``overrides`` are flags that were given (None = not given)."""
     path = config_file or os.environ.get("ACP_BROKER_CONFIG")
-    settings_cls = Settings
+    settings_cls: type[Settings] = Settings
     if path:
         if not Path(path).is_file():
             raise FileNotFoundError(f"config file not found: {path}")

@@ -18,7 +18,14 @@ async def print_sessions(settings: Settings, *, limit: int, cwd: str | None) -> 
     finally:
         await redis.aclose()
     rows = [
-        (r["sessionId"], r["status"], r.get("agent", ""), r["updatedAt"], r.get("title") or "", r["cwd"])
+        (
+            r["sessionId"],
+            r["status"],
+            r.get("agent", ""),
+            r["updatedAt"],
+            r.get("title") or "",
+            r["cwd"],
+        )
         for r in page.rows
     ]
     header = ("SESSION", "STATUS", "AGENT", "UPDATED", "TITLE", "CWD")

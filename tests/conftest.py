@@ -32,7 +32,9 @@ def demo_agent(name: str = "demo", **env: str) -> AgentSpec:
 
 
 def plain_agent(name: str = "plain") -> AgentSpec:
-    return AgentSpec(name=name, command=[sys.executable, str(AGENTS / "plain_agent.py")], kind="shell")
+    return AgentSpec(
+        name=name, command=[sys.executable, str(AGENTS / "plain_agent.py")], kind="shell"
+    )
 
 
 @pytest.fixture(scope="session")

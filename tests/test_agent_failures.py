@@ -55,11 +55,15 @@ async def test_a_failing_agent_ends_its_prompts_and_marks_sessions_error(
     for session_id in (doomed, bystander):
         await wait_for_status(touchy_broker, session_id, "ERROR")
     # Another agent carries on untouched.
-    ok = await client.call("session/prompt", {"sessionId": other_agent, "prompt": text("still here")})
+    ok = await client.call(
+        "session/prompt", {"sessionId": other_agent, "prompt": text("still here")}
+    )
     assert ok["result"]["stopReason"] == "end_turn"
     assert await _status(touchy_broker, other_agent) == "RUNNING"
     # The failed session comes back on a fresh agent process at its next prompt.
-    again = await client.call("session/prompt", {"sessionId": doomed, "prompt": text("/notool back")})
+    again = await client.call(
+        "session/prompt", {"sessionId": doomed, "prompt": text("/notool back")}
+    )
     assert again["result"]["stopReason"] == "end_turn"
     assert await _status(touchy_broker, doomed) == "RUNNING"
     # The log says what happened to the failed prompt.
@@ -76,10 +80,18 @@ async def test_an_agent_that_ignores_cancel_is_failed_after_the_grace_period(
     client = await RawClient.connect(url)
     await client.initialize()
     session_id = await _session(client)
-    await client.send({"jsonrpc": "2.0", "id": "hang", "method": "session/prompt",
-                       "params": {"sessionId": session_id, "prompt": text("/hang")}})
+    await client.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "hang",
+            "method": "session/prompt",
+            "params": {"sessionId": session_id, "prompt": text("/hang")},
+        }
+    )
     await wait_for(lambda: touchy_broker.host.prompt_origin(session_id) is not None)
-    await client.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+    await client.send(
+        {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+    )
     reply = await client.reply_to("hang", timeout=10)
     assert reply["error"]["code"] == -32603
     await wait_for_status(touchy_broker, session_id, "ERROR")
@@ -90,13 +102,21 @@ async def test_cancel_settles_a_pending_permission_request(url: str) -> None:
     client = await RawClient.connect(url)
     await client.initialize()
     session_id = await _session(client)
-    await client.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
-                       "params": {"sessionId": session_id, "prompt": text("read it")}})
+    await client.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "p",
+            "method": "session/prompt",
+            "params": {"sessionId": session_id, "prompt": text("read it")},
+        }
+    )
     await client.read_until(
         lambda: any(m.get("method") == "session/request_permission" for m in client.inbox)
     )
     [ask] = [m for m in client.inbox if m.get("method") == "session/request_permission"]
-    await client.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+    await client.send(
+        {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+    )
     reply = await client.reply_to("p")
     assert reply["result"]["stopReason"] == "cancelled"
     # The client is told the permission request is settled.

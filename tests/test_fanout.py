@@ -29,11 +29,17 @@ async def test_info_updates_reach_exactly_the_connections_where_the_session_is_a
     assert resumed["result"] is not None
 
     # Agent-made: the first prompt names the session.
-    reply = await a.call("session/prompt", {"sessionId": session_id, "prompt": text("/notool name me")})
+    reply = await a.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/notool name me")}
+    )
     assert reply["result"]["stopReason"] == "end_turn"
     # Client-made: a title and a metadata patch, then a clear.
-    await b.call("session/set_title", {"sessionId": session_id, "title": "Renamed", "_meta": {"team": "x"}})
-    await a.call("session/set_title", {"sessionId": session_id, "title": None, "_meta": {"team": None}})
+    await b.call(
+        "session/set_title", {"sessionId": session_id, "title": "Renamed", "_meta": {"team": "x"}}
+    )
+    await a.call(
+        "session/set_title", {"sessionId": session_id, "title": None, "_meta": {"team": None}}
+    )
 
     expected = [
         {"sessionUpdate": "session_info_update", "title": "/notool name me"},
@@ -59,9 +65,17 @@ async def test_info_updates_reach_exactly_the_connections_where_the_session_is_a
 async def test_set_title_reply_precedes_the_update_on_the_requesting_connection(url: str) -> None:
     a = await RawClient.connect(url)
     await a.initialize()
-    session_id = (await a.call("session/new", {"cwd": "/tmp/t", "mcpServers": []}))["result"]["sessionId"]
-    await a.send({"jsonrpc": "2.0", "id": "t1", "method": "session/set_title",
-                  "params": {"sessionId": session_id, "title": "First"}})
+    session_id = (await a.call("session/new", {"cwd": "/tmp/t", "mcpServers": []}))["result"][
+        "sessionId"
+    ]
+    await a.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "t1",
+            "method": "session/set_title",
+            "params": {"sessionId": session_id, "title": "First"},
+        }
+    )
     order = []
     while len(order) < 2:
         message = await a.recv()
@@ -93,10 +107,14 @@ async def test_a_second_window_sees_the_prompt_typed_in_the_first_and_the_reply(
         await client.close()
 
 
-async def test_every_update_carries_the_broker_position_and_resume_replays_after_it(url: str) -> None:
+async def test_every_update_carries_the_broker_position_and_resume_replays_after_it(
+    url: str,
+) -> None:
     first = await RawClient.connect(url)
     await first.initialize()
-    session_id = (await first.call("session/new", {"cwd": "/tmp/p", "mcpServers": []}))["result"]["sessionId"]
+    session_id = (await first.call("session/new", {"cwd": "/tmp/p", "mcpServers": []}))["result"][
+        "sessionId"
+    ]
     await first.call("session/prompt", {"sessionId": session_id, "prompt": text("/chunks 10")})
     updates = [m for m in first.inbox if m.get("method") == "session/update"]
     positions = [m["params"]["_meta"]["acpBroker/position"] for m in updates]
@@ -115,14 +133,20 @@ async def test_every_update_carries_the_broker_position_and_resume_replays_after
     assert replayed == [p["seq"] for p in positions if p["seq"] > middle["seq"]]
     stale = await second.call(
         "session/resume",
-        {"sessionId": session_id, "cwd": "/tmp/p",
-         "_meta": {"acpBroker/replayAfter": {"seq": 1, "epoch": "not-this-log"}}},
+        {
+            "sessionId": session_id,
+            "cwd": "/tmp/p",
+            "_meta": {"acpBroker/replayAfter": {"seq": 1, "epoch": "not-this-log"}},
+        },
     )
     assert stale["error"]["code"] == -32602
     ahead = await second.call(
         "session/resume",
-        {"sessionId": session_id, "cwd": "/tmp/p",
-         "_meta": {"acpBroker/replayAfter": {"seq": 10**9, "epoch": middle["epoch"]}}},
+        {
+            "sessionId": session_id,
+            "cwd": "/tmp/p",
+            "_meta": {"acpBroker/replayAfter": {"seq": 10**9, "epoch": middle["epoch"]}},
+        },
     )
     assert ahead["error"]["code"] == -32602
     await second.close()

@@ -29,7 +29,9 @@ async def _seed(broker: Broker, count: int, *, distinct_times: int) -> list[tupl
 async def _walk(client: RawClient, params: dict) -> tuple[list[dict], int]:
     sessions, pages, cursor = [], 0, None
     while True:
-        reply = await client.call("session/list", {**params, **({"cursor": cursor} if cursor else {})})
+        reply = await client.call(
+            "session/list", {**params, **({"cursor": cursor} if cursor else {})}
+        )
         result = reply["result"]
         sessions += result["sessions"]
         pages += 1
@@ -95,7 +97,7 @@ async def test_tampered_truncated_and_foreign_cursors_are_invalid_params(
     first = (await client.call("session/list", {}))["result"]
     cursor = first["nextCursor"]
     payload, tag = cursor.split(".")
-    flipped = ("A" if payload[5] != "A" else "B")
+    flipped = "A" if payload[5] != "A" else "B"
     forged = [
         cursor[:-3],  # truncated
         payload[:5] + flipped + payload[6:] + "." + tag,  # tampered position
@@ -122,10 +124,16 @@ async def test_deleted_sessions_leave_the_list_and_updates_move_a_session_first(
     await client.initialize()
     ids = []
     for _ in range(3):
-        ids.append((await client.call("session/new", {"cwd": "/x", "mcpServers": []}))["result"]["sessionId"])
+        ids.append(
+            (await client.call("session/new", {"cwd": "/x", "mcpServers": []}))["result"][
+                "sessionId"
+            ]
+        )
     listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
     assert set(listed) == set(ids)
-    await client.call("session/prompt", {"sessionId": ids[0], "prompt": [{"type": "text", "text": "/notool hi"}]})
+    await client.call(
+        "session/prompt", {"sessionId": ids[0], "prompt": [{"type": "text", "text": "/notool hi"}]}
+    )
     listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
     assert listed[0] == ids[0]
     await client.call("session/delete", {"sessionId": ids[1]})

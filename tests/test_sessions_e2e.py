@@ -105,7 +105,9 @@ async def test_set_mode_and_config_option_pass_through(url: str) -> None:
     session_id = await client.new()
     await client.conn.set_session_mode(session_id=session_id, mode_id="code")
     await wait_for(lambda: "current_mode_update" in client.client.kinds(session_id))
-    reply = await client.conn.set_config_option(config_id="style", session_id=session_id, value="shouty")
+    reply = await client.conn.set_config_option(
+        config_id="style", session_id=session_id, value="shouty"
+    )
     assert reply.config_options[0].current_value == "shouty"
     await client.close()
 

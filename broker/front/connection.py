@@ -318,6 +318,7 @@ class Deferred:
 
 DEFERRED = Deferred()
 
+
 def _frames(event: LogEvent, session_id: str) -> list[str]:
     """The frames of an event, serialized once and shared by every connection."""
     frames = event.frames.get("v1")

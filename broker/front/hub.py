@@ -57,7 +57,9 @@ class SessionFeed:
 class FanoutHub:
     """Live events of the sessions active on this node's connections."""
 
-    def __init__(self, redis: Store, session_log: SessionLog, *, check_interval: float = 2.0) -> None:
+    def __init__(
+        self, redis: Store, session_log: SessionLog, *, check_interval: float = 2.0
+    ) -> None:
         self.redis = redis
         self.log = session_log
         self.check_interval = check_interval
@@ -169,7 +171,9 @@ class FanoutHub:
     async def _accept(self, feed: SessionFeed, seq: int, epoch: str, event: LogEvent) -> None:
         assert feed.last is not None
         if epoch != feed.epoch:
-            log.warning("session %s has a new log epoch; catching up from its start", feed.keys.session_id)
+            log.warning(
+                "session %s has a new log epoch; catching up from its start", feed.keys.session_id
+            )
             feed.epoch, feed.last = epoch, 0
         if seq <= feed.last:
             return
@@ -181,7 +185,10 @@ class FanoutHub:
         assert feed.last is not None
         try:
             events = await self.log.read(
-                feed.keys.tenant, feed.keys.session_id, after=feed.last, until=until,
+                feed.keys.tenant,
+                feed.keys.session_id,
+                after=feed.last,
+                until=until,
                 epoch=feed.epoch,
             )
         except SessionMissing:

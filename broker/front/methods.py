@@ -57,7 +57,9 @@ class AcpMethods:
         if conn.protocol_version is None:
             if request.is_notification:
                 return None
-            raise RpcError(INVALID_REQUEST, "the connection is not initialized: send initialize first")
+            raise RpcError(
+                INVALID_REQUEST, "the connection is not initialized: send initialize first"
+            )
         handler = _HANDLERS.get(request.method)
         if handler is None:
             if request.is_notification:
@@ -109,7 +111,10 @@ class AcpMethods:
         if kind not in SESSION_KINDS:
             raise invalid_params(f"_meta.{KIND_META_KEY} must be one of {', '.join(SESSION_KINDS)}")
         user_meta = {k: v for k, v in meta.items() if k not in (AGENT_META_KEY, KIND_META_KEY)}
-        agent_params: JsonObject = {"cwd": cwd, "mcpServers": _list(params.get("mcpServers"), "mcpServers")}
+        agent_params: JsonObject = {
+            "cwd": cwd,
+            "mcpServers": _list(params.get("mcpServers"), "mcpServers"),
+        }
         if dirs:
             agent_params["additionalDirectories"] = dirs
         if user_meta:
@@ -125,7 +130,9 @@ class AcpMethods:
 
     async def session_load(self, conn: ClientConnection, request: Request) -> Any:
         snapshot, after = await self._reopen(conn, request, replay_default=0)
-        reply = await self.host.attach(conn.tenant, snapshot.session_id, self._agent_params(request))
+        reply = await self.host.attach(
+            conn.tenant, snapshot.session_id, self._agent_params(request)
+        )
         await conn.activate(conn.tenant, snapshot.session_id, replay_after=after, replay_now=True)
         conn.reply(request, _without_session_id(reply))
         conn.release(snapshot.session_id)
@@ -133,7 +140,9 @@ class AcpMethods:
 
     async def session_resume(self, conn: ClientConnection, request: Request) -> Any:
         snapshot, after = await self._reopen(conn, request, replay_default=None)
-        reply = await self.host.attach(conn.tenant, snapshot.session_id, self._agent_params(request))
+        reply = await self.host.attach(
+            conn.tenant, snapshot.session_id, self._agent_params(request)
+        )
         await conn.activate(conn.tenant, snapshot.session_id, replay_after=after, replay_now=True)
         conn.reply(request, _without_session_id(reply))
         conn.release(snapshot.session_id)
@@ -212,7 +221,8 @@ class AcpMethods:
             active.held = active.held or []
         try:
             await self.log.append(
-                conn.tenant, snapshot.session_id,
+                conn.tenant,
+                snapshot.session_id,
                 {"type": EventType.UPDATE, "update": update, "origin": conn.id},
             )
             await self._project(conn.tenant, snapshot.session_id)

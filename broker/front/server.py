@@ -83,7 +83,12 @@ class Broker:
             ping_timeout=self.settings.ping_interval,
             compression=None,
         )
-        log.info("acp-broker listening on ws://%s:%d%s", self.settings.host, self.port, self.settings.path)
+        log.info(
+            "acp-broker listening on ws://%s:%d%s",
+            self.settings.host,
+            self.port,
+            self.settings.path,
+        )
 
     async def stop(self) -> None:
         """Stop accepting, tell clients to reconnect elsewhere, stop the roles."""

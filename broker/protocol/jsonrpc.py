@@ -8,6 +8,7 @@ known), never an exception.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,9 @@ def parse_message(data: Any) -> Message | Invalid:
         return Invalid(_invalid_request(data))
     msg_id = data.get("id")
     if "id" in data and not _valid_id(msg_id):
-        return Invalid(error_reply(None, RpcError(INVALID_REQUEST, "id must be a string or an integer")))
+        return Invalid(
+            error_reply(None, RpcError(INVALID_REQUEST, "id must be a string or an integer"))
+        )
     if "method" in data:
         return _parse_request(data, msg_id)
     if "result" in data or "error" in data:
@@ -123,12 +126,16 @@ def _parse_request(data: JsonObject, msg_id: Any) -> Message | Invalid:
 
 def _invalid_request(data: Any) -> JsonObject:
     msg_id = data.get("id") if isinstance(data, dict) and _valid_id(data.get("id")) else None
-    return error_reply(msg_id, RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message"))
+    return error_reply(
+        msg_id, RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
+    )
 
 
 def _valid_id(value: Any) -> bool:
-    return value is None or isinstance(value, str) or (
-        isinstance(value, int) and not isinstance(value, bool)
+    return (
+        value is None
+        or isinstance(value, str)
+        or (isinstance(value, int) and not isinstance(value, bool))
     )
 
 
@@ -136,6 +143,7 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        items: Iterable[Any]
         if isinstance(item, dict):
             items = item.values()
         elif isinstance(item, list):

@@ -41,7 +41,9 @@ class CursorCodec:
         self._keys = list(keys)
 
     def encode(self, position: str, fingerprint: str) -> str:
-        payload = _b64(json.dumps({"p": position, "f": fingerprint}, separators=(",", ":")).encode())
+        payload = _b64(
+            json.dumps({"p": position, "f": fingerprint}, separators=(",", ":")).encode()
+        )
         return f"{payload}.{_b64(self._tag(self._keys[0], payload))}"
 
     def decode(self, cursor: str, fingerprint: str) -> str:

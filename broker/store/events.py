@@ -147,7 +147,9 @@ def _info_ops(update: Mapping[str, Any]) -> list[SnapshotOp]:
     for name, snap_field in (("title", "title"), ("updatedAt", "updatedAt")):
         if name in update:
             value = update[name]
-            ops.append(("del", snap_field, "") if value is None else ("set", snap_field, str(value)))
+            ops.append(
+                ("del", snap_field, "") if value is None else ("set", snap_field, str(value))
+            )
     if "_meta" in update:
         patch = update["_meta"]
         if patch is None:

@@ -142,8 +142,13 @@ class SessionIndex:
                 return
 
     async def _write(
-        self, keys: TenantKeys, session_id: str, raw: str, old: Version | None,
-        new: Version, row: str,
+        self,
+        keys: TenantKeys,
+        session_id: str,
+        raw: str,
+        old: Version | None,
+        new: Version,
+        row: str,
     ) -> bool:
         old_entries = old.entries if old else {}
         script_keys = [keys.rows, keys.versions]

@@ -98,8 +98,14 @@ class SessionLog:
         return Position(int(seq), str(got_epoch))
 
     async def read(
-        self, tenant: str, session_id: str, *, after: int = 0, until: int | None = None,
-        count: int | None = None, epoch: str | None = None,
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after: int = 0,
+        until: int | None = None,
+        count: int | None = None,
+        epoch: str | None = None,
     ) -> list[LogEvent]:
         """Events with ``after < seq <= until`` in order (``epoch`` saves a snapshot read)."""
         keys = SessionKeys(tenant, session_id)

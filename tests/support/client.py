@@ -41,7 +41,9 @@ class RecordingClient:
         self.updates.append((session_id, update))
         self.raw.append(kwargs)
 
-    async def request_permission(self, session_id: str, tool_call: Any, options: Any, **kwargs: Any):
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: Any, **kwargs: Any
+    ):
         self.permission_requests.append((session_id, tool_call, options))
         if self.permission == "wait":
             await self.release_permission.wait()
@@ -62,7 +64,8 @@ class RecordingClient:
 
     def texts(self, session_id: str, kind: str = "agent_message_chunk") -> str:
         return "".join(
-            u.content.text for sid, u in self.updates
+            u.content.text
+            for sid, u in self.updates
             if sid == session_id and u.session_update == kind and hasattr(u.content, "text")
         )
 

@@ -43,8 +43,20 @@ def redis_server(*extra: str) -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="acpb-redis-"))
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-         "--save", "", "--appendonly", "no", *extra],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(folder),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *extra,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

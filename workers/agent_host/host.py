@@ -35,7 +35,10 @@ from .process import AgentEvents, AgentFailed, AgentProcess
 
 log = logging.getLogger(__name__)
 
-CLIENT_CAPABILITIES: JsonObject = {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True}
+CLIENT_CAPABILITIES: JsonObject = {
+    "fs": {"readTextFile": True, "writeTextFile": True},
+    "terminal": True,
+}
 """What the broker tells agents its clients can do; requests go to a client that can."""
 
 _NO_RESTORE_NOTICE = (
@@ -97,11 +100,18 @@ class AgentHost(AgentEvents):
         self._held: dict[str, HeldSession] = {}
         self._by_agent_sid: dict[tuple[int, str], HeldSession] = {}
         self._restore_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[Any]] = set()
 
     # -- commands -------------------------------------------------------------------------
 
     async def new_session(
-        self, tenant: str, params: JsonObject, *, agent: str, kind: str, meta: JsonObject,
+        self,
+        tenant: str,
+        params: JsonObject,
+        *,
+        agent: str,
+        kind: str,
+        meta: JsonObject,
         origin: str,
     ) -> tuple[str, JsonObject]:
         """Create a session on ``agent``; returns the broker's session id and the agent's reply."""
@@ -142,21 +152,30 @@ class AgentHost(AgentEvents):
                 return {}
             return await self._restore(tenant, session_id, params)
 
-    async def prompt(self, tenant: str, session_id: str, params: JsonObject, origin: str) -> PromptOutcome:
+    async def prompt(
+        self, tenant: str, session_id: str, params: JsonObject, origin: str
+    ) -> PromptOutcome:
         """Run one prompt turn; the log records the prompt, every update and the outcome."""
         held = await self._require(tenant, session_id, params)
         if held.prompt_task is not None:
             raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
         prompt_id = secrets.token_hex(8)
-        await self._append(held, {
-            "type": EventType.PROMPT, "promptId": prompt_id, "origin": origin,
-            "prompt": params.get("prompt", []),
-        })
+        await self._append(
+            held,
+            {
+                "type": EventType.PROMPT,
+                "promptId": prompt_id,
+                "origin": origin,
+                "prompt": params.get("prompt", []),
+            },
+        )
         held.prompt_origin = origin
         held.prompt_task = asyncio.current_task()
         try:
             result = await self._ask(
-                held.agent, "session/prompt", {**params, "sessionId": held.agent_session_id},
+                held.agent,
+                "session/prompt",
+                {**params, "sessionId": held.agent_session_id},
                 timeout=None,
             )
         except RpcError as exc:
@@ -279,7 +298,9 @@ class AgentHost(AgentEvents):
             del self._processes[agent.name]
         for held in [h for h in self._held.values() if h.agent is agent]:
             self._drop(held)
-            asyncio.ensure_future(self._mark_error(held, reason))
+            task = asyncio.ensure_future(self._mark_error(held, reason))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -302,7 +323,12 @@ class AgentHost(AgentEvents):
             return process
 
     async def _ask(
-        self, process: AgentProcess, method: str, params: JsonObject, *, timeout: float | None = -1.0
+        self,
+        process: AgentProcess,
+        method: str,
+        params: JsonObject,
+        *,
+        timeout: float | None = -1.0,
     ) -> JsonObject:
         try:
             result = await process.request(method, params, timeout=timeout)
@@ -310,7 +336,9 @@ class AgentHost(AgentEvents):
             raise RpcError(INTERNAL_ERROR, f"agent failed: {exc}") from None
         return result if isinstance(result, dict) else {}
 
-    def _hold(self, tenant: str, session_id: str, process: AgentProcess, agent_sid: str) -> HeldSession:
+    def _hold(
+        self, tenant: str, session_id: str, process: AgentProcess, agent_sid: str
+    ) -> HeldSession:
         held = HeldSession(tenant, session_id, process, agent_sid)
         self._held[session_id] = held
         self._by_agent_sid[(id(process), agent_sid)] = held
@@ -365,10 +393,16 @@ class AgentHost(AgentEvents):
             reply = await self._ask(process, "session/new", base)
             agent_sid = str(reply.get("sessionId", ""))
             held = self._hold(tenant, session_id, process, agent_sid)
-            await self.log.append(tenant, session_id, {"type": EventType.NOTICE, "text": _NO_RESTORE_NOTICE})
-            await self.log.append(tenant, session_id, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+            await self.log.append(
+                tenant, session_id, {"type": EventType.NOTICE, "text": _NO_RESTORE_NOTICE}
+            )
+            await self.log.append(
+                tenant, session_id, {"type": EventType.BOUND, "agentSessionId": agent_sid}
+            )
         if snapshot.status != Status.RUNNING:
-            await self.log.append(tenant, session_id, {"type": EventType.STATUS, "status": Status.RUNNING})
+            await self.log.append(
+                tenant, session_id, {"type": EventType.STATUS, "status": Status.RUNNING}
+            )
         await self._make_ready(held)
         return {**reply, "sessionId": session_id}
 
@@ -376,7 +410,11 @@ class AgentHost(AgentEvents):
         return await self.log.append(held.tenant, held.session_id, body)
 
     async def _end_prompt(
-        self, held: HeldSession, prompt_id: str, *, stop_reason: Any = None,
+        self,
+        held: HeldSession,
+        prompt_id: str,
+        *,
+        stop_reason: Any = None,
         error: JsonObject | None = None,
     ) -> Position:
         body: JsonObject = {"type": EventType.PROMPT_END, "promptId": prompt_id}
@@ -388,11 +426,12 @@ class AgentHost(AgentEvents):
 
     async def _mark_error(self, held: HeldSession, reason: str) -> None:
         with contextlib.suppress(SessionMissing):
-            await self._append(held, {"type": EventType.STATUS, "status": Status.ERROR, "reason": reason})
+            await self._append(
+                held, {"type": EventType.STATUS, "status": Status.ERROR, "reason": reason}
+            )
 
     def _check_cancelled(self, held: HeldSession, task: asyncio.Task[Any]) -> None:
         """An agent that ignores a cancel past the grace period hangs: fail it."""
         if held.prompt_task is task and not task.done() and not held.agent.failed:
-            held.agent.fail(
-                f"agent {held.agent.name!r} did not end a cancelled prompt within {self.cancel_grace:g}s"
-            )
+            name, grace = held.agent.name, f"{self.cancel_grace:g}s"
+            held.agent.fail(f"agent {name!r} did not end a cancelled prompt within {grace}")

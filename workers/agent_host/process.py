@@ -169,7 +169,9 @@ class AgentProcess:
             reply = jsonrpc.error_reply(request.id, exc)
         except Exception:
             log.exception("answering %s for agent %s failed", request.method, self.name)
-            reply = jsonrpc.error_reply(request.id, RpcError(jsonrpc.INTERNAL_ERROR, "internal error"))
+            reply = jsonrpc.error_reply(
+                request.id, RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
+            )
         with contextlib.suppress(AgentFailed):
             await self._write(reply)
 
@@ -220,4 +222,3 @@ class AgentProcess:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-

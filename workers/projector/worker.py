@@ -70,7 +70,10 @@ class Projector:
         streams = {feed: ("0" if pending else ">") for feed in self.feeds}
         while True:
             replies = await self.redis.xreadgroup(
-                GROUP, self.name, streams, count=self.batch,
+                GROUP,
+                self.name,
+                streams,
+                count=self.batch,
                 block=None if pending else self.block_ms,
             )
             entries = [(feed, entries) for feed, entries in replies or [] if entries]

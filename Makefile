@@ -1,0 +1,37 @@
+# The two commands the README starts with, and the checks CI runs.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck check bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+## Start a broker on the embedded store with the demo agent: ws://127.0.0.1:8765/acp
+run: $(STAMP)
+	$(BIN)/acp-broker serve
+
+## Run the whole test suite (starts its own redis-server processes).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
