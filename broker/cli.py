@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8765; 0 = any free port)")
     serve.add_argument(
+        "--http-port",
+        type=int,
+        help="MCP (/mcp) and REST (/v1/…) port (default: --port + 1; 0 = any free port)",
+    )
+    serve.add_argument(
         "--agent",
         action="append",
         default=[],
@@ -56,10 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     connect.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
     connect.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
 
-    sessions = sub.add_parser("sessions", help="print a table of the newest sessions")
+    sessions = sub.add_parser(
+        "sessions", help="print a page of the session list (newest created first)"
+    )
     _common(sessions)
-    sessions.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    sessions.add_argument("--status", help="RUNNING, STOPPED, DELETED, ERROR (comma-separated)")
+    sessions.add_argument("--kind", help="browser, shell or combined")
+    sessions.add_argument("-q", "--q", help="a session id prefix, or words of the user metadata")
+    sessions.add_argument("--limit", type=int, help="how many, 1 to 100 (default 20)")
+    sessions.add_argument("--after", metavar="CURSOR", help="continue after an earlier page")
     sessions.add_argument("--cwd", help="only sessions in this working directory")
+    sessions.add_argument("--cursor-secret", help="secret that signs list cursors")
+
+    mcp = sub.add_parser(
+        "mcp", help="serve the MCP tools (session_list) over stdio, reading the index in Redis"
+    )
+    _common(mcp)
+    mcp.add_argument("--cursor-secret", help="secret that signs list cursors")
 
     rebuild = sub.add_parser("rebuild-index", help="rebuild the session index from the logs")
     _common(rebuild)
@@ -80,7 +98,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     agents = [AgentSpec.parse(text) for text in args.agent] or None
     settings = _settings(
-        args, host=args.host, port=args.port, agents=agents, cursor_secret=args.cursor_secret
+        args,
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port,
+        agents=agents,
+        cursor_secret=args.cursor_secret,
     )
     asyncio.run(run_broker(settings))
     return 0
@@ -109,8 +132,20 @@ def _cmd_connect(args: argparse.Namespace) -> int:
 def _cmd_sessions(args: argparse.Namespace) -> int:
     from .tables import print_sessions
 
-    settings = _settings(args)
-    return asyncio.run(print_sessions(settings, limit=args.limit, cwd=args.cwd))
+    settings = _settings(args, cursor_secret=args.cursor_secret)
+    inputs = {"status": args.status, "kind": args.kind, "q": args.q, "after": args.after}
+    inputs["limit"] = args.limit
+    return asyncio.run(print_sessions(settings, inputs, cwd=args.cwd))
+
+
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from .front.mcp import serve_stdio
+
+    settings = _settings(args, cursor_secret=args.cursor_secret)
+    if settings.redis_url is None:
+        raise SystemExit("acp-broker mcp: --redis-url is required (it reads a broker's Redis)")
+    asyncio.run(serve_stdio(settings))
+    return 0
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:
@@ -142,6 +177,7 @@ _COMMANDS = {
     "worker": _cmd_worker,
     "connect": _cmd_connect,
     "sessions": _cmd_sessions,
+    "mcp": _cmd_mcp,
     "rebuild-index": _cmd_rebuild,
 }
 

@@ -82,12 +82,17 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8765
     path: str = "/acp"
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    """MCP and REST listener; unset: ``port`` + 1 (8766), or any free port when ``port`` is 0."""
     redis_url: str | None = None
     agents: list[AgentSpec] = Field(default_factory=list)
     cursor_secret: str | None = None
     cursor_old_secrets: list[str] = Field(default_factory=list)
     tenant: str = "default"
     prestart_agents: bool = True
+    workers: bool = True
+    lease_ttl: float = Field(default=10.0, gt=0)
+    ack_timeout: float = Field(default=2.0, gt=0)
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
@@ -113,6 +118,12 @@ class Settings(BaseSettings):
     def agent_list(self) -> list[AgentSpec]:
         """The configured agents, the default first; the demo agent when none is set."""
         return self.agents or [demo_agent()]
+
+    def http_listen_port(self) -> int:
+        """The port of the HTTP listener (0: any free port)."""
+        if self.http_port is not None:
+            return self.http_port
+        return self.port + 1 if 0 < self.port < 65535 else 0
 
     def cursor_keys(self) -> list[bytes]:
         """Signing keys, newest first; generates one (and warns) when none is set."""

@@ -1,37 +1,54 @@
-"""``acp-broker sessions``: the newest sessions as a table, read from the index."""
+"""``acp-broker sessions``: a page of the session list as a table, read from the index."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
 from .config import Settings
+from .errors import ApiError
 from .store.client import connect
-from .store.index import ACP_LISTING, SessionIndex, cwd_listing
+from .store.cursors import CursorCodec
+from .store.query import SessionLister, SessionPage, parse_query
+
+HEADER = ("SESSION", "STATUS", "KIND", "CREATED", "AGENT", "TITLE", "CWD")
 
 
-async def print_sessions(settings: Settings, *, limit: int, cwd: str | None) -> int:
+async def print_sessions(settings: Settings, inputs: Mapping[str, Any], *, cwd: str | None) -> int:
+    """Print one page of the session list (the REST/MCP list path) as a table."""
     if settings.redis_url is None:
         print("acp-broker sessions: --redis-url is required (the embedded store lives in `serve`)")
         return 2
     redis = connect(settings.redis_url)
     try:
-        listing = cwd_listing(cwd) if cwd else ACP_LISTING
-        page = await SessionIndex(redis).page(settings.tenant, listing, None, limit)
+        query = dataclasses.replace(parse_query(inputs), cwd=cwd)
+        lister = SessionLister(redis, CursorCodec(settings.cursor_keys()))
+        page = await lister.page(settings.tenant, query)
+    except ApiError as error:
+        print(f"acp-broker sessions: {error.code}: {error.message}")
+        return 2
     finally:
         await redis.aclose()
+    print_table(page)
+    return 0
+
+
+def print_table(page: SessionPage) -> None:
     rows = [
         (
             r["sessionId"],
-            r["status"],
-            r.get("agent", ""),
-            r["updatedAt"],
+            r.get("status") or "-",
+            r.get("kind") or "-",
+            r.get("createdAt") or "-",
+            r.get("agent") or "",
             r.get("title") or "",
-            r["cwd"],
+            r.get("cwd") or "",
         )
         for r in page.rows
     ]
-    header = ("SESSION", "STATUS", "AGENT", "UPDATED", "TITLE", "CWD")
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    for line in (header, *rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(HEADER, *rows, strict=False)]
+    for line in (HEADER, *rows):
         print("  ".join(str(v).ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
-    if page.has_more:
-        print(f"… more sessions; use --limit to see more than {limit}")
-    return 0
+    if page.next_cursor is not None:
+        print(f"… more sessions: add --after {page.next_cursor}")

@@ -17,16 +17,28 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..store.client import Store
 from ..store.events import LogEvent
-from ..store.keys import PREFIX, SessionKeys
+from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
 
 log = logging.getLogger(__name__)
+
+
+class HubListener(Protocol):
+    """Who else hears what arrives on the hub's subscriptions."""
+
+    def on_node_message(self, message: dict[str, Any]) -> None:
+        """A message on this node's own channel (replies from agent hosts)."""
+
+    def on_session_message(self, keys: SessionKeys, message: dict[str, Any]) -> None:
+        """A message on a session's channel that is not a log event (agent requests)."""
+
+    def on_event(self, event: LogEvent) -> None:
+        """A log event, after every subscriber has been handed it."""
 
 
 class Subscriber(Protocol):
@@ -63,7 +75,9 @@ class FanoutHub:
         self.redis = redis
         self.log = session_log
         self.check_interval = check_interval
-        self.node_channel = f"{PREFIX}:node:{secrets.token_hex(8)}"
+        self.node_id = secrets.token_hex(8)
+        self.node_channel = node_channel(self.node_id)
+        self.listener: HubListener | None = None
         self._feeds: dict[str, SessionFeed] = {}
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -150,6 +164,10 @@ class FanoutHub:
 
     async def _on_message(self, message: dict[str, Any]) -> None:
         channel = message.get("channel")
+        if channel == self.node_channel:
+            if message.get("type") == "smessage" and self.listener is not None:
+                self.listener.on_node_message(json.loads(message["data"]))
+            return
         feed = self._feeds.get(channel) if isinstance(channel, str) else None
         if feed is None:
             return
@@ -161,6 +179,10 @@ class FanoutHub:
         if kind != "smessage":
             return
         data = json.loads(message["data"])
+        if "seq" not in data:
+            if self.listener is not None:
+                self.listener.on_session_message(feed.keys, data)
+            return
         event = LogEvent(int(data["seq"]), str(data["epoch"]), int(data["ts"]), data["event"])
         if feed.last is None:
             feed.early.append((event.seq, event.epoch, event))
@@ -200,6 +222,8 @@ class FanoutHub:
         feed.last = event.seq
         for subscriber in list(feed.subscribers):
             subscriber.deliver(feed.keys.session_id, event)
+        if self.listener is not None:
+            self.listener.on_event(event)
 
     async def _check_loop(self) -> None:
         while True:
@@ -225,6 +249,3 @@ class FanoutHub:
                 if head is not None and feed.last is not None and int(head) > feed.last:
                     log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)
                     await self._catch_up(feed)
-
-
-Deliver = Callable[[str, LogEvent], None]

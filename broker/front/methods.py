@@ -13,8 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.agent_host.host import AgentHost
-
 from ..config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
 from ..protocol.jsonrpc import (
     INVALID_REQUEST,
@@ -31,6 +29,7 @@ from ..store.events import EventType, SessionSnapshot
 from ..store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
 from ..store.log import SessionLog, SessionMissing
 from .connection import DEFERRED, ClientConnection
+from .gateway import AgentGateway
 from .hub import FanoutHub
 
 PROTOCOL_VERSION = 1
@@ -48,7 +47,7 @@ class AcpMethods:
     log: SessionLog
     index: SessionIndex
     hub: FanoutHub
-    host: AgentHost
+    host: AgentGateway
     cursors: CursorCodec
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
@@ -78,6 +77,7 @@ class AcpMethods:
         caps = request.params.get("clientCapabilities")
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
         conn.protocol_version = PROTOCOL_VERSION
+        await self.host.refresh_capabilities()
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -235,8 +235,7 @@ class AcpMethods:
 
     async def session_close(self, conn: ClientConnection, request: Request) -> JsonObject:
         session_id = self._active(conn, request.params)
-        if self.host.prompt_origin(session_id) == conn.id:
-            await self.host.cancel(conn.tenant, session_id)
+        await self.host.close(conn.tenant, session_id, conn.id)
         await conn.deactivate(session_id)
         return {}
 

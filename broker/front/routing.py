@@ -1,12 +1,31 @@
-"""Agent-to-client requests, routed to one connection where the session is active."""
+"""What reaches a front node from the agent side, and where it goes.
+
+Replies to this node's commands go to the :class:`~.gateway.RemoteAgents`.
+Agent-to-client requests arrive on a session's channel, on every node where
+the session is active: this node asks one of its connections — the one that
+sent the running prompt when it is here, else (when no preference is given)
+any connection that can answer — and sends the answer to the agent host. The
+host takes the first answer and tells the other nodes the request is settled,
+which withdraws it from their clients (``$/cancel_request``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import logging
 from typing import Any
 
-from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
+from ..protocol.jsonrpc import JsonObject, RpcError
+from ..store.client import Store
+from ..store.events import LogEvent
+from ..store.keys import SessionKeys
 from .connection import ClientConnection
-from .hub import FanoutHub
+from .gateway import RemoteAgents
+from .hub import FanoutHub, HubListener
+
+log = logging.getLogger(__name__)
 
 # Which client capability a request needs: (capability path) per method prefix.
 _NEEDS: dict[str, tuple[str, ...]] = {
@@ -27,30 +46,52 @@ def can_answer(conn: ClientConnection, method: str) -> bool:
     return True
 
 
-class LocalClientRouter:
-    """Sends an agent's request to the connection that sent the running prompt, else another.
+class NodeRouter(HubListener):
+    """Routes replies to the gateway and agent requests to this node's connections."""
 
-    A connection that goes away before answering passes the request on to the
-    next one where the session is active.
-    """
-
-    def __init__(self, hub: FanoutHub) -> None:
+    def __init__(self, redis: Store, hub: FanoutHub, agents: RemoteAgents) -> None:
+        self.redis = redis
         self.hub = hub
+        self.agents = agents
+        self._asking: dict[str, asyncio.Task[Any]] = {}
 
-    async def request_client(
-        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
-    ) -> Any:
+    def on_node_message(self, message: dict[str, Any]) -> None:
+        self.agents.on_reply(message)
+
+    def on_event(self, event: LogEvent) -> None:
+        self.agents.on_event(event)
+
+    def on_session_message(self, keys: SessionKeys, message: dict[str, Any]) -> None:
+        kind, rid = message.get("kind"), str(message.get("rid"))
+        if kind == "creq":
+            task = asyncio.ensure_future(self._ask(keys, message))
+            self._asking[rid] = task
+            task.add_done_callback(lambda _: self._asking.pop(rid, None))
+        elif kind == "csettled" and rid in self._asking:
+            self._asking[rid].cancel()
+
+    async def _ask(self, keys: SessionKeys, message: JsonObject) -> None:
+        method, prefer = str(message["method"]), message.get("prefer")
         candidates = [
             conn
-            for conn in self.hub.subscribers(session_id, tenant)
+            for conn in self.hub.subscribers(keys.session_id, keys.tenant)
             if isinstance(conn, ClientConnection) and can_answer(conn, method)
         ]
-        candidates.sort(key=lambda conn: conn.id != prefer)
+        if prefer is not None:
+            candidates = [conn for conn in candidates if conn.id == prefer]
+        answer: JsonObject = {"none": True}
         for conn in candidates:
             try:
-                return await conn.request_client(method, params)
+                answer = {"result": await conn.request_client(method, message["params"])}
+                break
+            except RpcError as exc:
+                answer = {"error": exc.to_json()}
+                break
             except ConnectionError:
                 continue
-        raise RpcError(
-            INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
-        )
+        await self._answer(message, answer)
+
+    async def _answer(self, message: JsonObject, answer: JsonObject) -> None:
+        reply = {"op": "creply", "rid": message["rid"], "node": self.hub.node_id, **answer}
+        with contextlib.suppress(Exception):
+            await self.redis.xadd(str(message["reply"]), {"m": json.dumps(reply)}, maxlen=10_000)

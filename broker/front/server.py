@@ -18,7 +18,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 
-from workers.agent_host.host import AgentHost
+from workers.agent_host.worker import HostWorker
 from workers.projector.worker import Projector
 
 from ..config import Settings
@@ -27,9 +27,12 @@ from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
 from .connection import CLOSE_GOING_AWAY, ClientConnection
+from .gateway import RemoteAgents
+from .http import FrontHttp, http_url
 from .hub import FanoutHub
 from .methods import AcpMethods
-from .routing import LocalClientRouter
+from .routing import NodeRouter
+from .sessions import sessions_service
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +51,23 @@ class Broker:
         self.log = SessionLog(self.redis, feed_maxlen=settings.feed_maxlen)
         self.index = SessionIndex(self.redis)
         self.hub = FanoutHub(self.redis, self.log)
-        self.host = AgentHost(
+        self.agents = RemoteAgents(
+            self.redis,
             settings.agent_list(),
-            self.log,
-            LocalClientRouter(self.hub),
-            request_timeout=settings.agent_request_timeout,
-            cancel_grace=settings.cancel_grace,
+            reply_channel=self.hub.node_channel,
+            ack_timeout=settings.ack_timeout,
         )
+        self.hub.listener = NodeRouter(self.redis, self.hub, self.agents)
+        self.worker = HostWorker(self.redis, settings) if settings.workers else None
         self.methods = AcpMethods(
-            settings, self.log, self.index, self.hub, self.host, CursorCodec(settings.cursor_keys())
+            settings,
+            self.log,
+            self.index,
+            self.hub,
+            self.agents,
+            CursorCodec(settings.cursor_keys()),
         )
+        self.http = FrontHttp(settings, sessions_service(settings, self.redis))
         self.connections: set[ClientConnection] = set()
         self._server: Server | None = None
         self._projector: asyncio.Task[Any] | None = None
@@ -67,11 +77,16 @@ class Broker:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def http_port(self) -> int:
+        """The HTTP listener's port: MCP at ``/mcp``, REST at ``/v1/…``."""
+        return self.http.port
+
     async def start(self) -> None:
         await self.hub.start()
-        self._projector = asyncio.create_task(Projector(self.redis).run(), name="projector")
-        if self.settings.prestart_agents:
-            await self.host.start()
+        if self.worker is not None:
+            self._projector = asyncio.create_task(Projector(self.redis).run(), name="projector")
+            await self.worker.start()
         self._server = await serve(
             self._handle,
             self.settings.host,
@@ -89,16 +104,23 @@ class Broker:
             self.port,
             self.settings.path,
         )
+        await self.http.start()
 
-    async def stop(self) -> None:
-        """Stop accepting, tell clients to reconnect elsewhere, stop the roles."""
+    async def stop(self, *, hand_over: bool = False) -> None:
+        """Stop accepting, tell clients to reconnect elsewhere, stop the roles.
+
+        ``hand_over`` leaves this node's sessions RUNNING for another agent host to
+        take over at once (a drain), instead of recording them as STOPPED.
+        """
         if self._server is not None:
             self._server.close(close_connections=False)
             for conn in list(self.connections):
                 with contextlib.suppress(Exception):
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
-        await self.host.stop()
+        await self.http.stop()
+        if self.worker is not None:
+            await self.worker.stop(hand_over=hand_over)
         if self._projector is not None:
             self._projector.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -116,13 +138,13 @@ class Broker:
         finally:
             self.connections.discard(conn)
 
-    def _process_request(self, ws: ServerConnection, request: HttpRequest) -> HttpResponse | None:
+    async def _process_request(
+        self, ws: ServerConnection, request: HttpRequest
+    ) -> HttpResponse | None:
         path = request.path.split("?", 1)[0]
         if path == self.settings.path:
             return None
-        if path == "/healthz":
-            return ws.respond(http.HTTPStatus.OK, "ok\n")
-        return ws.respond(http.HTTPStatus.NOT_FOUND, "not found\n")
+        return await self.http.answer_websocket_request(request)  # /healthz, /v1/…
 
     def _process_response(
         self, ws: ServerConnection, request: HttpRequest, response: HttpResponse
@@ -140,6 +162,10 @@ async def run_broker(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    print(f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}", flush=True)
+    print(
+        f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}"
+        f" and {http_url(settings, broker.http_port)} (MCP /mcp, REST /v1/sessions)",
+        flush=True,
+    )
     await stop.wait()
     await broker.stop()

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
+from .catalog import catalog_entries
 from .client import Store
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .keys import TenantKeys
@@ -70,11 +71,18 @@ def row_of(snapshot: SessionSnapshot) -> JsonObject:
 
 
 def entries_of(snapshot: SessionSnapshot) -> dict[str, str]:
-    """The listings a session belongs to, each with the member it sorts under."""
+    """The listings a session belongs to, each with the member it sorts under.
+
+    The ACP listings (by updatedAt) leave deleted sessions out; the catalog listings
+    (by createdAt, see :mod:`.catalog`) keep them.
+    """
+    acp_cwd = cwd_listing(snapshot.cwd)
+    by_created = member(snapshot.created_ms, snapshot.session_id)
+    entries = catalog_entries(snapshot, by_created, acp_cwd)
     if snapshot.status == Status.DELETED:
-        return {}
+        return entries
     by_updated = member(snapshot.updated_ms, snapshot.session_id)
-    return {ACP_LISTING: by_updated, cwd_listing(snapshot.cwd): by_updated}
+    return {ACP_LISTING: by_updated, acp_cwd: by_updated, **entries}
 
 
 @dataclass(frozen=True, slots=True)

@@ -332,7 +332,17 @@ def partition_of(session_id: str) -> int:
 class SessionKeys:
     """The keys (and the live channel) of one session, all in one slot."""
 
-    __slots__ = ("channel", "feed", "log", "meta", "partition", "session_id", "snapshot", "tenant")
+    __slots__ = (
+        "channel",
+        "feed",
+        "lease",
+        "log",
+        "meta",
+        "partition",
+        "session_id",
+        "snapshot",
+        "tenant",
+    )
 
     def __init__(self, tenant: str, session_id: str) -> None:
         self.tenant = tenant
@@ -344,6 +354,7 @@ class SessionKeys:
         self.snapshot = f"{base}:snap"
         self.meta = f"{base}:meta"
         self.channel = f"{base}:live"
+        self.lease = f"{base}:lease"
         self.feed = feed_key(self.partition)
 
 
@@ -371,3 +382,28 @@ class TenantKeys:
 def tenants_key() -> str:
     """The set of tenants that have sessions (for rebuilds and admin tools)."""
     return f"{PREFIX}:tenants"
+
+
+def lease_key(tenant: str, session_id: str) -> str:
+    """Which agent host holds a session (value: host id; expires unless renewed)."""
+    return SessionKeys(tenant, session_id).lease
+
+
+def leases_key() -> str:
+    """Every held session (``tenant<TAB>session id``) scored by its lease's expiry, in ms."""
+    return f"{PREFIX}:leases"
+
+
+def host_inbox(host_id: str) -> str:
+    """The command stream of one agent host."""
+    return f"{PREFIX}:host:{host_id}:inbox"
+
+
+def host_queue() -> str:
+    """Commands any agent host may take (new sessions, sessions no host holds)."""
+    return f"{PREFIX}:hosts:queue"
+
+
+def node_channel(node_id: str) -> str:
+    """The shard channel where a front node receives replies and agent requests."""
+    return f"{PREFIX}:node:{node_id}"

@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import AgentSpec
+from broker.front.gateway import PromptOutcome
 from broker.protocol.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -28,9 +29,10 @@ from broker.protocol.jsonrpc import (
     invalid_params,
     not_found,
 )
-from broker.store.events import EventType, Status
-from broker.store.log import Position, SessionLog, SessionMissing, new_session_id
+from broker.store.events import EventType, SessionSnapshot, Status
+from broker.store.log import Fenced, Position, SessionLog, SessionMissing, new_session_id
 
+from .leases import Leases
 from .process import AgentEvents, AgentFailed, AgentProcess
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,11 @@ _NO_RESTORE_NOTICE = (
     "The agent could not load or resume this session, so it starts afresh: it does not "
     "remember the conversation above. The broker's log still holds all of it."
 )
+
+_ABANDONED_PROMPT: JsonObject = {
+    "code": INTERNAL_ERROR,
+    "message": "the agent host running this prompt stopped; the session was taken over",
+}
 
 
 class ClientChannel(Protocol):
@@ -63,18 +70,13 @@ class HeldSession:
     session_id: str
     agent: AgentProcess
     agent_session_id: str
+    fence: str = ""  # the lease's fencing token; the log rejects appends with a stale one
     ready: bool = False  # its log exists and its updates may be appended
     restoring: bool = False  # the agent is replaying history we already have: drop it
     early: list[JsonObject] = field(default_factory=list)  # updates that came before ready
     prompt_origin: str | None = None  # the connection whose prompt is running
     prompt_task: asyncio.Task[Any] | None = None
     client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
-
-
-@dataclass(frozen=True, slots=True)
-class PromptOutcome:
-    result: JsonObject
-    position: Position
 
 
 class AgentHost(AgentEvents):
@@ -85,16 +87,20 @@ class AgentHost(AgentEvents):
         agents: Sequence[AgentSpec],
         session_log: SessionLog,
         clients: ClientChannel,
+        leases: Leases,
         *,
         request_timeout: float = 60.0,
         cancel_grace: float = 10.0,
+        on_agent_started: Callable[[str, JsonObject], Awaitable[None]] | None = None,
     ) -> None:
         self.specs = {spec.name: spec for spec in agents}
         self.default_agent = agents[0].name
         self.log = session_log
         self.clients = clients
+        self.leases = leases
         self.request_timeout = request_timeout
         self.cancel_grace = cancel_grace
+        self.on_agent_started = on_agent_started
         self._processes: dict[str, AgentProcess] = {}
         self._starting: dict[str, asyncio.Lock] = {}
         self._held: dict[str, HeldSession] = {}
@@ -135,9 +141,8 @@ class AgentHost(AgentEvents):
                 "origin": origin,
             },
         )
-        await self.log.append(
-            tenant, session_id, {"type": EventType.BOUND, "agentSessionId": agent_sid}
-        )
+        held.fence = (await self.leases.acquire(tenant, session_id)).fence
+        await self._append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
         await self._make_ready(held)
         return session_id, {**reply, "sessionId": session_id}
 
@@ -153,13 +158,18 @@ class AgentHost(AgentEvents):
             return await self._restore(tenant, session_id, params)
 
     async def prompt(
-        self, tenant: str, session_id: str, params: JsonObject, origin: str
+        self,
+        tenant: str,
+        session_id: str,
+        params: JsonObject,
+        origin: str,
+        prompt_id: str | None = None,
     ) -> PromptOutcome:
         """Run one prompt turn; the log records the prompt, every update and the outcome."""
         held = await self._require(tenant, session_id, params)
         if held.prompt_task is not None:
             raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
-        prompt_id = secrets.token_hex(8)
+        prompt_id = prompt_id or secrets.token_hex(8)
         await self._append(
             held,
             {
@@ -184,7 +194,7 @@ class AgentHost(AgentEvents):
         finally:
             held.prompt_task = None
             held.prompt_origin = None
-        position = await self._end_prompt(held, prompt_id, stop_reason=result.get("stopReason"))
+        position = await self._end_prompt(held, prompt_id, result=result)
         return PromptOutcome(result, position)
 
     async def cancel(self, tenant: str, session_id: str) -> None:
@@ -206,6 +216,12 @@ class AgentHost(AgentEvents):
         held = await self._require(tenant, session_id, {})
         return await self._ask(held.agent, method, {**params, "sessionId": held.agent_session_id})
 
+    async def close(self, tenant: str, session_id: str, origin: str) -> None:
+        """A connection closed the session: cancel the prompt it started, if one runs."""
+        held = self._held.get(session_id)
+        if held is not None and held.tenant == tenant and held.prompt_origin == origin:
+            await self.cancel(tenant, session_id)
+
     async def release(self, tenant: str, session_id: str) -> None:
         """Stop holding the session (deleted): cancel its work, close it in the agent."""
         held = self._held.get(session_id)
@@ -213,16 +229,21 @@ class AgentHost(AgentEvents):
             return
         await self.cancel(tenant, session_id)
         self._drop(held)
+        await self.leases.release(tenant, session_id)
+        await self.leases.forget(tenant, session_id)
         if held.agent.supports("close"):
             with contextlib.suppress(AgentFailed, RpcError):
                 await held.agent.request("session/close", {"sessionId": held.agent_session_id})
 
-    async def stop(self) -> None:
-        """Stop every agent; held sessions are recorded as STOPPED."""
+    async def stop(self, *, hand_over: bool = False) -> None:
+        """Stop every agent. Held sessions are recorded as STOPPED, or, with ``hand_over``,
+        left RUNNING for another agent host to take over at once."""
         for held in list(self._held.values()):
             self._drop(held)
             with contextlib.suppress(Exception):
-                await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
+                if not hand_over:
+                    await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
+                await self.leases.release(held.tenant, held.session_id, hand_over=hand_over)
         await asyncio.gather(*(p.stop() for p in self._processes.values()), return_exceptions=True)
         self._processes.clear()
 
@@ -246,6 +267,17 @@ class AgentHost(AgentEvents):
         for name, result in zip(self.specs, results, strict=True):
             if isinstance(result, RpcError):
                 log.error("agent %r is not usable yet: %s", name, result.message)
+
+    def held_sessions(self) -> list[tuple[str, str]]:
+        """(tenant, session id) of every session held here, for lease renewal."""
+        return [(h.tenant, h.session_id) for h in self._held.values()]
+
+    def lose(self, session_id: str) -> None:
+        """The lease was lost (this host stalled): stop running the session here."""
+        held = self._held.get(session_id)
+        if held is not None:
+            log.warning("lost the lease on session %s; another host runs it now", session_id)
+            self._drop(held)
 
     def holds(self, session_id: str) -> bool:
         return session_id in self._held
@@ -320,6 +352,8 @@ class AgentHost(AgentEvents):
                 await process.stop()
                 raise RpcError(INTERNAL_ERROR, str(exc)) from None
             self._processes[name] = process
+            if self.on_agent_started is not None:
+                await self.on_agent_started(name, process.capabilities)
             return process
 
     async def _ask(
@@ -337,9 +371,9 @@ class AgentHost(AgentEvents):
         return result if isinstance(result, dict) else {}
 
     def _hold(
-        self, tenant: str, session_id: str, process: AgentProcess, agent_sid: str
+        self, tenant: str, session_id: str, process: AgentProcess, agent_sid: str, fence: str = ""
     ) -> HeldSession:
-        held = HeldSession(tenant, session_id, process, agent_sid)
+        held = HeldSession(tenant, session_id, process, agent_sid, fence)
         self._held[session_id] = held
         self._by_agent_sid[(id(process), agent_sid)] = held
         return held
@@ -369,6 +403,17 @@ class AgentHost(AgentEvents):
             raise not_found("session") from None
         if snapshot.deleted:
             raise not_found("session")
+        lease = await self.leases.acquire(tenant, session_id)
+        try:
+            return await self._restore_held(snapshot, lease.fence, params)
+        except BaseException:
+            await self.leases.release(tenant, session_id)
+            raise
+
+    async def _restore_held(
+        self, snapshot: SessionSnapshot, fence: str, params: JsonObject
+    ) -> JsonObject:
+        tenant, session_id = snapshot.tenant, snapshot.session_id
         process = await self._process(snapshot.agent)
         base = {
             "cwd": snapshot.cwd,
@@ -381,7 +426,7 @@ class AgentHost(AgentEvents):
         agent_sid = snapshot.agent_session_id or ""
         if agent_sid and (process.supports_load() or process.supports("resume")):
             method = "session/load" if process.supports_load() else "session/resume"
-            held = self._hold(tenant, session_id, process, agent_sid)
+            held = self._hold(tenant, session_id, process, agent_sid, fence)
             held.restoring = True
             try:
                 reply = await self._ask(process, method, {**base, "sessionId": agent_sid})
@@ -392,43 +437,49 @@ class AgentHost(AgentEvents):
         else:
             reply = await self._ask(process, "session/new", base)
             agent_sid = str(reply.get("sessionId", ""))
-            held = self._hold(tenant, session_id, process, agent_sid)
-            await self.log.append(
-                tenant, session_id, {"type": EventType.NOTICE, "text": _NO_RESTORE_NOTICE}
-            )
-            await self.log.append(
-                tenant, session_id, {"type": EventType.BOUND, "agentSessionId": agent_sid}
-            )
+            held = self._hold(tenant, session_id, process, agent_sid, fence)
+            await self._append(held, {"type": EventType.NOTICE, "text": _NO_RESTORE_NOTICE})
+            await self._append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        if snapshot.prompt_id:
+            await self._end_prompt(held, snapshot.prompt_id, error=_ABANDONED_PROMPT)
         if snapshot.status != Status.RUNNING:
-            await self.log.append(
-                tenant, session_id, {"type": EventType.STATUS, "status": Status.RUNNING}
-            )
+            await self._append(held, {"type": EventType.STATUS, "status": Status.RUNNING})
         await self._make_ready(held)
         return {**reply, "sessionId": session_id}
 
     async def _append(self, held: HeldSession, body: JsonObject) -> Position:
-        return await self.log.append(held.tenant, held.session_id, body)
+        try:
+            return await self.log.append(held.tenant, held.session_id, body, fence=held.fence)
+        except Fenced:
+            self.lose(held.session_id)
+            raise RpcError(INTERNAL_ERROR, "the session moved to another agent host") from None
 
     async def _end_prompt(
         self,
         held: HeldSession,
         prompt_id: str,
         *,
-        stop_reason: Any = None,
+        result: JsonObject | None = None,
         error: JsonObject | None = None,
     ) -> Position:
+        """Log the end of a prompt turn: the agent's whole result, or the error."""
         body: JsonObject = {"type": EventType.PROMPT_END, "promptId": prompt_id}
         if error is not None:
             body["error"] = error
         else:
-            body["stopReason"] = stop_reason
+            body["stopReason"] = (result or {}).get("stopReason")
+            body["result"] = result or {}
         return await self._append(held, body)
 
     async def _mark_error(self, held: HeldSession, reason: str) -> None:
-        with contextlib.suppress(SessionMissing):
+        with contextlib.suppress(SessionMissing, RpcError):
             await self._append(
                 held, {"type": EventType.STATUS, "status": Status.ERROR, "reason": reason}
             )
+        # No host takes an ERROR session over by itself: the next command brings it back.
+        with contextlib.suppress(Exception):
+            await self.leases.release(held.tenant, held.session_id)
+            await self.leases.forget(held.tenant, held.session_id)
 
     def _check_cancelled(self, held: HeldSession, task: asyncio.Task[Any]) -> None:
         """An agent that ignores a cancel past the grace period hangs: fail it."""

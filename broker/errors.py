@@ -1,0 +1,55 @@
+"""The error codes of the broker's HTTP API and MCP tools.
+
+One :class:`ApiError` carries a stable ``code`` and a message. REST answers it as an
+RFC 9457 problem (``application/problem+json`` with the HTTP status of its code and
+a ``code`` member); an MCP tool answers it as a result marked ``isError`` whose text
+is ``"<code>: <message>"``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from http import HTTPStatus
+
+
+class ErrorCode(StrEnum):
+    """What went wrong, as clients and models match on it."""
+
+    UNAUTHORIZED = "unauthorized"  # no or bad credentials
+    INVALID_ARGUMENT = "invalid_argument"  # an input is missing, malformed or out of range
+    INVALID_CURSOR = "invalid_cursor"  # a forged, truncated, foreign or mismatched cursor
+    SESSION_NOT_RUNNING = "session_not_running"  # a session tool needs a RUNNING session
+    NOT_FOUND = "not_found"  # no such endpoint or session
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNAVAILABLE = "unavailable"  # the store cannot be reached; retry later
+    INTERNAL = "internal"
+
+
+HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
+    ErrorCode.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
+    ErrorCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
+    ErrorCode.INVALID_CURSOR: HTTPStatus.BAD_REQUEST,
+    ErrorCode.SESSION_NOT_RUNNING: HTTPStatus.CONFLICT,
+    ErrorCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
+    ErrorCode.METHOD_NOT_ALLOWED: HTTPStatus.METHOD_NOT_ALLOWED,
+    ErrorCode.UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
+    ErrorCode.INTERNAL: HTTPStatus.INTERNAL_SERVER_ERROR,
+}
+
+
+class ApiError(Exception):
+    """A failure to report to an API or tool caller."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def status(self) -> HTTPStatus:
+        """The HTTP status REST answers this error with."""
+        return HTTP_STATUS[self.code]
+
+
+def invalid_argument(message: str) -> ApiError:
+    return ApiError(ErrorCode.INVALID_ARGUMENT, message)

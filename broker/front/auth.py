@@ -1,0 +1,45 @@
+"""Who is calling: the one place where the HTTP API and the MCP tools learn the tenant.
+
+Every REST request and MCP tool call passes its :class:`Credentials` to an
+:data:`Authenticator`, which answers with the caller's tenant or raises
+:func:`unauthorized`. Today authentication is off: :func:`open_access` gives every
+caller the configured tenant. A token layer replaces it with an authenticator that
+checks ``credentials.authorization`` and calls :func:`unauthorized` when it must refuse
+(REST then answers ``401`` with a problem document, MCP a result marked ``isError``
+whose text starts with ``unauthorized:``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ..errors import ApiError, ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a caller presented."""
+
+    transport: str
+    """``http`` (REST), ``mcp-http`` (MCP over streamable HTTP) or ``mcp-stdio``."""
+    authorization: str | None = None
+    """The ``Authorization`` header, when the transport has one."""
+
+
+Authenticator = Callable[[Credentials], Awaitable[str]]
+"""Credentials in, the caller's tenant out; raises :func:`unauthorized` to refuse."""
+
+
+def unauthorized(detail: str) -> ApiError:
+    """The error that refuses a caller (REST: 401 with ``WWW-Authenticate``)."""
+    return ApiError(ErrorCode.UNAUTHORIZED, detail)
+
+
+def open_access(tenant: str) -> Authenticator:
+    """Authentication off: every caller acts as ``tenant``."""
+
+    async def authenticate(credentials: Credentials) -> str:
+        return tenant
+
+    return authenticate

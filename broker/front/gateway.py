@@ -1,0 +1,312 @@
+"""How a front node reaches the agent hosts: commands through Redis, replies back.
+
+A command for a session goes to the inbox stream of the host holding the
+session's lease, or, when no host holds it (and for new sessions), to the
+queue every host reads. The host acknowledges at once and answers on this
+node's shard channel. A command that is not acknowledged in time is routed
+again (its host may have died: once the lease lapses the queue takes it), and
+a host that no longer holds the session says where it went.
+
+A prompt's outcome is also visible in the log: when a host dies mid-turn, the
+host that takes the session over ends the prompt with an error event, and the
+waiting request completes from that event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..config import AgentSpec
+from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
+from ..store.client import Store
+from ..store.events import LogEvent
+from ..store.keys import PREFIX, host_inbox, host_queue, lease_key
+from ..store.log import Position
+
+log = logging.getLogger(__name__)
+
+CAPABILITIES_KEY = f"{PREFIX}:agents:capabilities"
+"""Hash: agent name -> its ``agentCapabilities`` (JSON), written by hosts as agents start."""
+INBOX_MAXLEN = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class PromptOutcome:
+    """A finished prompt turn: the agent's result and where its end landed in the log."""
+
+    result: JsonObject
+    position: Position
+
+
+class AgentGateway(Protocol):
+    """What the ACP methods need from the agent side."""
+
+    default_agent: str
+
+    def kind_of(self, agent: str) -> str: ...
+
+    def prompt_capabilities(self) -> JsonObject: ...
+
+    async def refresh_capabilities(self) -> None: ...
+
+    async def new_session(
+        self,
+        tenant: str,
+        params: JsonObject,
+        *,
+        agent: str,
+        kind: str,
+        meta: JsonObject,
+        origin: str,
+    ) -> tuple[str, JsonObject]: ...
+
+    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject: ...
+
+    async def prompt(
+        self, tenant: str, session_id: str, params: JsonObject, origin: str
+    ) -> PromptOutcome: ...
+
+    async def cancel(self, tenant: str, session_id: str) -> None: ...
+
+    async def close(self, tenant: str, session_id: str, origin: str) -> None: ...
+
+    async def forward(
+        self, tenant: str, session_id: str, method: str, params: JsonObject
+    ) -> Any: ...
+
+    async def release(self, tenant: str, session_id: str) -> None: ...
+
+
+class RemoteAgents(AgentGateway):
+    """The agent side as seen from a front node: hosts reached through Redis."""
+
+    def __init__(
+        self,
+        redis: Store,
+        agents: list[AgentSpec],
+        *,
+        reply_channel: str,
+        ack_timeout: float = 2.0,
+        route_deadline: float = 30.0,
+    ) -> None:
+        self.redis = redis
+        self.specs = {spec.name: spec for spec in agents}
+        self.default_agent = agents[0].name
+        self.reply_channel = reply_channel
+        self.ack_timeout = ack_timeout
+        self.route_deadline = route_deadline
+        self._ids = itertools.count(1)
+        self._calls: dict[str, _Call] = {}
+        self._prompts: dict[str, asyncio.Future[LogEvent]] = {}
+        self._capabilities: JsonObject = {}
+        self._capabilities_read = 0.0
+
+    # -- what the front knows from configuration ----------------------------------------------
+
+    def kind_of(self, agent: str) -> str:
+        spec = self.specs.get(agent)
+        if spec is None:
+            raise invalid_params(f"unknown agent {agent!r}; configured: {', '.join(self.specs)}")
+        return spec.kind
+
+    def prompt_capabilities(self) -> JsonObject:
+        caps = self._capabilities.get(self.default_agent, {}).get("promptCapabilities")
+        return caps if isinstance(caps, dict) else {"embeddedContext": True}
+
+    async def refresh_capabilities(self) -> None:
+        """Read what the hosts' agents advertised (cached for a while)."""
+        if time.monotonic() - self._capabilities_read < 30 and self._capabilities:
+            return
+        raw = await self.redis.hgetall(CAPABILITIES_KEY)
+        self._capabilities = {name: json.loads(value) for name, value in raw.items()}
+        self._capabilities_read = time.monotonic()
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def new_session(
+        self,
+        tenant: str,
+        params: JsonObject,
+        *,
+        agent: str,
+        kind: str,
+        meta: JsonObject,
+        origin: str,
+    ) -> tuple[str, JsonObject]:
+        self.kind_of(agent)
+        reply = await self._call(
+            "new",
+            tenant,
+            None,
+            {"params": params, "agent": agent, "kind": kind, "meta": meta, "origin": origin},
+        )
+        return str(reply["sessionId"]), dict(reply["reply"])
+
+    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
+        return dict(await self._call("attach", tenant, session_id, {"params": params}))
+
+    async def prompt(
+        self, tenant: str, session_id: str, params: JsonObject, origin: str
+    ) -> PromptOutcome:
+        prompt_id = secrets.token_hex(8)
+        ended: asyncio.Future[LogEvent] = asyncio.get_running_loop().create_future()
+        self._prompts[prompt_id] = ended
+        call = asyncio.ensure_future(
+            self._call(
+                "prompt",
+                tenant,
+                session_id,
+                {"params": params, "origin": origin, "promptId": prompt_id},
+            )
+        )
+        try:
+            done, _ = await asyncio.wait({call, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if call in done:
+                reply = call.result()
+                return PromptOutcome(reply["result"], Position(reply["seq"], reply["epoch"]))
+            return _outcome_from_event(ended.result())
+        finally:
+            self._prompts.pop(prompt_id, None)
+            call.cancel()
+
+    async def cancel(self, tenant: str, session_id: str) -> None:
+        await self._call("cancel", tenant, session_id, {}, holder_only=True)
+
+    async def close(self, tenant: str, session_id: str, origin: str) -> None:
+        await self._call("close", tenant, session_id, {"origin": origin}, holder_only=True)
+
+    async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
+        return await self._call("forward", tenant, session_id, {"method": method, "params": params})
+
+    async def release(self, tenant: str, session_id: str) -> None:
+        await self._call("release", tenant, session_id, {}, holder_only=True)
+
+    # -- events from the hub ------------------------------------------------------------------
+
+    def on_reply(self, message: JsonObject) -> None:
+        """A message on this node's channel: an acknowledgement or a reply."""
+        call = self._calls.get(str(message.get("rid")))
+        if call is not None:
+            call.receive(message)
+
+    def on_event(self, event: LogEvent) -> None:
+        """Every event this node sees: a prompt's end completes a waiting prompt."""
+        if event.type == "prompt_end":
+            waiter = self._prompts.get(str(event.body.get("promptId")))
+            if waiter is not None and not waiter.done():
+                waiter.set_result(event)
+
+    # -- routing ------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        op: str,
+        tenant: str,
+        session_id: str | None,
+        fields: JsonObject,
+        *,
+        holder_only: bool = False,
+    ) -> Any:
+        rid = f"{self.reply_channel}#{next(self._ids)}"
+        call = _Call()
+        self._calls[rid] = call
+        command = {
+            "op": op,
+            "rid": rid,
+            "reply": self.reply_channel,
+            "tenant": tenant,
+            "sid": session_id,
+            **fields,
+        }
+        data = json.dumps(command, separators=(",", ":"))
+        deadline = time.monotonic() + self.route_deadline
+        try:
+            target: str | None = None
+            while True:
+                stream = target or await self._route(tenant, session_id, holder_only)
+                if stream is None:
+                    return {}  # nobody holds the session: nothing to cancel or release
+                await self.redis.xadd(stream, {"m": data}, maxlen=INBOX_MAXLEN, approximate=True)
+                outcome = await call.wait_ack(self.ack_timeout)
+                if outcome == "ack":
+                    return await call.result()
+                if isinstance(outcome, str) and outcome.startswith("moved:"):
+                    target = host_inbox(outcome.removeprefix("moved:"))
+                else:
+                    target = None
+                if time.monotonic() > deadline:
+                    raise RpcError(INTERNAL_ERROR, "no agent host answered; try again shortly")
+                call.reset()
+        finally:
+            self._calls.pop(rid, None)
+
+    async def _route(self, tenant: str, session_id: str | None, holder_only: bool) -> str | None:
+        if session_id is None:
+            return host_queue()
+        holder = await self.redis.get(lease_key(tenant, session_id))
+        if holder:
+            return host_inbox(holder)
+        return None if holder_only else host_queue()
+
+
+class _Call:
+    """One command in flight: its acknowledgement, then its reply."""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._ack: asyncio.Future[str] = loop.create_future()
+        self._reply: asyncio.Future[Any] = loop.create_future()
+
+    def reset(self) -> None:
+        self._ack = asyncio.get_running_loop().create_future()
+
+    def receive(self, message: JsonObject) -> None:
+        kind = message.get("t")
+        if kind == "ack":
+            _settle(self._ack, "ack")
+        elif kind == "moved":
+            _settle(self._ack, f"moved:{message.get('holder')}")
+        elif kind == "reply":
+            _settle(self._ack, "ack")
+            _settle(self._reply, message.get("result"))
+        elif kind == "error":
+            _settle(self._ack, "ack")
+            error = message.get("error") or {}
+            if not self._reply.done():
+                self._reply.set_exception(
+                    RpcError(
+                        int(error.get("code", INTERNAL_ERROR)),
+                        str(error.get("message", "")),
+                        error.get("data"),
+                    )
+                )
+
+    async def wait_ack(self, timeout: float) -> str | None:
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(self._ack), timeout)
+        return None
+
+    async def result(self) -> Any:
+        return await self._reply
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _outcome_from_event(event: LogEvent) -> PromptOutcome:
+    body = event.body
+    position = Position(event.seq, event.epoch)
+    if "error" in body:
+        error = body["error"]
+        raise RpcError(int(error.get("code", INTERNAL_ERROR)), str(error.get("message", "")))
+    return PromptOutcome(body.get("result") or {"stopReason": body.get("stopReason")}, position)

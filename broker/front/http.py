@@ -1,0 +1,167 @@
+"""The broker's HTTP listener: MCP over streamable HTTP at ``/mcp``, and the REST endpoints.
+
+MCP's streamable HTTP transport needs POST, which the WebSocket server cannot take,
+so a node runs a second listener (setting ``http_port``): an ASGI app from the
+``mcp`` SDK, served by uvicorn in the node's event loop. It also answers
+``/v1/sessions``, ``/v1/openapi.json`` and ``/healthz`` through the same
+:class:`~.rest.RestApi` that the WebSocket port uses, so the two ports agree.
+
+The MCP endpoint is stateless (no MCP session is kept between requests), so any node
+can answer any request, like every other part of the front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import http
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from websockets.datastructures import Headers
+from websockets.http11 import Request as WsRequest
+from websockets.http11 import Response as WsResponse
+
+from ..config import Settings
+from .mcp import mcp_server
+from .rest import PATHS, HttpAnswer, RestApi
+from .sessions import SessionsService
+
+log = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+START_TIMEOUT = 10.0
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def websockets_response(answer: HttpAnswer) -> WsResponse:
+    """An answer as the WebSocket server sends a plain HTTP response."""
+    status = http.HTTPStatus(answer.status)
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Connection", "close"),
+            ("Content-Length", str(len(answer.body))),
+            *answer.headers,
+        ]
+    )
+    return WsResponse(status.value, status.phrase, headers, answer.body)
+
+
+class FrontHttp:
+    """REST on both ports; MCP and REST on the HTTP port."""
+
+    def __init__(self, settings: Settings, sessions: SessionsService) -> None:
+        self.settings = settings
+        self.rest = RestApi(sessions)
+        self.mcp = mcp_server(sessions)
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The HTTP port actually bound (``http_port`` 0 picks a free one)."""
+        assert self._port is not None, "the HTTP listener is not started"
+        return self._port
+
+    async def answer_websocket_request(self, request: WsRequest) -> WsResponse:
+        """A plain GET that reached the WebSocket port (anything but the ACP endpoint)."""
+        return websockets_response(await self.rest.answer("GET", request.path, request.headers))
+
+    def asgi_app(self) -> Starlette:
+        """The HTTP port's app: the SDK's streamable HTTP app plus the REST routes."""
+        routes = [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
+        routes.append(Route("/{path:path}", self._rest_endpoint, methods=_ALL_METHODS))
+        return self.mcp.streamable_http_app(
+            streamable_http_path=MCP_PATH,
+            stateless_http=True,
+            json_response=True,
+            host=self.settings.host,
+            custom_starlette_routes=routes,
+        )
+
+    async def _rest_endpoint(self, request: Request) -> Response:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        answer = await self.rest.answer(request.method, target, request.headers)
+        return Response(answer.body, answer.status, headers=dict(answer.headers))
+
+    async def start(self) -> None:
+        """Bind ``host``:``http_port`` and serve until :meth:`stop`."""
+        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
+        address = (self.settings.host, self.settings.http_listen_port())
+        sock = socket.create_server(address, family=family)
+        self._port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            self.asgi_app(),
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
+        await self._wait_started()
+        log.info("acp-broker HTTP on %s (MCP at %s)", http_url(self.settings, self.port), MCP_PATH)
+
+    async def _wait_started(self) -> None:
+        assert self._server is not None and self._task is not None
+        deadline = asyncio.get_running_loop().time() + START_TIMEOUT
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the HTTP listener stopped while starting")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError("the HTTP listener did not start in time")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Stop accepting, finish what is in flight (bounded), stop the MCP app."""
+        if self._server is None or self._task is None:
+            return
+        self._server.exit()
+        with contextlib.suppress(asyncio.CancelledError, SystemExit):
+            await self._task
+        self._server = self._task = None
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside the broker's loop, stopped by :meth:`exit` rather than by signals."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the broker, not uvicorn, handles SIGINT and SIGTERM
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop (a tick refreshes the Date header), ended at once by :meth:`exit`."""
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 10) % 864000  # every wait is a second: refresh on each tick
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 1.0)
+
+    def exit(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+
+def _host(settings: Settings) -> str:
+    return f"[{settings.host}]" if ":" in settings.host else settings.host
+
+
+def http_url(settings: Settings, port: int) -> str:
+    """The base URL of the HTTP listener."""
+    return f"http://{_host(settings)}:{port}"
+
+

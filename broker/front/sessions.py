@@ -1,0 +1,108 @@
+"""The session list as the HTTP API and the MCP tool offer it: one service, one input schema.
+
+:class:`SessionsService` authenticates the caller, validates the inputs and reads a
+page through the store's one list path (:class:`~broker.store.query.SessionLister`).
+REST (:mod:`.rest`) and MCP (:mod:`.mcp`) only translate its answers and its
+:class:`~broker.errors.ApiError`\\ s for their wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from ..config import Settings
+from ..errors import ApiError, ErrorCode
+from ..store.client import Store
+from ..store.cursors import CursorCodec
+from ..store.events import JsonObject
+from ..store.query import (
+    KIND_VALUES,
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
+    LIMIT_MIN,
+    Q_MAX_CHARS,
+    STATUS_VALUES,
+    SessionLister,
+    SessionPage,
+    parse_query,
+)
+from .auth import Authenticator, Credentials, open_access
+
+TOOL_DESCRIPTION = (
+    "Lists the project's sessions, newest first, with each one's id, status, kind and "
+    "creation time. Use it to find a session again: the server keeps nothing between calls, "
+    "so a model that has lost a sessionId gets it back here. All of its inputs are optional. "
+    "Filter by status or kind, or search with q, and read a long list a page at a time "
+    "with after."
+)
+AFTER_TOOL = (
+    'The cursor from the last result (its last line says `after "…"`), to read the sessions '
+    "that follow. Leave it out for the first page."
+)
+AFTER_REST = (
+    "The `next_cursor` of the last result, to read the sessions that follow. Leave it out for "
+    "the first page."
+)
+
+
+class SessionsService:
+    """Lists a caller's sessions: authenticate, validate, read one page."""
+
+    def __init__(self, lister: SessionLister, authenticate: Authenticator) -> None:
+        self.lister = lister
+        self.authenticate = authenticate
+
+    async def page(self, args: Mapping[str, Any], credentials: Credentials) -> SessionPage:
+        """One page for these inputs; :class:`ApiError` when the call cannot be answered."""
+        tenant = await self.authenticate(credentials)
+        query = parse_query(args)
+        try:
+            return await self.lister.page(tenant, query)
+        except RedisError as exc:
+            raise ApiError(
+                ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
+            ) from exc
+
+
+def sessions_service(settings: Settings, store: Store) -> SessionsService:
+    """The service for a node or for ``acp-broker mcp``: settings' cursor keys, auth off."""
+    lister = SessionLister(store, CursorCodec(settings.cursor_keys()))
+    return SessionsService(lister, open_access(settings.tenant))
+
+
+def input_properties(*, after: str = AFTER_TOOL) -> dict[str, JsonObject]:
+    """The inputs as JSON Schema, with their enums and bounds (tool schema and OpenAPI)."""
+    one = "|".join(STATUS_VALUES)
+    return {
+        "status": {
+            "type": "string",
+            "description": "Only sessions with this status: `RUNNING`, `STOPPED`, `DELETED` or "
+            "`ERROR`. Join several with commas, for example `RUNNING,STOPPED`. Leave it out to "
+            "not filter by status.",
+            "pattern": f"^({one})(,({one}))*$",
+            "examples": ["RUNNING", "RUNNING,STOPPED"],
+        },
+        "kind": {
+            "type": "string",
+            "enum": list(KIND_VALUES),
+            "description": "Only sessions of this kind: `browser` (a browser only), `shell` "
+            "(a shell only) or `combined` (a browser and a shell).",
+        },
+        "q": {
+            "type": "string",
+            "maxLength": Q_MAX_CHARS,
+            "description": "Search: a session id prefix, or text found in the session's "
+            "`userMetadata`.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": LIMIT_MIN,
+            "maximum": LIMIT_MAX,
+            "default": LIMIT_DEFAULT,
+            "description": f"How many sessions to list, {LIMIT_MIN} to {LIMIT_MAX}.",
+        },
+        "after": {"type": "string", "description": after},
+    }

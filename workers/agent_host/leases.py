@@ -1,0 +1,113 @@
+"""Session leases: which agent host runs a session, and the fencing token that proves it.
+
+A host takes a session's lease before running it and renews it while it does.
+Taking a free lease bumps the session's fencing token; the append script only
+accepts appends carrying the current token, so a host that lost its lease (it
+stalled, or was presumed dead) can never write to the log again: two hosts
+never run the same session at once.
+
+Every held lease is also listed in one sorted set scored by its expiry, which
+is how surviving hosts find the sessions of a host that died.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+from redis.exceptions import ResponseError
+
+from broker.store.client import Store
+from broker.store.keys import SessionKeys, leases_key
+from broker.store.log import SessionMissing
+
+
+class HeldElsewhere(Exception):
+    """Another host holds the session's lease."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by agent host {holder}")
+        self.holder = holder
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    tenant: str
+    session_id: str
+    fence: str
+
+
+def _member(tenant: str, session_id: str) -> str:
+    return f"{tenant}\t{session_id}"
+
+
+def parse_member(member: str) -> tuple[str, str]:
+    tenant, _, session_id = member.partition("\t")
+    return tenant, session_id
+
+
+class Leases:
+    """Acquires, renews and releases leases for one agent host."""
+
+    def __init__(self, redis: Store, host_id: str, *, ttl: float = 10.0) -> None:
+        self.redis = redis
+        self.host_id = host_id
+        self.ttl_ms = int(ttl * 1000)
+        self._source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
+        self._script = redis.register_script(self._source)
+
+    async def acquire(self, tenant: str, session_id: str) -> Lease:
+        """Hold the session; raises :class:`HeldElsewhere` or :class:`SessionMissing`."""
+        keys = SessionKeys(tenant, session_id)
+        try:
+            ok, value = await self._script(
+                keys=[keys.lease, keys.snapshot], args=["acquire", self.host_id, self.ttl_ms]
+            )
+        except ResponseError as exc:
+            if "NOSESSION" in str(exc):
+                raise SessionMissing(session_id) from None
+            raise
+        if not int(ok):
+            raise HeldElsewhere(str(value))
+        await self.redis.zadd(leases_key(), {_member(tenant, session_id): self._expiry()})
+        return Lease(tenant, session_id, str(value))
+
+    async def renew(self, leases: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Renew many leases at once; returns those this host no longer holds."""
+        if not leases:
+            return []
+        # One round trip for all of them (the script is loaded first, so EVALSHA finds it).
+        sha = await self.redis.script_load(self._source)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, session_id in leases:
+                keys = SessionKeys(tenant, session_id)
+                pipe.evalsha(sha, 2, keys.lease, keys.snapshot, "renew", self.host_id, self.ttl_ms)
+            results = await pipe.execute()
+        pairs = list(zip(leases, results, strict=True))
+        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok}
+        if kept:
+            await self.redis.zadd(leases_key(), kept)
+        return [lease for lease, ok in pairs if not ok]
+
+    async def release(self, tenant: str, session_id: str, *, hand_over: bool = False) -> None:
+        """Give the lease up; ``hand_over`` lists it as expired so another host takes it now."""
+        keys = SessionKeys(tenant, session_id)
+        await self._script(keys=[keys.lease, keys.snapshot], args=["release", self.host_id, 0])
+        if hand_over:
+            await self.redis.zadd(leases_key(), {_member(tenant, session_id): 0})
+        else:
+            await self.redis.zrem(leases_key(), _member(tenant, session_id))
+
+    async def expired(self, limit: int = 100) -> list[tuple[str, str]]:
+        """Sessions whose lease ran out (their host died or handed them over)."""
+        now = int(time.time() * 1000)
+        members = await self.redis.zrangebyscore(leases_key(), "-inf", now, start=0, num=limit)
+        return [parse_member(m) for m in members]
+
+    async def forget(self, tenant: str, session_id: str) -> None:
+        """Stop tracking a session that needs no host (deleted, or gone)."""
+        await self.redis.zrem(leases_key(), _member(tenant, session_id))
+
+    def _expiry(self) -> int:
+        return int(time.time() * 1000) + self.ttl_ms

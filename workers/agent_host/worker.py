@@ -1,0 +1,299 @@
+"""The agent-host role: an :class:`AgentHost` driven by commands that arrive through Redis.
+
+A host reads two streams: its own inbox (commands for sessions it holds) and
+the shared queue (new sessions, sessions no host holds), which all hosts read
+as one consumer group. Every command is acknowledged at once on the asking
+node's channel and answered there when done. The host renews its leases, and
+takes over the sessions of hosts that died (their leases lapsed) within a
+bounded time: the agent gets each session back, and a prompt that was running
+is ended with an error.
+
+Agent-to-client requests are published on the session's live channel, where
+every front node with the session active sees them; the node holding the
+preferred connection (the prompt's sender) asks it, the first answer wins and
+the others are told the request is settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import secrets
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from broker.config import Settings
+from broker.front.gateway import CAPABILITIES_KEY
+from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
+from broker.store.client import Store
+from broker.store.keys import SessionKeys, host_inbox, host_queue
+from broker.store.log import SessionLog, SessionMissing
+
+from .host import AgentHost
+from .leases import HeldElsewhere, Leases
+
+log = logging.getLogger(__name__)
+
+QUEUE_GROUP = "hosts"
+
+
+class RemoteClients:
+    """Agent-to-client requests, through the session's live channel to the front nodes."""
+
+    def __init__(self, redis: Store, inbox: str, *, timeout: float = 600.0) -> None:
+        self.redis = redis
+        self.inbox = inbox
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, tuple[asyncio.Future[Any], int, set[str]]] = {}
+
+    async def request_client(
+        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
+    ) -> Any:
+        channel = SessionKeys(tenant, session_id).channel
+        for target in (prefer, None) if prefer else (None,):
+            rid = f"{self.inbox}#{next(self._ids)}"
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            message = {
+                "kind": "creq",
+                "rid": rid,
+                "reply": self.inbox,
+                "method": method,
+                "params": params,
+                "prefer": target,
+            }
+            receivers = await self.redis.spublish(channel, json.dumps(message))
+            if not receivers:
+                break
+            self._waiting[rid] = (future, int(receivers), set())
+            try:
+                return await asyncio.wait_for(future, self.timeout)
+            except _NobodyAnswered:
+                continue
+            finally:
+                self._waiting.pop(rid, None)
+                with contextlib.suppress(Exception):
+                    await self.redis.spublish(channel, json.dumps({"kind": "csettled", "rid": rid}))
+        raise RpcError(
+            INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
+        )
+
+    def on_reply(self, message: JsonObject) -> None:
+        """A front node's answer: a result, an error, or "no connection of mine can"."""
+        entry = self._waiting.get(str(message.get("rid")))
+        if entry is None:
+            return
+        future, receivers, declined = entry
+        if future.done():
+            return
+        if message.get("none"):
+            declined.add(str(message.get("node")))
+            if len(declined) >= receivers:
+                future.set_exception(_NobodyAnswered())
+        elif "error" in message:
+            error = message["error"]
+            future.set_exception(
+                RpcError(
+                    int(error.get("code", INTERNAL_ERROR)),
+                    str(error.get("message", "")),
+                    error.get("data"),
+                )
+            )
+        else:
+            future.set_result(message.get("result"))
+
+
+class _NobodyAnswered(Exception):
+    pass
+
+
+class HostWorker:
+    """Runs an :class:`AgentHost` for the commands front nodes send through Redis."""
+
+    def __init__(self, redis: Store, settings: Settings, *, host_id: str | None = None) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.host_id = host_id or f"host-{secrets.token_hex(6)}"
+        self.inbox = host_inbox(self.host_id)
+        self.leases = Leases(redis, self.host_id, ttl=settings.lease_ttl)
+        self.clients = RemoteClients(redis, self.inbox)
+        self.host = AgentHost(
+            settings.agent_list(),
+            SessionLog(redis, feed_maxlen=settings.feed_maxlen),
+            self.clients,
+            self.leases,
+            request_timeout=settings.agent_request_timeout,
+            cancel_grace=settings.cancel_grace,
+            on_agent_started=self._publish_capabilities,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[Any]] = []
+
+    async def start(self) -> None:
+        with contextlib.suppress(ResponseError):
+            await self.redis.xgroup_create(host_queue(), QUEUE_GROUP, id="$", mkstream=True)
+        self._loops = [
+            asyncio.create_task(self._read_inbox(), name="host-inbox"),
+            asyncio.create_task(self._read_queue(), name="host-queue"),
+            asyncio.create_task(self._keep_leases(), name="host-leases"),
+        ]
+        if self.settings.prestart_agents:
+            await self.host.start()
+
+    async def stop(self, *, hand_over: bool = False) -> None:
+        for task in self._loops:
+            task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        await self.host.stop(hand_over=hand_over)
+
+    async def run(self) -> None:
+        """The role as a coroutine: start, then serve until cancelled (handing sessions over)."""
+        await self.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.stop(hand_over=True)
+
+    # -- reading commands ---------------------------------------------------------------------
+
+    async def _read_inbox(self) -> None:
+        last = "$"
+        while True:
+            replies = await self._guarded(
+                self.redis.xread({self.inbox: last}, count=100, block=1000)
+            )
+            for _, entries in replies or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    self._take(json.loads(fields["m"]))
+
+    async def _read_queue(self) -> None:
+        while True:
+            replies = await self._guarded(
+                self.redis.xreadgroup(
+                    QUEUE_GROUP, self.host_id, {host_queue(): ">"}, count=10, block=1000
+                )
+            )
+            for _, entries in replies or []:
+                for entry_id, fields in entries:
+                    await self.redis.xack(host_queue(), QUEUE_GROUP, entry_id)
+                    self._take(json.loads(fields["m"]))
+
+    async def _guarded(self, call: Any) -> Any:
+        """A blocking read that survives Redis hiccups (and notices cancellation)."""
+        try:
+            return await call
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError from None
+            log.exception("reading commands failed; retrying")
+            await asyncio.sleep(0.5)
+            return None
+
+    def _take(self, command: JsonObject) -> None:
+        if command.get("op") == "creply":
+            self.clients.on_reply(command)
+            return
+        task = asyncio.ensure_future(self._execute(command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- executing commands -------------------------------------------------------------------
+
+    async def _execute(self, command: JsonObject) -> None:
+        reply_to, rid = str(command["reply"]), command["rid"]
+        await self._send(reply_to, {"t": "ack", "rid": rid})
+        try:
+            result = await self._dispatch(command)
+        except HeldElsewhere as exc:
+            await self._send(reply_to, {"t": "moved", "rid": rid, "holder": exc.holder})
+            return
+        except RpcError as exc:
+            await self._send(reply_to, {"t": "error", "rid": rid, "error": exc.to_json()})
+            return
+        except SessionMissing:
+            error = {"code": -32002, "message": "session not found"}
+            await self._send(reply_to, {"t": "error", "rid": rid, "error": error})
+            return
+        except Exception:
+            log.exception("command %s failed", command.get("op"))
+            error = {"code": INTERNAL_ERROR, "message": "internal error"}
+            await self._send(reply_to, {"t": "error", "rid": rid, "error": error})
+            return
+        await self._send(reply_to, {"t": "reply", "rid": rid, "result": result})
+
+    async def _dispatch(self, command: JsonObject) -> Any:
+        op, tenant, sid = command["op"], str(command["tenant"]), str(command.get("sid") or "")
+        host = self.host
+        if op == "new":
+            session_id, reply = await host.new_session(
+                tenant,
+                command["params"],
+                agent=command["agent"],
+                kind=command["kind"],
+                meta=command["meta"],
+                origin=command["origin"],
+            )
+            return {"sessionId": session_id, "reply": reply}
+        if op == "attach":
+            return await host.attach(tenant, sid, command["params"])
+        if op == "prompt":
+            outcome = await host.prompt(
+                tenant, sid, command["params"], command["origin"], command.get("promptId")
+            )
+            position = outcome.position
+            return {"result": outcome.result, "seq": position.seq, "epoch": position.epoch}
+        if op == "cancel":
+            return await host.cancel(tenant, sid)
+        if op == "close":
+            return await host.close(tenant, sid, command["origin"])
+        if op == "forward":
+            return await host.forward(tenant, sid, command["method"], command["params"])
+        if op == "release":
+            return await host.release(tenant, sid)
+        raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
+
+    async def _send(self, channel: str, message: JsonObject) -> None:
+        with contextlib.suppress(Exception):
+            await self.redis.spublish(channel, json.dumps(message, separators=(",", ":")))
+
+    async def _publish_capabilities(self, name: str, capabilities: JsonObject) -> None:
+        with contextlib.suppress(Exception):
+            await self.redis.hset(CAPABILITIES_KEY, name, json.dumps(capabilities))
+
+    # -- leases -------------------------------------------------------------------------------
+
+    async def _keep_leases(self) -> None:
+        interval = self.settings.lease_ttl / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                for tenant, session_id in await self.leases.renew(self.host.held_sessions()):
+                    del tenant
+                    self.host.lose(session_id)
+                await self._take_over()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("lease upkeep failed")
+
+    async def _take_over(self) -> None:
+        """Give the agent back every session whose host died (its lease lapsed)."""
+        for tenant, session_id in await self.leases.expired():
+            try:
+                await self.host.attach(tenant, session_id, {})
+                log.info("took over session %s", session_id)
+            except HeldElsewhere:
+                continue
+            except (RpcError, SessionMissing) as exc:
+                log.warning("could not take over session %s: %s", session_id, exc)
+                await self.leases.forget(tenant, session_id)
