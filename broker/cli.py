@@ -48,11 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="an ACP agent to run over stdio (repeatable; the first is the default)",
     )
     serve.add_argument("--cursor-secret", help="secret that signs list cursors")
+    serve.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="front node only: no agent host, no projector (run them as workers)",
+    )
 
     worker = sub.add_parser("worker", help="run one worker role")
     roles = worker.add_subparsers(dest="role", required=True, metavar="ROLE")
     projector = roles.add_parser("projector", help="keep the session index up to date")
     _common(projector)
+    host = roles.add_parser("agent-host", help="run agents for the sessions front nodes route here")
+    _common(host)
+    host.add_argument(
+        "--agent",
+        action="append",
+        default=[],
+        metavar="NAME='COMMAND ARGS…'",
+        help="an ACP agent to run over stdio (repeatable; the first is the default)",
+    )
 
     connect = sub.add_parser(
         "connect", help="bridge stdio to a broker's WebSocket (use the broker as an editor's agent)"
@@ -104,22 +118,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         agents=agents,
         cursor_secret=args.cursor_secret,
+        workers=False if args.no_workers else None,
     )
     asyncio.run(run_broker(settings))
     return 0
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from .store.client import connect
+    from workers.roles import run_agent_host, run_projector_role
 
-    settings = _settings(args)
+    agents = [AgentSpec.parse(text) for text in getattr(args, "agent", [])] or None
+    settings = _settings(args, agents=agents)
     if settings.redis_url is None:
         raise SystemExit(
             "acp-broker worker: --redis-url is required (workers share Redis with nodes)"
         )
-    from workers.projector.worker import run_projector
-
-    asyncio.run(run_projector(connect(settings.redis_url)))
+    role = run_agent_host if args.role == "agent-host" else run_projector_role
+    asyncio.run(role(settings))
     return 0
 
 

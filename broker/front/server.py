@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import http
 import logging
-import signal
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -22,6 +21,7 @@ from workers.agent_host.worker import HostWorker
 from workers.projector.worker import Projector
 
 from ..config import Settings
+from ..signals import until_stopped
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
@@ -157,15 +157,10 @@ async def run_broker(settings: Settings) -> None:
     """Run a broker until SIGINT or SIGTERM."""
     broker = Broker(settings)
     await broker.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     print(
         f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}"
         f" and {http_url(settings, broker.http_port)} (MCP /mcp, REST /v1/sessions)",
         flush=True,
     )
-    await stop.wait()
-    await broker.stop()
+    await until_stopped()
+    await broker.stop(hand_over=True)

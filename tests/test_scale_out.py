@@ -1,0 +1,232 @@
+"""Many front nodes, agent hosts and projectors on one Redis, as separate processes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from broker.store.client import connect
+from broker.store.keys import lease_key
+from broker.store.log import SessionLog
+
+from .support.broker_process import broker_process
+from .support.client import RawClient, text, wait_for
+from .support.roles import role_process
+
+FRONT_ONLY = ("--no-workers",)
+
+
+@contextlib.asynccontextmanager
+async def cluster_of(
+    redis_url: str, tmp_path: Path, *, fronts: int, hosts: int
+) -> AsyncIterator[tuple[list, list]]:
+    async with contextlib.AsyncExitStack() as stack:
+        host_procs = [
+            await stack.enter_async_context(
+                role_process(
+                    "agent-host",
+                    redis_url,
+                    tmp_path / f"host{i}.log",
+                    env={"ACP_BROKER_LEASE_TTL": "2"},
+                )
+            )
+            for i in range(hosts)
+        ]
+        await stack.enter_async_context(
+            role_process("projector", redis_url, tmp_path / "projector.log")
+        )
+        nodes = [
+            await stack.enter_async_context(
+                broker_process(
+                    redis_url, log_path=tmp_path / f"front{i}.log", extra_args=FRONT_ONLY
+                )
+            )
+            for i in range(fronts)
+        ]
+        yield nodes, host_procs
+
+
+def _updates(client: RawClient, session_id: str) -> list[dict]:
+    return [
+        m["params"]
+        for m in client.inbox
+        if m.get("method") == "session/update" and m["params"]["sessionId"] == session_id
+    ]
+
+
+def _chunks(client: RawClient, session_id: str) -> list[str]:
+    return [
+        u["update"]["content"]["text"]
+        for u in _updates(client, session_id)
+        if u["update"]["sessionUpdate"] == "agent_message_chunk"
+    ]
+
+
+async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_order(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async with cluster_of(redis_url, tmp_path, fronts=3, hosts=1) as (nodes, _):
+        clients = [await RawClient.connect(node.url) for node in nodes]
+        for client in clients:
+            await client.initialize()
+        a, b, c = clients
+        session_id = (await a.call("session/new", {"cwd": "/tmp/s", "mcpServers": []}))["result"][
+            "sessionId"
+        ]
+        for watcher in (b, c):
+            reply = await watcher.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/s"})
+            assert "result" in reply
+        reply = await a.call(
+            "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 300")}, timeout=60
+        )
+        assert reply["result"]["stopReason"] == "end_turn"
+        expected = [f"chunk {i}" for i in range(1, 301)]
+        for client in clients:
+            await client.read_until(
+                lambda client=client: len(_chunks(client, session_id)) >= 300, 30
+            )
+            assert _chunks(client, session_id) == expected
+            seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in _updates(client, session_id)]
+            assert seqs == sorted(set(seqs))
+        # A prompt from node 2: its permission request goes to node 2's connection.
+        await b.send(
+            {
+                "jsonrpc": "2.0",
+                "id": "b1",
+                "method": "session/prompt",
+                "params": {"sessionId": session_id, "prompt": text("read")},
+            }
+        )
+        await b.read_until(
+            lambda: any(m.get("method") == "session/request_permission" for m in b.inbox), 30
+        )
+        [ask] = [m for m in b.inbox if m.get("method") == "session/request_permission"]
+        await b.send(
+            {
+                "jsonrpc": "2.0",
+                "id": ask["id"],
+                "result": {
+                    "outcome": {
+                        "outcome": "selected",
+                        "optionId": ask["params"]["options"][0]["optionId"],
+                    }
+                },
+            }
+        )
+        reply = await b.reply_to("b1", timeout=30)
+        assert reply["result"]["stopReason"] == "end_turn", reply
+        # Only the prompting connection was asked.
+        for other in (a, c):
+            assert not [m for m in other.inbox if m.get("method") == "session/request_permission"]
+        for client in clients:
+            await client.close()
+
+
+async def test_a_killed_agent_host_hands_its_sessions_to_another(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async with cluster_of(redis_url, tmp_path, fronts=1, hosts=2) as (nodes, hosts):
+        client = await RawClient.connect(nodes[0].url)
+        await client.initialize()
+        session_id = (await client.call("session/new", {"cwd": "/tmp/k", "mcpServers": []}))[
+            "result"
+        ]["sessionId"]
+        redis = connect(redis_url)
+        holder = await redis.get(lease_key("default", session_id))
+        assert holder
+        await client.send(
+            {
+                "jsonrpc": "2.0",
+                "id": "slow",
+                "method": "session/prompt",
+                "params": {"sessionId": session_id, "prompt": text("/slow 100")},
+            }
+        )
+        await client.read_until(lambda: len(_chunks(client, session_id)) >= 3, 20)
+        # kill -9 the host that holds the session, mid-prompt.
+        await _kill_holder(hosts, holder)
+        reply = await client.reply_to("slow", timeout=30)
+        assert reply["error"]["code"] == -32603
+
+        # Taken over within a bounded time by the surviving host.
+        async def new_holder() -> str | None:
+            value = await redis.get(lease_key("default", session_id))
+            return value if value and value != holder else None
+
+        assert await _eventually(new_holder, 20) != holder
+        again = await client.call(
+            "session/prompt", {"sessionId": session_id, "prompt": text("/notool again")}, timeout=30
+        )
+        assert again["result"]["stopReason"] == "end_turn"
+        events = await SessionLog(redis).read("default", session_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        ends = [e.body for e in events if e.type == "prompt_end"]
+        assert "error" in ends[0] and ends[-1]["stopReason"] == "end_turn"
+        await redis.aclose()
+        await client.close()
+
+
+async def _kill_holder(hosts: list, holder: str) -> None:
+    """Kill -9 the host process whose id holds the lease (hosts print their id when ready)."""
+    for host in hosts:
+        if holder in host.ready_line:
+            await host.kill()
+            return
+    raise AssertionError(f"no host process is {holder}")
+
+
+async def _eventually(probe, timeout: float):
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if loop.time() > end:
+            raise AssertionError("condition never held")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=1) as (nodes, _):
+        first = await RawClient.connect(nodes[0].url)
+        await first.initialize()
+        session_id = (await first.call("session/new", {"cwd": "/tmp/r", "mcpServers": []}))[
+            "result"
+        ]["sessionId"]
+        await first.send(
+            {
+                "jsonrpc": "2.0",
+                "id": "p",
+                "method": "session/prompt",
+                "params": {"sessionId": session_id, "prompt": text("/slow 30")},
+            }
+        )
+        await first.read_until(lambda: len(_chunks(first, session_id)) >= 5, 20)
+        seen = _updates(first, session_id)
+        last = seen[-1]["_meta"]["acpBroker/position"]
+        await nodes[0].kill()
+        second = await RawClient.connect(nodes[1].url)
+        await second.initialize()
+        reply = await second.call(
+            "session/resume",
+            {"sessionId": session_id, "cwd": "/tmp/r", "_meta": {"acpBroker/replayAfter": last}},
+        )
+        assert "result" in reply
+        await second.read_until(
+            lambda: any(
+                m.get("method") == "session/update"
+                and m["params"]["update"].get("sessionUpdate") == "agent_message_chunk"
+                and m["params"]["update"]["content"]["text"] == "chunk 30"
+                for m in second.inbox
+            ),
+            30,
+        )
+        chunks = _chunks(first, session_id) + _chunks(second, session_id)
+        assert chunks == [f"chunk {i}" for i in range(1, 31)]
+        await second.close()
