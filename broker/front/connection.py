@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..protocol import jsonrpc
-from ..protocol.jsonrpc import Invalid, JsonObject, Request, Response, RpcError
+from ..protocol import jsonrpc, v2, v2_render
+from ..protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ..protocol.pending import PeerGone, PendingRequests
 from ..protocol.render import origin_of, session_updates
 from ..store.events import EventType, LogEvent
@@ -39,6 +39,8 @@ CLOSE_SLOW_CONSUMER = 4008
 """Close code for a client that reads too slowly (its outgoing queue overflowed)."""
 CLOSE_GOING_AWAY = 1001
 """Close code when the broker shuts down: reconnect (to any node)."""
+_TURN_SCAN = 256
+"""Events read per step when looking back for the prompt turn a v2 viewer joins in."""
 
 
 @dataclass(eq=False)
@@ -50,6 +52,16 @@ class ActiveSession:
     delivered: int = 0
     held: list[LogEvent] | None = None
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
+    prompts: dict[str, asyncio.Future[int]] = field(default_factory=dict)  # promptId -> seq
+
+
+@dataclass(eq=False)
+class _BatchReplies:
+    """The replies to one JSON-RPC batch, sent as one array once all its requests are done."""
+
+    replies: list[JsonObject] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
 class ClientConnection:
@@ -71,6 +83,7 @@ class ClientConnection:
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
+        self._batched: dict[jsonrpc.RequestId, _BatchReplies] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -80,7 +93,7 @@ class ClientConnection:
         try:
             async for frame in self.ws:
                 if isinstance(frame, str):
-                    self._on_frame(frame)
+                    self._receive(frame)
         except ConnectionClosed:
             pass
         finally:
@@ -95,31 +108,70 @@ class ClientConnection:
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
 
+    def _receive(self, frame: str) -> None:
+        """One frame in; whatever it holds, a fault in handling it never ends the connection."""
+        try:
+            self._on_frame(frame)
+        except Exception:
+            log.exception("a frame from %s could not be handled", self.id)
+            self.send(jsonrpc.error_reply(None, RpcError(jsonrpc.INTERNAL_ERROR, "internal error")))
+
     def _on_frame(self, frame: str) -> None:
         if len(frame.encode()) > self.settings.max_message_bytes:
             too_big = RpcError(jsonrpc.INVALID_REQUEST, "message too large")
             self.send(jsonrpc.error_reply(None, too_big))
             return
-        message = jsonrpc.parse_frame(frame, max_depth=self.settings.max_json_depth)
+        depth = self.settings.max_json_depth
+        if self.protocol_version == v2.V1:  # batches are v2's (the v1 schema has none)
+            message: Message | Invalid | Batch = jsonrpc.parse_frame(frame, max_depth=depth)
+        else:
+            message = jsonrpc.parse_frame_or_batch(frame, max_depth=depth)
+        if isinstance(message, Batch):
+            self._on_batch(message)
+        else:
+            self._on_message(message, None)
+
+    def _on_message(self, message: Message | Invalid, batch: _BatchReplies | None) -> None:
         if isinstance(message, Invalid):
             if message.reply is not None:
-                self.send(message.reply)
+                self._respond(message.reply, batch)
         elif isinstance(message, Response):
             self._pending.resolve(message)
         elif message.method == "$/cancel_request":
             self._cancel_request(message.params.get("requestId"))
         elif message.id is not None and message.id in self._inflight:
             duplicate = RpcError(jsonrpc.INVALID_REQUEST, "a request with this id is in flight")
-            self.send(jsonrpc.error_reply(message.id, duplicate))
+            self._respond(jsonrpc.error_reply(message.id, duplicate), batch)
         else:
-            task = asyncio.ensure_future(self._handle(message))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task = self._spawn(self._handle(message))
             if message.id is not None:
                 self._inflight[message.id] = (message, task)
+                if batch is not None:
+                    self._batched[message.id] = batch
+                    batch.tasks.append(task)
+
+    def _on_batch(self, batch: Batch) -> None:
+        """Run a batch's entries concurrently; answer them in one array (none: nothing)."""
+        collected = _BatchReplies()
+        for entry in batch.entries:
+            self._on_message(entry, collected)
+        self._spawn(self._answer_batch(collected))
+
+    async def _answer_batch(self, batch: _BatchReplies) -> None:
+        await asyncio.gather(*batch.tasks, return_exceptions=True)
+        if batch.replies:
+            self.send_text(jsonrpc.encode_batch(batch.replies))
+
+    def _respond(self, reply: JsonObject, batch: _BatchReplies | None) -> None:
+        if batch is not None:
+            batch.replies.append(reply)
+        else:
+            self.send(reply)
 
     def _cancel_request(self, request_id: Any) -> None:
         """``$/cancel_request``: a prompt is cancelled the ACP way, anything else dropped."""
+        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+            return
         inflight = self._inflight.get(request_id)
         if inflight is None:
             return
@@ -154,18 +206,26 @@ class ClientConnection:
                 internal = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
                 self.send(jsonrpc.error_reply(request.id, internal))
             return
-        if request.id is not None and not isinstance(result, Deferred):
-            self.send(jsonrpc.result_reply(request.id, result))
+        if not isinstance(result, Deferred):
+            self.reply(request, result)
 
     # -- outgoing ---------------------------------------------------------------------------
 
     def reply(self, request: Request, result: Any) -> None:
         """Answer a request now (handlers that must order the reply use this, then DEFERRED)."""
         if request.id is not None:
+            if self.protocol_version == v2.V2:
+                result = v2.result(request.method, result)
             self.send(jsonrpc.result_reply(request.id, result))
 
     def send(self, message: JsonObject) -> None:
-        self.send_text(jsonrpc.encode(message))
+        """Queue one message; a reply to a request of a batch joins the batch's array."""
+        msg_id = message.get("id") if "method" not in message else None
+        batch = self._batched.pop(msg_id, None) if msg_id is not None else None
+        if batch is not None:
+            batch.replies.append(message)
+        else:
+            self.send_text(jsonrpc.encode(message))
 
     def send_text(self, text: str) -> None:
         """Queue one frame; a client that lets the queue overflow is cut off."""
@@ -192,6 +252,8 @@ class ClientConnection:
                     await self.ws.send(text)
                 except ConnectionClosed:
                     return
+                except (TypeError, ValueError):
+                    log.exception("could not send a frame to %s; dropped it", self.id)
 
     async def request_client(self, method: str, params: JsonObject) -> Any:
         """Send a request to the client and wait for its answer.
@@ -199,6 +261,8 @@ class ClientConnection:
         Cancelling the wait tells the client the request is settled
         (``$/cancel_request``).
         """
+        if self.protocol_version == v2.V2:
+            params = v2.client_request(method, params)
         msg_id, future = self._pending.open()
         self.send(jsonrpc.request(msg_id, method, params))
         try:
@@ -231,15 +295,53 @@ class ClientConnection:
             raise
         if replay_after is None or replay_after >= head:
             session.delivered = head
+            session.turn = await self._turn_at(tenant, session_id, head)
             return
         events = await self.methods.log.read(tenant, session_id, after=replay_after, until=head)
+        if not events or events[0].seq != replay_after + 1:
+            await self.deactivate(session_id)
+            raise jsonrpc.invalid_params("the position is no longer in the session's log")
         session.delivered = replay_after
+        session.turn = await self._turn_at(tenant, session_id, replay_after)
         if replay_now:
             for event in events:
                 self._emit(session, event, replay=True)
         else:
             assert session.held is not None
             session.held[:0] = events
+
+    async def _turn_at(self, tenant: str, session_id: str, seq: int) -> int | None:
+        """The prompt turn open after event ``seq``, which a v2 viewer's message ids need."""
+        if self.protocol_version != v2.V2:
+            return None
+        until = seq
+        while until > 0:
+            after = max(0, until - _TURN_SCAN)
+            events = await self.methods.log.read(tenant, session_id, after=after, until=until)
+            found, turn = v2_render.open_turn(events)
+            if found:
+                return turn
+            until = after
+        return None
+
+    def hold(self, session_id: str) -> None:
+        """Hold the session's live events back until :meth:`release` (a reply goes first)."""
+        session = self.active.get(session_id)
+        if session is not None and session.held is None:
+            session.held = []
+
+    def expect_prompt(self, session_id: str, prompt_id: str) -> asyncio.Future[int]:
+        """A future for the seq of the ``prompt`` event ``prompt_id``, once it reaches here."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        session = self.active.get(session_id)
+        if session is not None:
+            session.prompts[prompt_id] = future
+        return future
+
+    def forget_prompt(self, session_id: str, prompt_id: str) -> None:
+        session = self.active.get(session_id)
+        if session is not None:
+            session.prompts.pop(prompt_id, None)
 
     def release(self, session_id: str) -> None:
         """Send the events held back while a session was being activated."""
@@ -263,6 +365,10 @@ class ClientConnection:
         session = self.active.get(session_id)
         if session is None:
             return
+        if event.type == EventType.PROMPT and session.prompts:
+            accepted = session.prompts.pop(str(event.body.get("promptId")), None)
+            if accepted is not None and not accepted.done():
+                accepted.set_result(event.seq)
         if session.held is not None:
             session.held.append(event)
         else:
@@ -282,14 +388,21 @@ class ClientConnection:
         if event.seq <= session.delivered:
             return
         session.delivered = event.seq
-        own_prompt = not replay and event.type == EventType.PROMPT and origin_of(event) == self.id
-        if not own_prompt:
-            for text in _frames(event, session.session_id):
-                self.send_text(text)
+        for text in self._frames(session, event, replay=replay):
+            self.send_text(text)
         if session.waiters:
             self._wake_waiters(session)
         if event.type == EventType.DELETED:
             self._spawn(self.deactivate(session.session_id))
+
+    def _frames(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
+        """What this connection is sent for an event, in its protocol version."""
+        if self.protocol_version == v2.V2:
+            turn, session.turn = session.turn, v2_render.next_turn(event, session.turn)
+            return _v2_frames(event, session.session_id, turn)
+        # v1: the window that typed a prompt does not get it echoed back (live).
+        own_prompt = not replay and event.type == EventType.PROMPT and origin_of(event) == self.id
+        return [] if own_prompt else _frames(event, session.session_id)
 
     @staticmethod
     def _wake_waiters(session: ActiveSession) -> None:
@@ -302,14 +415,15 @@ class ClientConnection:
                 still.append((seq, future))
         session.waiters = still
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run work tied to this connection's life."""
-        self._spawn(coro)
+        return self._spawn(coro)
 
 
 class Deferred:
@@ -325,4 +439,14 @@ def _frames(event: LogEvent, session_id: str) -> list[str]:
     if frames is None:
         frames = [jsonrpc.encode(m) for m in session_updates(event, session_id)]
         event.frames["v1"] = frames
+    return frames
+
+
+def _v2_frames(event: LogEvent, session_id: str, turn: int | None) -> list[str]:
+    """The v2 frames of an event in a turn, serialized once and shared by every v2 viewer."""
+    key = v2_render.frame_key(turn)
+    frames = event.frames.get(key)
+    if frames is None:
+        frames = [jsonrpc.encode(m) for m in v2_render.session_updates(event, session_id, turn)]
+        event.frames[key] = frames
     return frames

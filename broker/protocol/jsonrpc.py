@@ -81,15 +81,65 @@ class Invalid:
     reply: JsonObject | None
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A JSON-RPC batch: its entries in order, each a message or what to answer instead."""
+
+    entries: tuple[Message | Invalid, ...]
+
+
 def parse_frame(text: str | bytes, *, max_depth: int = 64) -> Message | Invalid:
     """Parse one text frame into a message, or say what to answer instead."""
+    decoded = _decode(text, max_depth)
+    return decoded if isinstance(decoded, Invalid) else parse_message(decoded.data)
+
+
+def parse_frame_or_batch(text: str | bytes, *, max_depth: int = 64) -> Message | Invalid | Batch:
+    """:func:`parse_frame` for a peer that may also send batches (ACP v2)."""
+    decoded = _decode(text, max_depth)
+    if isinstance(decoded, Invalid):
+        return decoded
+    if isinstance(decoded.data, list):
+        return parse_batch(decoded.data)
+    return parse_message(decoded.data)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    data: Any
+
+
+def _decode(text: str | bytes, max_depth: int) -> _Decoded | Invalid:
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_reject_constant)
+        # Lone surrogates are valid JSON escapes but not Unicode: nothing holding one could
+        # be stored or sent on, so such a frame is refused here, at the edge.
+        if _has_unicode_escape(text):
+            encode(data).encode()
     except (ValueError, RecursionError):
         return Invalid(error_reply(None, RpcError(PARSE_ERROR, "Parse error: not valid JSON")))
     if _depth_exceeds(data, max_depth):
         return Invalid(error_reply(None, RpcError(INVALID_REQUEST, "message nested too deeply")))
-    return parse_message(data)
+    return _Decoded(data)
+
+
+def parse_batch(items: list[Any]) -> Batch | Invalid:
+    """A batch array as JSON-RPC 2.0 (and ACP v2's transports page) has it.
+
+    An empty array earns one Invalid Request (not an array); each invalid entry
+    of a non-empty one earns its own Invalid Request with ``id: null``.
+    """
+    if not items:
+        return Invalid(error_reply(None, RpcError(INVALID_REQUEST, "Invalid Request: empty batch")))
+    return Batch(tuple(_batch_entry(item) for item in items))
+
+
+def _batch_entry(item: Any) -> Message | Invalid:
+    message = parse_message(item)
+    reply = message.reply if isinstance(message, Invalid) else None
+    if reply is not None and reply["error"]["code"] == INVALID_REQUEST:
+        return Invalid({**reply, "id": None})
+    return message
 
 
 def parse_message(data: Any) -> Message | Invalid:
@@ -97,18 +147,27 @@ def parse_message(data: Any) -> Message | Invalid:
     if not isinstance(data, dict) or data.get("jsonrpc") != "2.0":
         return Invalid(_invalid_request(data))
     msg_id = data.get("id")
+    if "method" not in data and ("result" in data or "error" in data):
+        return _parse_response(data, msg_id)
     if "id" in data and not _valid_id(msg_id):
         return Invalid(
             error_reply(None, RpcError(INVALID_REQUEST, "id must be a string or an integer"))
         )
     if "method" in data:
         return _parse_request(data, msg_id)
-    if "result" in data or "error" in data:
-        if not _valid_id(msg_id) or msg_id is None:
-            return Invalid(None)  # a reply we cannot correlate: nothing to answer
-        error = data.get("error")
-        return Response(msg_id, data.get("result"), error if isinstance(error, dict) else None)
     return Invalid(_invalid_request(data))
+
+
+def _parse_response(data: JsonObject, msg_id: Any) -> Message | Invalid:
+    """A reply: never answered, even when malformed (that would start an error ping-pong)."""
+    if not _valid_id(msg_id) or msg_id is None:
+        return Invalid(None)
+    if "error" in data:
+        error = data["error"]
+        if not isinstance(error, dict) or not _is_int(error.get("code")):
+            error = {"code": INTERNAL_ERROR, "message": "malformed error reply", "data": error}
+        return Response(msg_id, None, error)
+    return Response(msg_id, data.get("result"), None)
 
 
 def _parse_request(data: JsonObject, msg_id: Any) -> Message | Invalid:
@@ -129,6 +188,18 @@ def _invalid_request(data: Any) -> JsonObject:
     return error_reply(
         msg_id, RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
     )
+
+
+def _has_unicode_escape(text: str | bytes) -> bool:
+    return b"\\u" in text if isinstance(text, bytes) else "\\u" in text
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _valid_id(value: Any) -> bool:
@@ -175,3 +246,8 @@ def notification(method: str, params: Any) -> JsonObject:
 def encode(message: JsonObject) -> str:
     """One message as compact JSON text: one frame, or one line of stdio."""
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_batch(messages: list[JsonObject]) -> str:
+    """A batch reply (never empty) as one frame."""
+    return json.dumps(messages, separators=(",", ":"), ensure_ascii=False)

@@ -37,9 +37,10 @@ class PendingRequests:
             return False
         if response.error is not None:
             err = response.error
-            future.set_exception(
-                RpcError(int(err.get("code", -32603)), str(err.get("message", "")), err.get("data"))
-            )
+            code = err.get("code")
+            if not isinstance(code, int) or isinstance(code, bool):
+                code = -32603
+            future.set_exception(RpcError(code, str(err.get("message", "")), err.get("data")))
         else:
             future.set_result(response.result)
         return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.events import EventType, JsonObject, LogEvent
-from .jsonrpc import notification
+from .jsonrpc import invalid_params, notification
 
 POSITION_META = "acpBroker/position"
 """``_meta`` key of every ``session/update`` the broker sends: ``{"seq": n, "epoch": e}``."""
@@ -21,6 +21,14 @@ NOTICE_META = "acpBroker/notice"
 
 def position_meta(event: LogEvent) -> JsonObject:
     return {POSITION_META: {"seq": event.seq, "epoch": event.epoch}}
+
+
+def check_position(seq: int, epoch: str, *, log_epoch: str, head: int) -> None:
+    """A position a client gives back must be of this log and not ahead of it (-32602)."""
+    if epoch != log_epoch:
+        raise invalid_params("the position belongs to another log (epoch mismatch)")
+    if seq > head:
+        raise invalid_params("the position is ahead of the session's log")
 
 
 def session_updates(event: LogEvent, session_id: str) -> list[JsonObject]:

@@ -49,12 +49,14 @@ class CursorCodec:
     def decode(self, cursor: str, fingerprint: str) -> str:
         """The position a cursor holds; :class:`InvalidCursor` unless it is genuine and ours."""
         payload, sep, tag = cursor.partition(".")
-        if not sep or not payload:
+        if not sep or not payload or not cursor.isascii():
             raise InvalidCursor("malformed cursor")
         try:
             given = _unb64(tag)
         except ValueError:
             raise InvalidCursor("malformed cursor") from None
+        if _b64(given) != tag:  # only the one spelling we issue, not equivalent variants
+            raise InvalidCursor("malformed cursor")
         if not any(hmac.compare_digest(given, self._tag(key, payload)) for key in self._keys):
             raise InvalidCursor("cursor signature does not match")
         data = json.loads(_unb64(payload))

@@ -1,0 +1,138 @@
+"""How log events look on the wire to an ACP v2 client.
+
+Pure: an event, the session id and the *turn* in effect (the seq of the
+``prompt`` event whose foreground work is running, or None) in, the
+``session/update`` notifications out. Everything v2 needs and the v1 agent
+does not say is derived from the log, so a replay renders exactly what the
+live stream rendered:
+
+- a ``prompt`` is the ``user_message`` (id from its epoch and seq) and
+  ``state_update: running``; its ``prompt_end`` is ``state_update: idle`` with
+  the stop reason; a ``state`` event (the agent waits on a client) is
+  ``requires_action`` and then ``running`` again;
+- the agent's chunks during a turn share one ``messageId`` per role (reply,
+  thought), derived from the turn; outside a turn, from their own seq;
+- a broker notice is a whole ``agent_message``.
+
+Every notification carries the broker position in ``_meta`` as v1 does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..store.events import EventType, LogEvent
+from . import v2_translate
+from .jsonrpc import JsonObject, notification
+from .render import NOTICE_META, position_meta
+
+ERROR_STOP_REASON = "_acpbroker_error"
+"""Stop reason of a turn that ended in an error (the agent failed): a custom v2 value."""
+ERROR_META = "acpBroker/error"
+"""``_meta`` key of that idle ``state_update``: the JSON-RPC error that ended the turn."""
+FRAME_KEY = "v2"
+
+
+def frame_key(turn: int | None) -> str:
+    """The key of an event's cached v2 frames: they depend on the turn in effect."""
+    return f"{FRAME_KEY}:{turn}"
+
+
+def session_updates(event: LogEvent, session_id: str, turn: int | None) -> list[JsonObject]:
+    """The v2 ``session/update`` notifications an event stands for."""
+    meta = position_meta(event)
+    return [
+        notification("session/update", {"sessionId": session_id, "update": u, "_meta": meta})
+        for u in updates_of(event, turn)
+    ]
+
+
+def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
+    """The v2 update payloads of one event (none for internal events)."""
+    body, kind = event.body, event.type
+    if kind == EventType.UPDATE and isinstance(body.get("update"), dict):
+        translated = v2_translate.update(
+            body["update"],
+            lambda role, own: message_id(event, role, turn, own),
+            plan_id(event),
+        )
+        return [translated] if translated is not None else []
+    if kind == EventType.PROMPT:
+        return [_user_message(event), state_update("running")]
+    if kind == EventType.PROMPT_END:
+        return [_idle(event)]
+    if kind == EventType.STATE and isinstance(body.get("state"), str):
+        return [state_update(body["state"])]
+    if kind == EventType.NOTICE:
+        return [_notice(event)]
+    return []
+
+
+def message_id(event: LogEvent, role: str, turn: int | None, own: str | None = None) -> str:
+    """A stable, unique message id: the log's epoch, the turn (or the event's seq), the role.
+
+    An id the agent gave its chunk is kept, scoped to the turn, so messages it
+    separates stay separate.
+    """
+    base = f"msg_{event.epoch}_{turn if turn is not None else event.seq}_{role}"
+    return base if own is None else f"{base}_{own}"
+
+
+def plan_id(event: LogEvent) -> str:
+    """v1 has one plan per session, so one v2 plan id per log."""
+    return f"plan_{event.epoch}"
+
+
+def state_update(state: str, **fields: object) -> JsonObject:
+    return {"sessionUpdate": "state_update", "state": state, **fields}
+
+
+def _user_message(event: LogEvent) -> JsonObject:
+    content = event.body.get("prompt")
+    return {
+        "sessionUpdate": "user_message",
+        "messageId": message_id(event, "user", event.seq),
+        "content": content if isinstance(content, list) else [],
+    }
+
+
+def _idle(event: LogEvent) -> JsonObject:
+    body = event.body
+    if isinstance(body.get("error"), dict):
+        return state_update("idle", stopReason=ERROR_STOP_REASON, _meta={ERROR_META: body["error"]})
+    reason = body.get("stopReason")
+    if isinstance(reason, str):
+        return state_update("idle", stopReason=reason)
+    return state_update("idle")
+
+
+def _notice(event: LogEvent) -> JsonObject:
+    return {
+        "sessionUpdate": "agent_message",
+        "messageId": message_id(event, "notice", None),
+        "content": [{"type": "text", "text": str(event.body.get("text", ""))}],
+        "_meta": {NOTICE_META: True},
+    }
+
+
+# -- the turn in effect ---------------------------------------------------------------------
+
+
+def next_turn(event: LogEvent, turn: int | None) -> int | None:
+    """The turn in effect after ``event``: a prompt opens one, its end closes it."""
+    if event.type == EventType.PROMPT:
+        return event.seq
+    if event.type == EventType.PROMPT_END:
+        return None
+    return turn
+
+
+def open_turn(events: Sequence[LogEvent]) -> tuple[bool, int | None]:
+    """Scan consecutive events backwards from the last: (found a prompt boundary, the turn).
+
+    Not found means the turn is decided by the events before these.
+    """
+    for event in reversed(events):
+        if event.type in (EventType.PROMPT, EventType.PROMPT_END):
+            return True, next_turn(event, None)
+    return False, None
