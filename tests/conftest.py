@@ -92,3 +92,22 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session() -> Iterator[Any]:
+    from .support.redis_cluster import redis_cluster
+
+    with redis_cluster() as info:
+        yield info
+
+
+@pytest.fixture
+def redis_cluster_info(redis_cluster_session: Any) -> Any:
+    """A real 3-master Redis Cluster (with replicas), emptied for this test."""
+    redis_cluster_session.wait_ok()
+    for port in redis_cluster_session.ports:
+        with redis_cluster_session.client(port) as node:
+            if node.info("replication")["role"] == "master":
+                node.flushall()
+    return redis_cluster_session

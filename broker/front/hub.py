@@ -20,7 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..store.client import Store
+from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
@@ -82,14 +82,26 @@ class FanoutHub:
         self._pubsub: Any = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._process_lock = asyncio.Lock()
+        self._node_readers: dict[str, asyncio.Task[Any]] = {}
 
     async def start(self) -> None:
+        if is_cluster(self.redis):
+            await self.redis.initialize()  # pub/sub needs the slot map before any command
         self._pubsub = self.redis.pubsub()
         await self._pubsub.ssubscribe(self.node_channel)
-        self._tasks = [
-            asyncio.create_task(self._read_loop(), name="hub-reader"),
-            asyncio.create_task(self._check_loop(), name="hub-position-check"),
-        ]
+        self._tasks = [asyncio.create_task(self._check_loop(), name="hub-position-check")]
+        if is_cluster(self.redis):
+            self._watch_cluster_nodes()
+        else:
+            self._tasks.append(asyncio.create_task(self._read_loop(), name="hub-reader"))
+
+    def _watch_cluster_nodes(self) -> None:
+        """One reader per cluster node the subscriptions live on (nodes change on failover)."""
+        for name in list(self._pubsub.node_pubsub_mapping):
+            if name not in self._node_readers:
+                task = asyncio.create_task(self._read_loop(name), name=f"hub-reader-{name}")
+                self._node_readers[name] = task
+                self._tasks.append(task)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -138,6 +150,8 @@ class FanoutHub:
 
     async def _open(self, feed: SessionFeed) -> None:
         await self._pubsub.ssubscribe(feed.keys.channel)
+        if is_cluster(self.redis):
+            self._watch_cluster_nodes()
         await asyncio.wait_for(asyncio.shield(feed.confirmed), 10.0)
         snap = await self.redis.hmget(feed.keys.snapshot, ["seq", "epoch"])
         if snap[0] is None:
@@ -149,10 +163,20 @@ class FanoutHub:
                 await self._accept(feed, seq, epoch, event)
         feed.ready.set_result(None)
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, node_name: str | None = None) -> None:
+        """Read live messages: from the one connection, or from one cluster node's."""
         while True:
             try:
-                message = await self._pubsub.get_message(timeout=1.0)
+                if node_name is None:
+                    message = await self._pubsub.get_message(timeout=1.0)
+                elif node_name not in self._pubsub.node_pubsub_mapping:
+                    self._node_readers.pop(node_name, None)
+                    return  # that node no longer holds any of our subscriptions
+                else:
+                    node = self.redis.get_node(node_name=node_name)
+                    message = await self._pubsub.get_sharded_message(
+                        target_node=node, timeout=1.0
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -237,6 +261,8 @@ class FanoutHub:
 
     async def check_positions(self) -> None:
         """Compare every live feed with its snapshot and fill what pub/sub lost."""
+        if is_cluster(self.redis):
+            self._watch_cluster_nodes()
         feeds = [f for f in self._feeds.values() if f.last is not None]
         if not feeds:
             return

@@ -10,19 +10,35 @@ import logging
 from typing import Any
 
 import fakeredis
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 log = logging.getLogger(__name__)
 
 Store = Any
-"""A ``redis.asyncio.Redis`` (or a fakeredis stand-in) with ``decode_responses=True``."""
+"""A ``redis.asyncio.Redis`` or ``RedisCluster`` (or a fakeredis stand-in), decoding to str."""
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
 def connect(url: str | None) -> Store:
-    """A client for ``url``, or for a new embedded store when ``url`` is None."""
+    """A client for ``url``, or for a new embedded store when ``url`` is None.
+
+    ``redis+cluster://HOST:PORT`` (or ``rediss+cluster://``) names any node of a Redis
+    Cluster; the client discovers the rest and follows MOVED/ASK and failovers.
+    """
     if url is None:
         return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in CLUSTER_SCHEMES:
+        return RedisCluster.from_url(
+            f"{CLUSTER_SCHEMES[scheme]}://{rest}", decode_responses=True, health_check_interval=30
+        )
     return Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+def is_cluster(redis: Store) -> bool:
+    """Whether keys of different slots must be read separately (Redis Cluster)."""
+    return isinstance(redis, RedisCluster)
 
 
 def embedded_warning() -> str:

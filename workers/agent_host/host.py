@@ -43,10 +43,15 @@ CLIENT_CAPABILITIES: JsonObject = {
 }
 """What the broker tells agents its clients can do; requests go to a client that can."""
 
+USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
+"""Agent requests that block the running prompt on a person: logged as ``state`` events."""
+
 _NO_RESTORE_NOTICE = (
     "The agent could not load or resume this session, so it starts afresh: it does not "
     "remember the conversation above. The broker's log still holds all of it."
 )
+
+_MAX_ORPHANS = 100
 
 _ABANDONED_PROMPT: JsonObject = {
     "code": INTERNAL_ERROR,
@@ -107,6 +112,7 @@ class AgentHost(AgentEvents):
         self._by_agent_sid: dict[tuple[int, str], HeldSession] = {}
         self._restore_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._orphans: dict[tuple[int, str], list[JsonObject]] = {}
 
     # -- commands -------------------------------------------------------------------------
 
@@ -295,12 +301,15 @@ class AgentHost(AgentEvents):
     async def on_agent_notification(self, agent: AgentProcess, request: Request) -> None:
         if request.method != "session/update":
             return
-        held = self._by_agent_sid.get((id(agent), str(request.params.get("sessionId"))))
+        key = (id(agent), str(request.params.get("sessionId")))
+        held = self._by_agent_sid.get(key)
         update = request.params.get("update")
-        if held is None or held.restoring or not isinstance(update, dict):
+        if not isinstance(update, dict) or (held is not None and held.restoring):
             return
         body: JsonObject = {"type": EventType.UPDATE, "update": update}
-        if held.ready:
+        if held is None:
+            self._keep_orphan(key, body)
+        elif held.ready:
             await self._append(held, body)
         else:
             held.early.append(body)
@@ -310,6 +319,9 @@ class AgentHost(AgentEvents):
         if held is None:
             raise not_found("session")
         params = {**request.params, "sessionId": held.session_id}
+        waits = request.method in USER_ACTIONS and held.prompt_task is not None
+        if waits:
+            await self._append(held, {"type": EventType.STATE, "state": "requires_action"})
         task = asyncio.ensure_future(
             self.clients.request_client(
                 held.tenant, held.session_id, request.method, params, held.prompt_origin
@@ -324,6 +336,8 @@ class AgentHost(AgentEvents):
             raise RpcError(INTERNAL_ERROR, "the prompt was cancelled") from None
         finally:
             held.client_requests.discard(task)
+            if waits and not task.cancelled() and held.prompt_task is not None:
+                await self._append(held, {"type": EventType.STATE, "state": "running"})
 
     def on_agent_failed(self, agent: AgentProcess, reason: str) -> None:
         if self._processes.get(agent.name) is agent:
@@ -376,7 +390,17 @@ class AgentHost(AgentEvents):
         held = HeldSession(tenant, session_id, process, agent_sid, fence)
         self._held[session_id] = held
         self._by_agent_sid[(id(process), agent_sid)] = held
+        held.early.extend(self._orphans.pop((id(process), agent_sid), []))
         return held
+
+    def _keep_orphan(self, key: tuple[int, str], body: JsonObject) -> None:
+        """An update for an agent session not mapped yet: the agent can speak about a new
+        session before we have read its reply to session/new. Kept (boundedly) until then."""
+        if key not in self._orphans and len(self._orphans) >= _MAX_ORPHANS:
+            self._orphans.pop(next(iter(self._orphans)))
+        updates = self._orphans.setdefault(key, [])
+        if len(updates) < _MAX_ORPHANS:
+            updates.append(body)
 
     def _drop(self, held: HeldSession) -> None:
         if self._held.get(held.session_id) is held:

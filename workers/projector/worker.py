@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.store.client import Store
+from broker.store.client import Store, is_cluster
 from broker.store.index import SessionIndex
 from broker.store.keys import PARTITIONS, feed_key
 from broker.store.log import SessionLog, SessionMissing
@@ -36,6 +36,7 @@ class Projector:
         self.log = SessionLog(redis)
         self.index = SessionIndex(redis)
         self.batch = batch
+        self.poll_interval = 0.05
         self.block_ms = block_ms
         self.name = name or f"projector-{secrets.token_hex(4)}"
         self.feeds = [feed_key(p) for p in range(PARTITIONS)]
@@ -67,21 +68,32 @@ class Projector:
                 await asyncio.sleep(1.0)
 
     async def _drain(self, *, pending: bool) -> None:
-        streams = {feed: ("0" if pending else ">") for feed in self.feeds}
         while True:
-            replies = await self.redis.xreadgroup(
-                GROUP,
-                self.name,
-                streams,
-                count=self.batch,
-                block=None if pending else self.block_ms,
-            )
-            entries = [(feed, entries) for feed, entries in replies or [] if entries]
+            entries = await self._read(pending)
             if not entries:
                 return
             await self._apply(entries)
             if not pending:
                 return
+
+    async def _read(self, pending: bool) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
+        """Notices from every feed: one blocking read, or (Cluster) a poll of each feed."""
+        start = "0" if pending else ">"
+        if not is_cluster(self.redis):
+            replies = await self.redis.xreadgroup(
+                GROUP, self.name, dict.fromkeys(self.feeds, start), count=self.batch,
+                block=None if pending else self.block_ms,
+            )
+            return [(feed, entries) for feed, entries in replies or [] if entries]
+        # The feeds live in different slots, which one command may not span in a cluster.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for feed in self.feeds:
+                pipe.xreadgroup(GROUP, self.name, {feed: start}, count=self.batch)
+            replies = await pipe.execute()
+        found = [(f, e) for reply in replies for f, e in (reply or []) if e]
+        if not found and not pending:
+            await asyncio.sleep(self.poll_interval)
+        return found
 
     async def _apply(self, replies: list[tuple[str, list[tuple[str, dict[str, str]]]]]) -> None:
         sessions: set[tuple[str, str]] = set()
