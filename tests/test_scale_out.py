@@ -11,7 +11,7 @@ from broker.store.keys import lease_key
 from broker.store.log import SessionLog
 
 from .support.broker_process import broker_process
-from .support.client import RawClient, text, wait_for
+from .support.client import RawClient, text
 from .support.roles import role_process
 
 FRONT_ONLY = ("--no-workers",)

@@ -71,7 +71,12 @@ class AgentGateway(Protocol):
     async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject: ...
 
     async def prompt(
-        self, tenant: str, session_id: str, params: JsonObject, origin: str
+        self,
+        tenant: str,
+        session_id: str,
+        params: JsonObject,
+        origin: str,
+        prompt_id: str | None = None,
     ) -> PromptOutcome: ...
 
     async def cancel(self, tenant: str, session_id: str) -> None: ...
@@ -154,9 +159,15 @@ class RemoteAgents(AgentGateway):
         return dict(await self._call("attach", tenant, session_id, {"params": params}))
 
     async def prompt(
-        self, tenant: str, session_id: str, params: JsonObject, origin: str
+        self,
+        tenant: str,
+        session_id: str,
+        params: JsonObject,
+        origin: str,
+        prompt_id: str | None = None,
     ) -> PromptOutcome:
-        prompt_id = secrets.token_hex(8)
+        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event."""
+        prompt_id = prompt_id or secrets.token_hex(8)
         ended: asyncio.Future[LogEvent] = asyncio.get_running_loop().create_future()
         self._prompts[prompt_id] = ended
         call = asyncio.ensure_future(

@@ -163,5 +163,3 @@ def _host(settings: Settings) -> str:
 def http_url(settings: Settings, port: int) -> str:
     """The base URL of the HTTP listener."""
     return f"http://{_host(settings)}:{port}"
-
-

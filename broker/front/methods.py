@@ -9,11 +9,12 @@ return :data:`DEFERRED`.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
+from ..protocol import v2
 from ..protocol.jsonrpc import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -23,7 +24,7 @@ from ..protocol.jsonrpc import (
     invalid_params,
     not_found,
 )
-from ..protocol.render import POSITION_META
+from ..protocol.render import POSITION_META, check_position
 from ..store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ..store.events import EventType, SessionSnapshot
 from ..store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
@@ -59,7 +60,7 @@ class AcpMethods:
             raise RpcError(
                 INVALID_REQUEST, "the connection is not initialized: send initialize first"
             )
-        handler = _HANDLERS.get(request.method)
+        handler = _surface(conn.protocol_version).get(request.method)
         if handler is None:
             if request.is_notification:
                 return None  # unknown notifications are ignored, as JSON-RPC and ACP say
@@ -74,10 +75,14 @@ class AcpMethods:
         version = request.params.get("protocolVersion")
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise invalid_params("protocolVersion must be a non-negative integer")
-        caps = request.params.get("clientCapabilities")
+        negotiated = v2.negotiate(version)
+        caps_field = "clientCapabilities" if negotiated == PROTOCOL_VERSION else "capabilities"
+        caps = request.params.get(caps_field)
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
-        conn.protocol_version = PROTOCOL_VERSION
+        conn.protocol_version = negotiated
         await self.host.refresh_capabilities()
+        if negotiated == v2.V2:
+            return v2.initialize_result(self.host.prompt_capabilities())
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -94,7 +99,7 @@ class AcpMethods:
                 },
             },
             "authMethods": [],
-            "agentInfo": {"name": "acp-broker", "title": "ACP Broker", "version": "0.1.0"},
+            "agentInfo": dict(v2.BROKER_INFO),
         }
 
     # -- session setup ----------------------------------------------------------------------
@@ -122,24 +127,28 @@ class AcpMethods:
         session_id, reply = await self.host.new_session(
             conn.tenant, agent_params, agent=agent, kind=kind, meta=user_meta, origin=conn.id
         )
-        await self._project(conn.tenant, session_id)
+        await self.project(conn.tenant, session_id)
         await conn.activate(conn.tenant, session_id, replay_after=0, replay_now=False)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
 
     async def session_load(self, conn: ClientConnection, request: Request) -> Any:
-        snapshot, after = await self._reopen(conn, request, replay_default=0)
-        reply = await self.host.attach(
-            conn.tenant, snapshot.session_id, self._agent_params(request)
-        )
-        await conn.activate(conn.tenant, snapshot.session_id, replay_after=after, replay_now=True)
-        conn.reply(request, _without_session_id(reply))
-        conn.release(snapshot.session_id)
-        return DEFERRED
+        snapshot, after = await self.reopen(conn, request, replay_default=0)
+        return await self.reattach(conn, request, snapshot, after)
 
     async def session_resume(self, conn: ClientConnection, request: Request) -> Any:
-        snapshot, after = await self._reopen(conn, request, replay_default=None)
+        snapshot, after = await self.reopen(conn, request, replay_default=None)
+        return await self.reattach(conn, request, snapshot, after)
+
+    async def reattach(
+        self,
+        conn: ClientConnection,
+        request: Request,
+        snapshot: SessionSnapshot,
+        after: int | None,
+    ) -> Any:
+        """Have an agent hold the session, replay what comes after ``after``, then answer."""
         reply = await self.host.attach(
             conn.tenant, snapshot.session_id, self._agent_params(request)
         )
@@ -148,7 +157,7 @@ class AcpMethods:
         conn.release(snapshot.session_id)
         return DEFERRED
 
-    async def _reopen(
+    async def reopen(
         self, conn: ClientConnection, request: Request, *, replay_default: int | None
     ) -> tuple[SessionSnapshot, int | None]:
         params = request.params
@@ -173,11 +182,11 @@ class AcpMethods:
     # -- prompt turn ------------------------------------------------------------------------
 
     async def session_prompt(self, conn: ClientConnection, request: Request) -> Any:
-        session_id = self._active(conn, request.params)
+        session_id = self.active_session(conn, request.params)
         if not isinstance(request.params.get("prompt"), list):
             raise invalid_params("prompt must be a list of content blocks")
         outcome = await self.host.prompt(conn.tenant, session_id, request.params, conn.id)
-        await self._project(conn.tenant, session_id)
+        await self.project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)
         return outcome.result
 
@@ -187,13 +196,13 @@ class AcpMethods:
             await self.host.cancel(conn.tenant, session_id)
 
     async def session_set_mode(self, conn: ClientConnection, request: Request) -> Any:
-        session_id = self._active(conn, request.params)
+        session_id = self.active_session(conn, request.params)
         if not isinstance(request.params.get("modeId"), str):
             raise invalid_params("modeId must be a string")
         return await self.host.forward(conn.tenant, session_id, "session/set_mode", request.params)
 
     async def session_set_config_option(self, conn: ClientConnection, request: Request) -> Any:
-        session_id = self._active(conn, request.params)
+        session_id = self.active_session(conn, request.params)
         if not isinstance(request.params.get("configId"), str) or "value" not in request.params:
             raise invalid_params("configId (a string) and value are required")
         method = "session/set_config_option"
@@ -225,7 +234,7 @@ class AcpMethods:
                 snapshot.session_id,
                 {"type": EventType.UPDATE, "update": update, "origin": conn.id},
             )
-            await self._project(conn.tenant, snapshot.session_id)
+            await self.project(conn.tenant, snapshot.session_id)
             conn.reply(request, {})
         finally:
             conn.release(snapshot.session_id)
@@ -234,7 +243,7 @@ class AcpMethods:
     # -- session lifecycle ------------------------------------------------------------------
 
     async def session_close(self, conn: ClientConnection, request: Request) -> JsonObject:
-        session_id = self._active(conn, request.params)
+        session_id = self.active_session(conn, request.params)
         await self.host.close(conn.tenant, session_id, conn.id)
         await conn.deactivate(session_id)
         return {}
@@ -248,7 +257,7 @@ class AcpMethods:
         if not snapshot.deleted:
             await self.log.append(conn.tenant, session_id, {"type": EventType.DELETED})
             await self.host.release(conn.tenant, session_id)
-            await self._project(conn.tenant, session_id)
+            await self.project(conn.tenant, session_id)
         await conn.deactivate(session_id)
         return {}
 
@@ -288,13 +297,14 @@ class AcpMethods:
             raise not_found("session")
         return snapshot
 
-    def _active(self, conn: ClientConnection, params: JsonObject) -> str:
+    def active_session(self, conn: ClientConnection, params: JsonObject) -> str:
+        """The ``sessionId`` of the params, which must be active on the connection (-32002)."""
         session_id = _session_id(params)
         if session_id not in conn.active:
             raise not_found("active session")
         return session_id
 
-    async def _project(self, tenant: str, session_id: str) -> None:
+    async def project(self, tenant: str, session_id: str) -> None:
         """Bring the index up to date now, so the caller's next list sees its change."""
         await self.index.project(await self.log.snapshot(tenant, session_id))
 
@@ -343,10 +353,7 @@ def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
     seq, epoch = value.get("seq"), value.get("epoch")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(epoch, str):
         raise invalid_params(f"{REPLAY_AFTER_META} needs an integer seq and a string epoch")
-    if epoch != snapshot.epoch:
-        raise invalid_params("the position belongs to another log (epoch mismatch)")
-    if seq > snapshot.seq:
-        raise invalid_params("the position is ahead of the session's log")
+    check_position(seq, epoch, log_epoch=snapshot.epoch, head=snapshot.seq)
     return seq
 
 
@@ -366,7 +373,10 @@ def _session_info(row: JsonObject) -> JsonObject:
     return info
 
 
-_HANDLERS: dict[str, Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]]] = {
+MethodHandler = Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]]
+"""An ACP method, unbound: the surfaces of both versions are tables of these."""
+
+_HANDLERS: dict[str, MethodHandler] = {
     "session/new": AcpMethods.session_new,
     "session/load": AcpMethods.session_load,
     "session/resume": AcpMethods.session_resume,
@@ -379,3 +389,12 @@ _HANDLERS: dict[str, Callable[[AcpMethods, ClientConnection, Request], Awaitable
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
 }
+
+
+def _surface(version: int | None) -> Mapping[str, MethodHandler]:
+    """The methods of the negotiated protocol version."""
+    if version == v2.V2:
+        from .methods_v2 import V2_HANDLERS  # here: methods_v2 builds on this module
+
+        return V2_HANDLERS
+    return _HANDLERS

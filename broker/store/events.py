@@ -29,6 +29,7 @@ class EventType(StrEnum):
     STATUS = "status"  # the session's status changed (RUNNING, STOPPED, ERROR)
     BOUND = "bound"  # an agent process took the session: the agent's own session id
     NOTICE = "notice"  # something the broker tells the session's viewers
+    STATE = "state"  # the running prompt waits on a client (requires_action) or runs again
     DELETED = "deleted"  # session/delete
 
 

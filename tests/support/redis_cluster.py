@@ -16,7 +16,6 @@ from pathlib import Path
 import redis
 
 
-
 @dataclass
 class ClusterInfo:
     url: str  # redis+cluster://… as the broker takes it
@@ -65,18 +64,47 @@ def redis_cluster(masters: int = 3, replicas: int = 1) -> Iterator[ClusterInfo]:
         for port in ports:
             folder = root / str(port)
             folder.mkdir()
-            procs.append(subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                 "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        binary,
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        str(folder),
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         for port in ports:
             _wait_ping(port)
         subprocess.run(
-            [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-             "--cluster-replicas", str(replicas), "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+            [
+                cli,
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{p}" for p in ports],
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
         )
         info = ClusterInfo(f"redis+cluster://127.0.0.1:{ports[0]}", ports)
         info.wait_ok()
