@@ -69,7 +69,8 @@ async def role_process(
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), timeout)
         if b"ready" not in line:
-            raise RuntimeError(f"{role} did not start: {log_path.read_text()[-2000:]}")
+            log_text = log_path.read_text()[-2000:]  # noqa: ASYNC240 - a failing start
+            raise RuntimeError(f"{role} did not start: {log_text}")
         node.ready_line = line.decode()
         drain = asyncio.create_task(_drain(proc.stdout))
         yield node
