@@ -58,7 +58,8 @@ async def test_sessions_spread_over_the_cluster_are_created_listed_and_loaded(
 async def test_three_front_nodes_on_the_cluster_see_every_event_in_order(
     redis_cluster_info: Any, tmp_path: Path
 ) -> None:
-    async with cluster_of(redis_cluster_info.url, tmp_path, fronts=3, hosts=1) as (nodes, _):
+    async with cluster_of(redis_cluster_info.url, tmp_path, fronts=3, hosts=1) as deployment:
+        nodes = deployment.nodes
         clients = [await RawClient.connect(node.url) for node in nodes]
         for client in clients:
             await client.initialize()

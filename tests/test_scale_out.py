@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.store.client import connect
 from broker.store.keys import lease_key
@@ -17,10 +19,19 @@ from .support.roles import role_process
 FRONT_ONLY = ("--no-workers",)
 
 
+@dataclass
+class Deployment:
+    """The processes of a multi-node test: front nodes, agent hosts, projectors."""
+
+    nodes: list[Any]
+    hosts: list[Any]
+    projectors: list[Any]
+
+
 @contextlib.asynccontextmanager
 async def cluster_of(
-    redis_url: str, tmp_path: Path, *, fronts: int, hosts: int
-) -> AsyncIterator[tuple[list, list]]:
+    redis_url: str, tmp_path: Path, *, fronts: int, hosts: int, projectors: int = 1
+) -> AsyncIterator[Deployment]:
     async with contextlib.AsyncExitStack() as stack:
         host_procs = [
             await stack.enter_async_context(
@@ -33,9 +44,12 @@ async def cluster_of(
             )
             for i in range(hosts)
         ]
-        await stack.enter_async_context(
-            role_process("projector", redis_url, tmp_path / "projector.log")
-        )
+        projector_procs = [
+            await stack.enter_async_context(
+                role_process("projector", redis_url, tmp_path / f"projector{i}.log")
+            )
+            for i in range(projectors)
+        ]
         nodes = [
             await stack.enter_async_context(
                 broker_process(
@@ -44,7 +58,7 @@ async def cluster_of(
             )
             for i in range(fronts)
         ]
-        yield nodes, host_procs
+        yield Deployment(nodes, host_procs, projector_procs)
 
 
 def _updates(client: RawClient, session_id: str) -> list[dict]:
@@ -66,7 +80,8 @@ def _chunks(client: RawClient, session_id: str) -> list[str]:
 async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_order(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with cluster_of(redis_url, tmp_path, fronts=3, hosts=1) as (nodes, _):
+    async with cluster_of(redis_url, tmp_path, fronts=3, hosts=1) as deployment:
+        nodes = deployment.nodes
         clients = [await RawClient.connect(node.url) for node in nodes]
         for client in clients:
             await client.initialize()
@@ -126,7 +141,8 @@ async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_or
 async def test_a_killed_agent_host_hands_its_sessions_to_another(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with cluster_of(redis_url, tmp_path, fronts=1, hosts=2) as (nodes, hosts):
+    async with cluster_of(redis_url, tmp_path, fronts=1, hosts=2) as deployment:
+        nodes, hosts = deployment.nodes, deployment.hosts
         client = await RawClient.connect(nodes[0].url)
         await client.initialize()
         session_id = (await client.call("session/new", {"cwd": "/tmp/k", "mcpServers": []}))[
@@ -193,7 +209,8 @@ async def _eventually(probe, timeout: float):
 async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=1) as (nodes, _):
+    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=1) as deployment:
+        nodes = deployment.nodes
         first = await RawClient.connect(nodes[0].url)
         await first.initialize()
         session_id = (await first.call("session/new", {"cwd": "/tmp/r", "mcpServers": []}))[
