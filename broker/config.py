@@ -93,6 +93,7 @@ class Settings(BaseSettings):
     workers: bool = True
     lease_ttl: float = Field(default=10.0, gt=0)
     ack_timeout: float = Field(default=2.0, gt=0)
+    drain_timeout: float = Field(default=10.0, ge=0)
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

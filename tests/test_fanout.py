@@ -150,3 +150,30 @@ async def test_every_update_carries_the_broker_position_and_resume_replays_after
     )
     assert ahead["error"]["code"] == -32602
     await second.close()
+
+
+async def test_a_deaf_subscription_is_noticed_and_nothing_is_lost(broker, url: str) -> None:
+    """Pub/sub that silently stops delivering: the probe resubscribes, the log fills the gap."""
+    client = await RawClient.connect(url)
+    await client.initialize()
+    session_id = (await client.call("session/new", {"cwd": "/d", "mcpServers": []}))["result"][
+        "sessionId"
+    ]
+    hub = broker.hub
+    hub.check_interval = 0.1
+    # Make the subscription deaf: unsubscribe behind the hub's back.
+    await hub._pubsub.sunsubscribe(*hub._feeds, hub.node_channel)
+    reply = await client.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 5")}
+    )
+    assert reply["result"]["stopReason"] == "end_turn"
+    chunks = [
+        m["params"]["update"]["content"]["text"]
+        for m in client.inbox
+        if m.get("method") == "session/update"
+        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+    ]
+    assert chunks == [f"chunk {i}" for i in range(1, 6)]
+    # And live delivery works again afterwards.
+    await wait_for(lambda: hub._probes_unanswered == 0, what="probe answered")
+    await client.close()

@@ -108,6 +108,18 @@ class ClientConnection:
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
 
+    async def drain(self, timeout: float) -> None:
+        """Wait (bounded) for the requests in flight to be answered; a prompt is not waited
+        for: it goes on in its agent host, and the client resumes it on another node."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            tasks = [t for r, t in self._inflight.values() if r.method != "session/prompt"]
+            left = deadline - loop.time()
+            if not tasks or left <= 0:
+                return
+            await asyncio.wait(tasks, timeout=left)
+
     def _receive(self, frame: str) -> None:
         """One frame in; whatever it holds, a fault in handling it never ends the connection."""
         try:

@@ -83,17 +83,38 @@ class FanoutHub:
         self._tasks: list[asyncio.Task[Any]] = []
         self._process_lock = asyncio.Lock()
         self._node_readers: dict[str, asyncio.Task[Any]] = {}
+        self._readers: list[asyncio.Task[Any]] = []
+        self._probes_unanswered = 0
 
     async def start(self) -> None:
         if is_cluster(self.redis):
             await self.redis.initialize()  # pub/sub needs the slot map before any command
+        await self._subscribe()
+        self._tasks.append(asyncio.create_task(self._check_loop(), name="hub-position-check"))
+
+    async def _subscribe(self) -> None:
+        """Open the subscription connection(s): this node's channel, every live session's."""
         self._pubsub = self.redis.pubsub()
         await self._pubsub.ssubscribe(self.node_channel)
-        self._tasks = [asyncio.create_task(self._check_loop(), name="hub-position-check")]
+        for channel in self._feeds:
+            await self._pubsub.ssubscribe(channel)
         if is_cluster(self.redis):
             self._watch_cluster_nodes()
         else:
-            self._tasks.append(asyncio.create_task(self._read_loop(), name="hub-reader"))
+            self._readers.append(asyncio.create_task(self._read_loop(), name="hub-reader"))
+
+    async def _resubscribe(self) -> None:
+        """The subscription went deaf: start it over, then fill the gap from the logs."""
+        log.warning("pub/sub liveness probe unanswered: resubscribing")
+        readers, self._readers = self._readers, []
+        self._node_readers.clear()
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()
+        await self._subscribe()
+        self._probes_unanswered = 0
 
     def _watch_cluster_nodes(self) -> None:
         """One reader per cluster node the subscriptions live on (nodes change on failover)."""
@@ -101,14 +122,13 @@ class FanoutHub:
             if name not in self._node_readers:
                 task = asyncio.create_task(self._read_loop(name), name=f"hub-reader-{name}")
                 self._node_readers[name] = task
-                self._tasks.append(task)
+                self._readers.append(task)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = self._tasks + self._readers
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
@@ -189,8 +209,13 @@ class FanoutHub:
     async def _on_message(self, message: dict[str, Any]) -> None:
         channel = message.get("channel")
         if channel == self.node_channel:
-            if message.get("type") == "smessage" and self.listener is not None:
-                self.listener.on_node_message(json.loads(message["data"]))
+            if message.get("type") != "smessage":
+                return
+            data = json.loads(message["data"])
+            if "probe" in data:
+                self._probes_unanswered = 0
+            elif self.listener is not None:
+                self.listener.on_node_message(data)
             return
         feed = self._feeds.get(channel) if isinstance(channel, str) else None
         if feed is None:
@@ -253,11 +278,19 @@ class FanoutHub:
         while True:
             await asyncio.sleep(self.check_interval)
             try:
+                await self._probe()
                 await self.check_positions()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("position check failed")
+
+    async def _probe(self) -> None:
+        """Publish to ourselves: a subscription that stops hearing its own probes is dead."""
+        if self._probes_unanswered >= 2:
+            await self._resubscribe()
+        self._probes_unanswered += 1
+        await self.redis.spublish(self.node_channel, '{"probe":1}')
 
     async def check_positions(self) -> None:
         """Compare every live feed with its snapshot and fill what pub/sub lost."""

@@ -114,7 +114,11 @@ class Broker:
         """
         if self._server is not None:
             self._server.close(close_connections=False)
-            for conn in list(self.connections):
+            connections = list(self.connections)
+            await asyncio.gather(
+                *(conn.drain(self.settings.drain_timeout) for conn in connections)
+            )
+            for conn in connections:
                 with contextlib.suppress(Exception):
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
