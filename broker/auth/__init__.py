@@ -1,0 +1,1 @@
+"""Authentication: who is calling, and which tenant they act for."""

@@ -1,0 +1,125 @@
+"""API tokens: created, listed and revoked with ``acp-broker token …``, stored hashed.
+
+A token reads ``acpb_<id>_<secret>``. Redis keeps, under the id, the tenant, the
+scopes and a SHA-256 of the secret, never the secret itself; verification hashes
+what was presented and compares in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..store.client import Store
+from ..store.keys import PREFIX
+from .principal import AuthError, Principal, Scope
+
+TOKEN_PREFIX = "acpb_"
+
+
+def _key(token_id: str) -> str:
+    return f"{PREFIX}:token:{token_id}"
+
+
+def _index_key() -> str:
+    return f"{PREFIX}:tokens"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """What is stored about a token (no secret)."""
+
+    id: str
+    tenant: str
+    scopes: list[str]
+    name: str
+    created: float
+    revoked: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "scopes": self.scopes,
+            "name": self.name,
+            "created": self.created,
+            "revoked": self.revoked,
+        }
+
+
+class TokenStore:
+    """API tokens in Redis."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = redis
+
+    async def create(self, tenant: str, scopes: list[str], name: str = "") -> tuple[str, TokenInfo]:
+        """A new token: returns the token (shown once) and what is stored about it."""
+        unknown = set(scopes) - set(Scope)
+        if unknown or not scopes:
+            raise ValueError(f"scopes must be some of {', '.join(Scope)}; got {scopes}")
+        if not tenant or not tenant.replace("-", "").replace("_", "").isalnum():
+            raise ValueError("tenant must be letters, digits, '-' or '_'")
+        token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
+        info = TokenInfo(token_id, tenant, sorted(set(scopes)), name, time.time(), False)
+        record = {**info.to_json(), "hash": _digest(secret)}
+        await self.redis.set(_key(token_id), json.dumps(record))
+        await self.redis.sadd(_index_key(), token_id)
+        return f"{TOKEN_PREFIX}{token_id}_{secret}", info
+
+    async def list(self, tenant: str | None = None) -> list[TokenInfo]:
+        infos = []
+        for token_id in sorted(await self.redis.smembers(_index_key())):
+            raw = await self.redis.get(_key(token_id))
+            if raw:
+                info = _info(json.loads(raw))
+                if tenant is None or info.tenant == tenant:
+                    infos.append(info)
+        return infos
+
+    async def revoke(self, token_id: str) -> bool:
+        """Revoke a token; False if there is no such token."""
+        raw = await self.redis.get(_key(token_id))
+        if not raw:
+            return False
+        record = json.loads(raw)
+        record["revoked"] = True
+        await self.redis.set(_key(token_id), json.dumps(record))
+        return True
+
+    async def verify(self, token: str) -> Principal:
+        """The principal a token stands for; :class:`AuthError` unless it is valid."""
+        if not token.startswith(TOKEN_PREFIX):
+            raise AuthError("not an API token")
+        token_id, sep, secret = token.removeprefix(TOKEN_PREFIX).partition("_")
+        if not sep or not token_id.isalnum() or not secret:
+            raise AuthError("malformed API token")
+        raw = await self.redis.get(_key(token_id))
+        record: dict[str, Any] = (
+            json.loads(raw) if raw else {"hash": _digest("\0"), "revoked": True}
+        )
+        # Compare even for unknown ids, so timing does not tell which ids exist.
+        matches = hmac.compare_digest(str(record["hash"]), _digest(secret))
+        if not raw or not matches or record.get("revoked"):
+            raise AuthError("unknown or revoked API token")
+        return Principal(record["tenant"], frozenset(record["scopes"]), f"token:{token_id}")
+
+
+def _info(record: dict[str, Any]) -> TokenInfo:
+    return TokenInfo(
+        record["id"],
+        record["tenant"],
+        list(record["scopes"]),
+        record.get("name", ""),
+        float(record["created"]),
+        bool(record.get("revoked")),
+    )
