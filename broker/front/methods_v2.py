@@ -1,0 +1,107 @@
+"""ACP v2 methods, on the same sessions (and logs) as v1.
+
+The shared handlers of :mod:`.methods` do the work wherever the two versions
+agree. This module holds what v2 changes: ``session/resume`` with
+``replayFrom``, ``session/prompt`` answered on acceptance, the ``auth/*``
+names, MCP server configs in their v2 shape; and it leaves out what v2
+removed (``session/load``, ``session/set_mode``). Replies pass through
+:func:`broker.protocol.v2.result` on the connection, updates through
+:mod:`broker.protocol.v2_render`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from ..protocol import v2
+from ..protocol.jsonrpc import METHOD_NOT_FOUND, Request, RpcError, invalid_params
+from .connection import DEFERRED, ClientConnection
+from .methods import AcpMethods, MethodHandler
+
+
+async def session_new(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
+    """``session/new``: as v1, with the MCP server configs given to the agent in v1 shape."""
+    return await methods.session_new(conn, _for_agent(request))
+
+
+async def session_resume(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
+    """``session/resume``: the broker replays from its log as ``replayFrom`` asks, then answers.
+
+    The agent is only asked to hold the session (load or resume, whatever it
+    supports); what the client is replayed comes from the log.
+    """
+    request = _for_agent(request)
+    snapshot, _ = await methods.reopen(conn, request, replay_default=None)
+    after = v2.replay_after(
+        request.params.get("replayFrom"), epoch=snapshot.epoch, head=snapshot.seq
+    )
+    return await methods.reattach(conn, request, snapshot, after)
+
+
+async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
+    """``session/prompt``: answered ``{}`` once the prompt is in the log; the turn runs on.
+
+    The answer precedes the prompt's ``user_message`` on this connection; every
+    viewer then sees the turn's updates and its end as ``state_update``s.
+    """
+    session_id = methods.active_session(conn, request.params)
+    if not isinstance(request.params.get("prompt"), list):
+        raise invalid_params("prompt must be a list of content blocks")
+    prompt_id = secrets.token_hex(8)
+    accepted = conn.expect_prompt(session_id, prompt_id)
+    conn.hold(session_id)
+    try:
+        turn = conn.spawn(_run_turn(methods, conn, session_id, request, prompt_id))
+        turn.add_done_callback(_retrieve)
+        await asyncio.wait({turn, accepted}, return_when=asyncio.FIRST_COMPLETED)
+        if not accepted.done():
+            turn.result()  # refused (say, a prompt already runs): answer with its error
+        conn.reply(request, {})
+    finally:
+        conn.forget_prompt(session_id, prompt_id)
+        conn.release(session_id)
+    return DEFERRED
+
+
+async def _run_turn(
+    methods: AcpMethods, conn: ClientConnection, session_id: str, request: Request, prompt_id: str
+) -> None:
+    await methods.host.prompt(conn.tenant, session_id, request.params, conn.id, prompt_id)
+    await methods.project(conn.tenant, session_id)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """A turn's error after acceptance is in the log (idle ``state_update``): nothing to do."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def auth_unavailable(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
+    """``auth/login`` and ``auth/logout`` exist only where ``authMethods`` are advertised."""
+    raise RpcError(
+        METHOD_NOT_FOUND,
+        f"{request.method} is not available: this broker advertises no authMethods",
+    )
+
+
+def _for_agent(request: Request) -> Request:
+    return Request(request.method, v2.agent_params(request.params), request.id)
+
+
+V2_HANDLERS: Mapping[str, MethodHandler] = {
+    "session/new": session_new,
+    "session/resume": session_resume,
+    "session/prompt": session_prompt,
+    "session/cancel": AcpMethods.session_cancel,
+    "session/set_config_option": AcpMethods.session_set_config_option,
+    "session/set_title": AcpMethods.session_set_title,
+    "session/close": AcpMethods.session_close,
+    "session/delete": AcpMethods.session_delete,
+    "session/list": AcpMethods.session_list,
+    "auth/login": auth_unavailable,
+    "auth/logout": auth_unavailable,
+}
+"""The v2 surface: every v2 method the broker answers (``session/set_title`` is an extension)."""

@@ -1,0 +1,135 @@
+"""The official ACP JSON Schemas as checks on everything a broker sends to a client.
+
+The schemas are copies of ``shared/acp/v{1,2}/schema.json`` kept in ``tests/schemas`` so
+a fresh clone can run the tests. :class:`WireChecker` validates each message against
+the schema of the connection's negotiated version: the whole message, and the typed
+payload its method (or, for a reply, the method of the request it answers) defines.
+
+Validating thousands of streamed chunks is slow, so a message whose *shape* (the
+message with its free-text strings blanked, see :data:`FREE_TEXT`) was already found
+valid is not validated again: those fields are unconstrained strings in both schemas,
+so the outcome cannot differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+FREE_TEXT = frozenset({"text", "messageId", "sessionId", "epoch", "title", "toolCallId"})
+"""Keys whose string values the schemas do not constrain (any string validates)."""
+
+
+@functools.cache
+def schema(version: int) -> dict[str, Any]:
+    return dict(json.loads((SCHEMAS / f"acp-v{version}.schema.json").read_text()))
+
+
+@functools.cache
+def _validator(version: int, name: str | None) -> Draft202012Validator:
+    root = schema(version)
+    if name is None:
+        return Draft202012Validator(root)
+    return Draft202012Validator({"$schema": DIALECT, "$ref": f"#/$defs/{name}", **_defs(root)})
+
+
+def _defs(root: dict[str, Any]) -> dict[str, Any]:
+    return {"$defs": root["$defs"]}
+
+
+@functools.cache
+def _by_method(version: int, side: str, suffix: str) -> dict[str, str]:
+    """``x-method`` -> definition name, for one side's requests, responses or notifications."""
+    defs = schema(version)["$defs"]
+    return {
+        d["x-method"]: name
+        for name, d in defs.items()
+        if d.get("x-side") == side and name.endswith(suffix) and "x-method" in d
+    }
+
+
+@functools.cache
+def known_updates(version: int) -> frozenset[str]:
+    """The ``sessionUpdate`` values the version defines (not its open "other" fallback)."""
+    union = schema(version)["$defs"]["SessionUpdate"]
+    variants = union.get("oneOf") or union.get("anyOf")
+    return frozenset(
+        v["properties"]["sessionUpdate"]["const"]
+        for v in variants
+        if "const" in v.get("properties", {}).get("sessionUpdate", {})
+    )
+
+
+class WireChecker:
+    """Validates what one connection receives; knows the methods of the requests it sent."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.sent: dict[Any, str] = {}
+        self.checked = 0
+        self._valid_shapes: set[str] = set()
+
+    def sending(self, payload: Any) -> None:
+        """Remember the method of each request going out, to check its reply."""
+        for message in payload if isinstance(payload, list) else [payload]:
+            if isinstance(message, dict) and "method" in message and "id" in message:
+                self.sent[message["id"]] = message["method"]
+
+    def check(self, message: Any) -> None:
+        """Raise AssertionError unless ``message`` is valid for this version."""
+        if isinstance(message, list):
+            assert message, "an empty batch reply must never be sent"
+            for item in message:
+                self.check(item)
+            return
+        self._valid(None, message)
+        if "method" in message:
+            self._check_outgoing_call(message)
+        elif "error" in message:
+            self._valid("Error", message["error"])
+        else:
+            method = self.sent.get(message.get("id"))
+            name = _by_method(self.version, "agent", "Response").get(method or "")
+            if name is not None:
+                self._valid(name, message["result"])
+        self.checked += 1
+
+    def _check_outgoing_call(self, message: dict[str, Any]) -> None:
+        method = message["method"]
+        if method == "$/cancel_request":
+            self._valid("CancelRequestNotification", message["params"])
+            return
+        suffix = "Request" if "id" in message else "Notification"
+        name = _by_method(self.version, "client", suffix).get(method)
+        assert name is not None, f"v{self.version} clients have no method {method}: {message}"
+        self._valid(name, message["params"])
+        if method == "session/update":
+            kind = message["params"]["update"]["sessionUpdate"]
+            assert kind in known_updates(self.version), f"not a v{self.version} update: {kind}"
+
+    def _valid(self, name: str | None, value: Any) -> None:
+        shape = f"{name}:{json.dumps(_shape(value), sort_keys=True)}"
+        if shape in self._valid_shapes:
+            return
+        errors = sorted(_validator(self.version, name).iter_errors(value), key=str)
+        assert not errors, f"v{self.version} {name or 'message'} invalid: {errors[0]}\n{value}"
+        self._valid_shapes.add(shape)
+
+
+def _shape(value: Any, key: str = "") -> Any:
+    """``value`` with free-text strings and sequence numbers blanked."""
+    if isinstance(value, dict):
+        return {k: _shape(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(item) for item in value]
+    if key in FREE_TEXT and isinstance(value, str):
+        return ""
+    if key in ("seq", "id") and isinstance(value, int) and not isinstance(value, bool):
+        return 0
+    return value

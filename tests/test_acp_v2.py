@@ -1,0 +1,372 @@
+"""ACP v2 on the same endpoint as v1, against the same sessions (issue 3).
+
+Every client here is a :class:`CheckedClient`: each message the broker sends it is
+validated against the official JSON Schema of the version it negotiated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import websockets
+
+from broker.front.server import Broker
+from broker.protocol.v2 import REPLAY_POSITION
+from broker.store.keys import SessionKeys
+
+from .support.client import text
+from .support.schemas import WireChecker
+from .support.wire import INIT_PARAMS, CheckedClient
+
+
+def position(update: dict[str, Any]) -> dict[str, Any]:
+    return dict(update["_meta"]["acpBroker/position"])
+
+
+def messages_before(client: CheckedClient, reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The session/update params a client was sent before ``reply``."""
+    index = next(i for i, m in enumerate(client.received) if m is reply)
+    return [
+        m["params"]
+        for m in client.received[:index]
+        if isinstance(m, dict) and m.get("method") == "session/update"
+    ]
+
+
+async def resume(client: CheckedClient, session_id: str, cwd: str, **params: Any) -> Any:
+    before = len(client.received)
+    reply = await client.call("session/resume", {"sessionId": session_id, "cwd": cwd, **params})
+    replayed = [
+        m["params"]
+        for m in client.received[before:]
+        if isinstance(m, dict) and m.get("method") == "session/update"
+    ]
+    return reply, replayed
+
+
+# -- initialize -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("asked", "expected"), [(1, 1), (2, 2), (0, 2), (3, 2), (99, 2)])
+async def test_version_negotiation(url: str, asked: int, expected: int) -> None:
+    async with websockets.connect(url) as ws:
+        params = {**INIT_PARAMS[2], "protocolVersion": asked} if asked != 1 else INIT_PARAMS[1]
+        await ws.send(
+            json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})
+        )
+        reply = json.loads(await ws.recv())
+    checker = WireChecker(expected)
+    checker.sending({"jsonrpc": "2.0", "id": 0, "method": "initialize"})
+    checker.check(reply)
+    result = reply["result"]
+    assert result["protocolVersion"] == expected
+    if expected == 1:
+        assert "agentCapabilities" in result and "capabilities" not in result
+        return
+    assert "agentCapabilities" not in result and "agentInfo" not in result
+    assert result["info"]["name"] == "acp-broker"
+    session = result["capabilities"]["session"]
+    assert session["delete"] == {} and session["additionalDirectories"] == {}
+    assert session["mcp"] == {"stdio": {}, "http": {}}
+    assert result["authMethods"] == []
+
+
+async def test_auth_methods_are_not_advertised_so_auth_calls_are_refused(url: str) -> None:
+    client = await CheckedClient.open(url, 2)
+    for method in ("auth/login", "auth/logout"):
+        reply = await client.call(method, {"methodId": "agent"})
+        assert reply["error"]["code"] == -32601, reply
+    # v1 methods that v2 removed are unknown on a v2 connection.
+    for method in ("session/load", "session/set_mode"):
+        reply = await client.call(method, {"sessionId": "sess_x", "cwd": "/tmp", "modeId": "x"})
+        assert reply["error"]["code"] == -32601, reply
+    await client.close()
+
+
+# -- one session, both versions ---------------------------------------------------------------
+
+
+async def test_v1_and_v2_viewers_of_one_session_each_get_their_version(url: str) -> None:
+    v2 = await CheckedClient.open(url, 2)
+    session_id = await v2.new(cwd="/tmp/mixed")
+    v1 = await CheckedClient.open(url, 1)
+    assert "result" in (
+        await v1.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/mixed"})
+    )
+
+    reply = await v2.prompt(session_id, "hello mixed")
+    assert reply["result"] == {}
+    await v2.until_idle(session_id)
+    await v1.read_until(lambda: "session_info_update" in v1.kinds(session_id))
+
+    # v2: the prompt lifecycle in state updates, upsert tool calls, message ids.
+    kinds = v2.kinds(session_id)
+    start = kinds.index("user_message")
+    assert kinds[start : start + 2] == ["user_message", "state_update"]
+    assert "tool_call" not in kinds and "tool_call_update" in kinds
+    assert v2.states(session_id) == ["running", "requires_action", "running", "idle:end_turn"]
+    updates = [u["update"] for u in v2.updates(session_id)]
+    [user] = [u for u in updates if u["sessionUpdate"] == "user_message"]
+    assert user["content"] == text("hello mixed")
+    agent_ids = {u["messageId"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"}
+    assert len(agent_ids) == 1 and user["messageId"] not in agent_ids
+    [asked] = v2.permission_requests
+    assert asked["params"]["title"] == "Read README.md"
+    assert asked["params"]["subject"]["type"] == "tool_call"
+
+    # v1: chunks, tool_call then tool_call_update, no v2 state; the same positions.
+    assert "state_update" not in v1.kinds(session_id)
+    assert "tool_call" in v1.kinds(session_id)
+    assert v1.texts(session_id, "user_message_chunk") == "hello mixed"
+    assert v1.texts(session_id) == v2.texts(session_id) == "You said: hello mixed"
+    v1_seqs = {position(u)["seq"] for u in v1.updates(session_id)}
+    assert v1_seqs <= {position(u)["seq"] for u in v2.updates(session_id)}
+
+    # A prompt typed in the v1 window: the v2 window sees it as a user_message and a turn.
+    v1_reply = await v1.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/notool from v1")}
+    )
+    assert v1_reply["result"]["stopReason"] == "end_turn"
+    await v2.until_idle(session_id, count=2)
+    users = [
+        u["update"]
+        for u in v2.updates(session_id)
+        if u["update"]["sessionUpdate"] == "user_message"
+    ]
+    assert users[-1]["content"] == text("/notool from v1")
+    assert v2.states(session_id)[-2:] == ["running", "idle:end_turn"]
+    for client in (v1, v2):
+        await client.close()
+
+
+async def test_a_second_v2_window_sees_the_prompt_typed_in_the_first(url: str) -> None:
+    typist = await CheckedClient.open(url, 2)
+    session_id = await typist.new()
+    watcher = await CheckedClient.open(url, 2)
+    reply, replayed = await resume(watcher, session_id, "/tmp/v2")
+    assert reply["result"] == {} and replayed == []
+
+    reply = await typist.prompt(session_id, "/notool two windows")
+    assert reply["result"] == {}
+    # The typist's answer comes before its own user_message, then the turn follows.
+    assert "user_message" not in [
+        u["update"]["sessionUpdate"] for u in messages_before(typist, reply)
+    ]
+    for client in (typist, watcher):
+        await client.until_idle(session_id)
+        assert client.states(session_id) == ["running", "idle:end_turn"]
+    assert typist.updates(session_id)[-len(watcher.updates(session_id)) :] == watcher.updates(
+        session_id
+    )
+    assert watcher.texts(session_id) == "You said: /notool two windows"
+    for client in (typist, watcher):
+        await client.close()
+
+
+async def test_prompt_while_one_runs_is_refused_and_cancel_ends_the_turn_idle(url: str) -> None:
+    client = await CheckedClient.open(url, 2)
+    session_id = await client.new()
+    assert (await client.prompt(session_id, "/slow 50"))["result"] == {}
+    refused = await client.prompt(session_id, "second")
+    assert refused["error"]["code"] == -32600, refused
+    await client.send(
+        {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+    )
+    await client.until_idle(session_id)
+    assert client.states(session_id)[-1] == "idle:cancelled"
+    users = [
+        u for u in client.updates(session_id) if u["update"]["sessionUpdate"] == "user_message"
+    ]
+    assert len(users) == 1  # the refused prompt never entered the session
+    await client.close()
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+async def test_replay_from_start_and_from_a_position_equals_the_live_stream(url: str) -> None:
+    typist = await CheckedClient.open(url, 2)
+    session_id = await typist.new(cwd="/tmp/long")
+    watcher = await CheckedClient.open(url, 2)
+    await resume(watcher, session_id, "/tmp/long")
+    assert (await typist.prompt(session_id, "/chunks 2000"))["result"] == {}
+    for client in (typist, watcher):
+        await client.until_idle(session_id, timeout=60)
+    live = typist.updates(session_id)  # the whole log, as it was streamed
+    watched = watcher.updates(session_id)
+    assert len(watched) > 2000 and live[-len(watched) :] == watched
+    assert live[-1]["update"] == {
+        "sessionUpdate": "state_update",
+        "state": "idle",
+        "stopReason": "end_turn",
+    }
+
+    reader = await CheckedClient.open(url, 2)
+    reply, replayed = await resume(reader, session_id, "/tmp/long", replayFrom={"type": "start"})
+    assert reply["result"] is not None and replayed == live
+
+    middle = position(watched[len(watched) // 2])
+    cursor = {"type": REPLAY_POSITION, **middle}
+    reader = await CheckedClient.open(url, 2)
+    reply, replayed = await resume(reader, session_id, "/tmp/long", replayFrom=cursor)
+    assert "result" in reply
+    assert replayed == [u for u in live if position(u)["seq"] >= middle["seq"]]  # inclusive
+    chunk_ids = {
+        u["update"]["messageId"]
+        for u in live
+        if u["update"]["sessionUpdate"] == "agent_message_chunk"
+    }
+    assert len(chunk_ids) == 1  # one agent message for the whole reply, live and replayed
+
+    head = position(live[-1])
+    caught_up = {"type": REPLAY_POSITION, "seq": head["seq"] + 1, "epoch": head["epoch"]}
+    reply, replayed = await resume(reader, session_id, "/tmp/long", replayFrom=caught_up)
+    assert "result" in reply and replayed == []
+    for client in (typist, watcher, reader):
+        await client.close()
+
+
+async def test_a_stale_foreign_or_malformed_replay_position_is_invalid_params(
+    broker: Broker, url: str
+) -> None:
+    client = await CheckedClient.open(url, 2)
+    session_id = await client.new()
+    await client.prompt(session_id, "/notool x")
+    await client.until_idle(session_id)
+    head = position(client.updates(session_id)[-1])
+    other = await CheckedClient.open(url, 2)
+    for replay_from in [
+        {"type": REPLAY_POSITION, "seq": 1, "epoch": "another-log"},
+        {"type": REPLAY_POSITION, "seq": head["seq"] + 2, "epoch": head["epoch"]},
+        {"type": REPLAY_POSITION, "seq": 0, "epoch": head["epoch"]},
+        {"type": REPLAY_POSITION, "seq": "1", "epoch": head["epoch"]},
+        {"type": REPLAY_POSITION, "seq": 1},
+        {"type": "message", "messageId": "m1"},
+        "start",
+        {},
+    ]:
+        reply, replayed = await resume(other, session_id, "/tmp/v2", replayFrom=replay_from)
+        assert reply["error"]["code"] == -32602, (replay_from, reply)
+        assert replayed == []
+    # Stale: the log no longer holds the position (trimmed), so replaying from it would
+    # leave a gap.
+    log_key = SessionKeys(broker.settings.tenant, session_id).log
+    await broker.redis.xtrim(log_key, minid=f"{head['seq']}-0", approximate=False)
+    stale = {"type": REPLAY_POSITION, "seq": 2, "epoch": head["epoch"]}
+    reply, replayed = await resume(other, session_id, "/tmp/v2", replayFrom=stale)
+    assert reply["error"]["code"] == -32602 and replayed == [], reply
+    await client.close()
+    await other.close()
+
+
+# -- session_info_update ----------------------------------------------------------------------
+
+
+async def test_session_info_updates_are_identical_for_v1_and_v2_viewers(url: str) -> None:
+    v2 = await CheckedClient.open(url, 2)
+    session_id = await v2.new(cwd="/tmp/info")
+    v1 = await CheckedClient.open(url, 1)
+    await v1.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/info"})
+
+    reply = await v2.call(
+        "session/set_title", {"sessionId": session_id, "title": "Named", "_meta": {"team": "x"}}
+    )
+    assert reply["result"] == {}
+    assert not [
+        u
+        for u in messages_before(v2, reply)
+        if u["update"]["sessionUpdate"] == "session_info_update"
+    ]
+    await v1.call(
+        "session/set_title", {"sessionId": session_id, "title": None, "_meta": {"team": None}}
+    )
+    await v2.call("session/set_title", {"sessionId": session_id, "_meta": None})
+
+    def infos(client: CheckedClient) -> list[dict[str, Any]]:
+        return [
+            u
+            for u in client.updates(session_id)
+            if u["update"]["sessionUpdate"] == "session_info_update"
+        ]
+
+    for client in (v1, v2):
+        await client.read_until(lambda client=client: len(infos(client)) >= 3)
+    assert infos(v1) == infos(v2)
+    assert [i["update"] for i in infos(v2)] == [
+        {"sessionUpdate": "session_info_update", "title": "Named", "_meta": {"team": "x"}},
+        {"sessionUpdate": "session_info_update", "title": None, "_meta": {"team": None}},
+        {"sessionUpdate": "session_info_update", "_meta": None},
+    ]
+    listed = await v2.call("session/list", {"cwd": "/tmp/info"})
+    [info] = listed["result"]["sessions"]
+    assert "title" not in info and not info.get("_meta")
+    for client in (v1, v2):
+        await client.close()
+
+
+# -- close, delete ----------------------------------------------------------------------------
+
+
+async def test_close_stops_updates_and_delete_hides_the_session(url: str) -> None:
+    actor = await CheckedClient.open(url, 2)
+    session_id = await actor.new(cwd="/tmp/gone")
+    watcher = await CheckedClient.open(url, 2)
+    await resume(watcher, session_id, "/tmp/gone")
+    assert (await watcher.call("session/close", {"sessionId": session_id}))["result"] == {}
+    await actor.prompt(session_id, "/notool after close")
+    await actor.until_idle(session_id)
+    assert (await watcher.call("session/list", {}))["result"]["sessions"]
+    assert watcher.updates(session_id) == []
+
+    assert (await actor.call("session/delete", {"sessionId": session_id}))["result"] == {}
+    assert (await actor.call("session/delete", {"sessionId": session_id}))["result"] == {}
+    listed = await actor.call("session/list", {"cwd": "/tmp/gone"})
+    assert listed["result"]["sessions"] == []
+    reply, _ = await resume(watcher, session_id, "/tmp/gone", replayFrom={"type": "start"})
+    assert reply["error"]["code"] == -32002
+    for client in (actor, watcher):
+        await client.close()
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+async def test_batches_follow_json_rpc(url: str) -> None:
+    client = await CheckedClient.open(url, 2)
+    await client.send("[]")
+    empty = await client.recv()
+    assert isinstance(empty, dict) and empty["error"]["code"] == -32600 and empty["id"] is None
+
+    await client.send("[1, 2, 3]")
+    invalid = await client.recv()
+    assert isinstance(invalid, list) and len(invalid) == 3
+    assert all(e["id"] is None and e["error"]["code"] == -32600 for e in invalid)
+
+    cancel = {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "sess_x"}}
+    mixed = [
+        {"jsonrpc": "2.0", "id": "a", "method": "session/list", "params": {}},
+        cancel,
+        {"foo": "bar"},
+        {"jsonrpc": "2.0", "id": "b", "method": "no/such_method"},
+    ]
+    await client.send(mixed)
+    replies = await client.recv()
+    assert isinstance(replies, list) and len(replies) == 3
+    by_id = {r["id"]: r for r in replies}
+    assert "sessions" in by_id["a"]["result"]
+    assert by_id[None]["error"]["code"] == -32600
+    assert by_id["b"]["error"]["code"] == -32601
+
+    # Only notifications: nothing comes back, not even an empty array.
+    await client.send([cancel, {**cancel, "method": "no/such_notification"}])
+    after = await client.call("session/list", {})
+    assert client.received[-1] is after and isinstance(client.received[-2], list)
+
+    v1 = await CheckedClient.open(url, 1)  # v1 has no batches: one Invalid Request
+    await v1.send([{"jsonrpc": "2.0", "id": 1, "method": "session/list"}])
+    refused = await v1.recv()
+    assert refused["error"]["code"] == -32600 and refused["id"] is None
+    for each in (client, v1):
+        await each.close()
