@@ -106,6 +106,17 @@ class SessionSnapshot:
         return self.status == Status.DELETED
 
 
+_ACTIVITY = frozenset(
+    {EventType.CREATED, EventType.UPDATE, EventType.PROMPT, EventType.PROMPT_END, EventType.DELETED}
+)
+
+
+def is_activity(body: Mapping[str, Any]) -> bool:
+    """Whether an event is activity in the session (moves ``updatedAt``); the broker's own
+    bookkeeping (status, agent binding, notices) is not."""
+    return body.get("type") in _ACTIVITY
+
+
 def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
     """The snapshot operations an event implies (see ``lua/append.lua``)."""
     kind = body.get("type")
@@ -184,7 +195,8 @@ def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSna
         if not snap:
             snap.update(tenant=tenant, sid=session_id, epoch=event.epoch, created=str(event.ts))
         snap["seq"] = str(event.seq)
-        snap["updated"] = str(event.ts)
+        if is_activity(event.body):
+            snap["updated"] = str(event.ts)
         apply_ops(snap, meta, snapshot_ops(event.body))
     return SessionSnapshot.from_hashes(snap, meta) if snap else None
 

@@ -97,10 +97,15 @@ class Version:
 
     @classmethod
     def decode(cls, text: str | None) -> Version | None:
+        """The stored version, or None when there is none or it is unreadable (a rebuild or
+        the next projection then rewrites it)."""
         if not text:
             return None
-        data = json.loads(text)
-        return cls(int(data["q"]), dict(data["e"]))
+        try:
+            data = json.loads(text)
+            return cls(int(data["q"]), {str(k): str(v) for k, v in dict(data["e"]).items()})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,15 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .client import Store
-from .events import EventType, JsonObject, LogEvent, SessionSnapshot, dumps, snapshot_ops
+from .events import (
+    EventType,
+    JsonObject,
+    LogEvent,
+    SessionSnapshot,
+    dumps,
+    is_activity,
+    snapshot_ops,
+)
 from .keys import SessionKeys
 
 
@@ -86,6 +94,7 @@ class SessionLog:
             tenant,
             session_id,
             len(ops),
+            "1" if is_activity(body) else "0",
         ]
         for op in ops:
             args.extend(op)

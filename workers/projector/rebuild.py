@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from broker.store.client import Store
 from broker.store.events import fold
-from broker.store.index import SessionIndex
+from broker.store.index import SessionIndex, entries_of
 from broker.store.keys import PREFIX, TenantKeys
 from broker.store.log import SessionLog
 
@@ -36,18 +36,34 @@ async def rebuild_index(redis: Store) -> dict[str, int]:
     index = SessionIndex(redis)
     counts: dict[str, int] = {}
     for tenant, sessions in (await find_sessions(redis)).items():
+        keys = TenantKeys(tenant)
+        expected: dict[str, set[str]] = defaultdict(set)
         for session_id in sessions:
             events = await session_log.read(tenant, session_id)
             snapshot = fold(tenant, session_id, events)
             if snapshot is not None:
                 await index.project(snapshot, force=True)
+                for name, member in entries_of(snapshot).items():
+                    expected[keys.index(name)].add(member)
         await _remove_orphans(redis, index, tenant, sessions)
+        await _sweep_listings(redis, keys, expected)
         counts[tenant] = len(sessions)
     return counts
 
 
 async def _remove_orphans(redis: Store, index: SessionIndex, tenant: str, live: set[str]) -> None:
+    """Rows and versions of sessions that no longer have a log."""
     keys = TenantKeys(tenant)
-    for session_id in set(await redis.hkeys(keys.rows)) - live:
+    known = set(await redis.hkeys(keys.rows)) | set(await redis.hkeys(keys.versions))
+    for session_id in known - live:
         await index.remove(tenant, session_id)
         log.info("removed index row of vanished session %s", session_id)
+
+
+async def _sweep_listings(redis: Store, keys: TenantKeys, expected: dict[str, set[str]]) -> None:
+    """Remove every listing entry that no session's snapshot accounts for."""
+    async for listing in redis.scan_iter(match=keys.index("*"), count=1000):
+        stray = set(await redis.zrange(listing, 0, -1)) - expected.get(listing, set())
+        if stray:
+            await redis.zrem(listing, *stray)
+            log.info("removed %d stray entries from %s", len(stray), listing)

@@ -30,7 +30,13 @@ class Projector:
     """Consumes the change feeds and projects the sessions they name."""
 
     def __init__(
-        self, redis: Store, *, batch: int = 500, block_ms: int = 1000, name: str | None = None
+        self,
+        redis: Store,
+        *,
+        batch: int = 500,
+        block_ms: int = 1000,
+        name: str | None = None,
+        claim_idle_ms: int = 30_000,
     ) -> None:
         self.redis = redis
         self.log = SessionLog(redis)
@@ -40,6 +46,7 @@ class Projector:
         self.block_ms = block_ms
         self.name = name or f"projector-{secrets.token_hex(4)}"
         self.feeds = [feed_key(p) for p in range(PARTITIONS)]
+        self.claim_idle_ms = claim_idle_ms
 
     async def ensure_groups(self) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -51,14 +58,20 @@ class Projector:
                 raise result
 
     async def run(self) -> None:
-        """Project until cancelled: first what this consumer left pending, then new notices."""
+        """Project until cancelled: what this consumer left pending, then new notices, and
+        now and then what a dead projector read but never acknowledged."""
         await self.ensure_groups()
-        await self._drain(pending=True)
+        loop = asyncio.get_running_loop()
+        pending, next_claim = True, 0.0
         while True:
             if _cancelling():
                 raise asyncio.CancelledError
             try:
-                await self._drain(pending=False)
+                if loop.time() >= next_claim:
+                    await self.claim_abandoned()
+                    next_claim = loop.time() + self.claim_idle_ms / 2000
+                await self._drain(pending=pending)
+                pending = False
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -95,13 +108,30 @@ class Projector:
             await asyncio.sleep(self.poll_interval)
         return found
 
+    async def claim_abandoned(self) -> None:
+        """Take over notices another consumer read long ago and never acknowledged."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for feed in self.feeds:
+                pipe.xautoclaim(feed, GROUP, self.name, self.claim_idle_ms, count=self.batch)
+            replies = await pipe.execute()
+        claimed = [(feed, reply[1]) for feed, reply in zip(self.feeds, replies, strict=True)]
+        claimed = [(feed, entries) for feed, entries in claimed if entries]
+        if claimed:
+            log.info("claimed %d abandoned notices", sum(len(e) for _, e in claimed))
+            await self._apply(claimed)
+
     async def _apply(self, replies: list[tuple[str, list[tuple[str, dict[str, str]]]]]) -> None:
         sessions: set[tuple[str, str]] = set()
         for _, entries in replies:
             for _, fields in entries:
-                sessions.add((fields["t"], fields["s"]))
+                if fields and "t" in fields and "s" in fields:
+                    sessions.add((fields["t"], fields["s"]))
         for tenant, session_id in sessions:
-            await self.project(tenant, session_id)
+            try:
+                await self.project(tenant, session_id)
+            except (ValueError, KeyError, TypeError):
+                # A notice that cannot be projected must not block the feed behind it.
+                log.exception("could not project session %s; skipped", session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             for feed, entries in replies:
                 pipe.xack(feed, GROUP, *[entry_id for entry_id, _ in entries])

@@ -7,7 +7,8 @@
 -- ARGV: 1 now (ms), 2 event body (JSON text, stored and published verbatim),
 --       3 mode ("create" or "append"), 4 epoch (create only), 5 fencing token ("" = none),
 --       6 feed max length, 7 tenant, 8 session id, 9 number of snapshot operations,
---       then that many (op, field, value) triples:
+--       10 "1" if the event is activity (moves updatedAt), then the snapshot operations,
+--       (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
 -- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED.
 local log, snap, meta, feed, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -33,10 +34,12 @@ end
 
 local seq = redis.call('HINCRBY', snap, 'seq', 1)
 redis.call('XADD', log, seq .. '-0', 'ts', now, 'ev', body)
-redis.call('HSET', snap, 'updated', now)
+if ARGV[10] == '1' then
+  redis.call('HSET', snap, 'updated', now)
+end
 
 for i = 0, tonumber(ARGV[9]) - 1 do
-  local op, field, value = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
+  local op, field, value = ARGV[11 + 3 * i], ARGV[12 + 3 * i], ARGV[13 + 3 * i]
   if op == 'set' then
     redis.call('HSET', snap, field, value)
   elseif op == 'del' then
