@@ -1,0 +1,82 @@
+"""A small ACP (JSON-RPC over WebSocket) client for setting benchmarks up and timing requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+
+class AcpClient:
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self.on_notification: Callable[[str], None] | None = None
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for frame in self.ws:
+            text = frame if isinstance(frame, str) else frame.decode()
+            if text.startswith('{"jsonrpc":"2.0","method"'):
+                if self.on_notification is not None:
+                    self.on_notification(text)
+                continue
+            message = json.loads(text)
+            future = self._waiting.pop(message.get("id"), None)
+            if future is not None and not future.done():
+                future.set_result(message)
+
+    async def request(self, method: str, params: dict[str, Any], timeout: float = 60.0) -> Any:
+        msg_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[msg_id] = future
+        frame = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
+        await self.ws.send(json.dumps(frame))
+        message = await asyncio.wait_for(future, timeout)
+        if "error" in message:
+            raise RuntimeError(f"{method}: {message['error']}")
+        return message["result"]
+
+    async def initialize(self) -> Any:
+        return await self.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+
+    async def new_session(self, cwd: str) -> str:
+        result = await self.request("session/new", {"cwd": cwd, "mcpServers": []})
+        return str(result["sessionId"])
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
+        await self.ws.close()
+
+
+@contextlib.asynccontextmanager
+async def acp_client(url: str) -> AsyncIterator[AcpClient]:
+    async with connect(url, max_size=None, compression=None, ping_interval=None) as ws:
+        client = AcpClient(ws)
+        await client.initialize()
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+async def new_sessions(url: str, count: int, cwd: str, concurrency: int = 16) -> list[str]:
+    """Create ``count`` sessions through a front node (its agent host runs them)."""
+    ids: list[str] = []
+    async with acp_client(url) as client:
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one() -> None:
+            async with limit:
+                ids.append(await client.new_session(cwd))
+
+        await asyncio.gather(*(one() for _ in range(count)))
+    return ids

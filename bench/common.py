@@ -1,0 +1,292 @@
+"""What every benchmark shares: processes, CPU and memory readings, percentiles, output.
+
+Every benchmark runs real processes over loopback only (a private redis-server, broker
+nodes, peers, client swarms), bounds every loop in count and time, prints a table and
+writes ``bench/results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+LOGS = RESULTS / "logs"
+
+if str(ROOT) not in sys.path:  # tests.support is reused, not duplicated
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.broker_process import BrokerProcess, broker_env, broker_process  # noqa: E402
+from tests.support.redis_server import free_port, redis_server  # noqa: E402
+from tests.support.roles import RoleProcess, role_process  # noqa: E402
+
+__all__ = [
+    "LOGS",
+    "ROOT",
+    "BrokerProcess",
+    "RoleProcess",
+    "broker_env",
+    "broker_process",
+    "free_port",
+    "redis_server",
+    "role_process",
+]
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+CURSOR_SECRET = "bench-secret"
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+
+def parser(name: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m bench {name}", description=description)
+    p.add_argument("--quick", action="store_true", help="small sizes (< 1 minute), for smoke tests")
+    p.add_argument("--runs", type=int, default=1, help="repeat and report the median of each cell")
+    p.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/)")
+    return p
+
+
+# -- readings ----------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (``/proc/<pid>/statm``)."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE_SIZE
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (0..100), nearest rank; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def latency_summary(values_ms: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values_ms)
+    return {
+        "p50": percentile(ordered, 50),
+        "p99": percentile(ordered, 99),
+        "p999": percentile(ordered, 99.9),
+        "n": len(ordered),
+    }
+
+
+def median(values: Sequence[float]) -> float:
+    good = [v for v in values if v == v]  # drop NaN
+    return statistics.median(good) if good else float("nan")
+
+
+def raise_nofile(want: int = 65536) -> int:
+    """Raise this process's open-file limit as far as the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(want, hard) if hard != resource.RLIM_INFINITY else want
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class Deadline:
+    """A bound in time for a loop."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def __bool__(self) -> bool:  # true while time is left
+        return time.monotonic() < self.end
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "-" if value is None else str(value)
+
+
+def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (it reads in a terminal and pastes into the README)."""
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = [f"### {title}", ""]
+    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
+    lines.append("| " + " | ".join("-" * w for w in widths) + " |")
+    for row in cells:
+        lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json(name: str, data: dict[str, Any], out: Path | None = None) -> Path:
+    path = out or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **data}, indent=2))
+    return path
+
+
+def report(name: str, tables: Sequence[str], data: dict[str, Any], out: Path | None) -> None:
+    for text in tables:
+        print(text, flush=True)
+        print(flush=True)
+    path = write_json(name, data, out)
+    print(f"results: {path}", flush=True)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def private_redis(*extra: str) -> Iterator[str]:
+    """A private redis-server (tests/support/redis_server.py), no persistence."""
+    with redis_server(*extra) as url:
+        yield url
+
+
+def redis_pid(url: str) -> int | None:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("server")["process_id"])
+
+
+@contextlib.asynccontextmanager
+async def fronts(
+    redis_url: str, count: int, tag: str, *, env: dict[str, str] | None = None
+) -> AsyncIterator[list[BrokerProcess]]:
+    """``count`` front nodes (``serve --no-workers``) on free ports."""
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = []
+        for i in range(count):
+            node = await stack.enter_async_context(
+                broker_process(
+                    redis_url,
+                    log_path=LOGS / f"{tag}-front{i}.log",
+                    cursor_secret=CURSOR_SECRET,
+                    extra_args=["--no-workers"],
+                    env=env,
+                )
+            )
+            nodes.append(node)
+        yield nodes
+
+
+@contextlib.asynccontextmanager
+async def agent_host(redis_url: str, tag: str) -> AsyncIterator[RoleProcess]:
+    async with role_process("agent-host", redis_url, LOGS / f"{tag}-agent-host.log") as host:
+        yield host
+
+
+class Child:
+    """A helper process of ours (peer server, relay, swarm) speaking lines on stdio."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc = proc
+        self.name = name
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def line(self, timeout: float = 60.0) -> str:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not raw:
+            raise RuntimeError(f"{self.name} exited ({await self.proc.wait()}); see its log")
+        return raw.decode().strip()
+
+    async def expect(self, prefix: str, timeout: float = 60.0) -> str:
+        while True:
+            text = await self.line(timeout)
+            if text.startswith(prefix):
+                return text[len(prefix) :].strip()
+
+    async def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def child(module: str, *args: str, name: str | None = None) -> AsyncIterator[Child]:
+    """``python -m <module> args…`` with line-based stdio; stderr to bench/results/logs."""
+    name = name or module.rsplit(".", 1)[-1]
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with open(LOGS / f"{name}.log", "ab") as log_file:  # noqa: ASYNC230 - opened once
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log_file,
+            env=broker_env(),
+            cwd=str(ROOT),
+            start_new_session=True,
+            limit=1 << 30,  # a swarm's report is one long line
+        )
+    node = Child(proc, name)
+    try:
+        yield node
+    finally:
+        await node.stop()

@@ -1,0 +1,391 @@
+"""Fan-out: S sessions, W watchers each over 2 front nodes, updates at a fixed rate and at max.
+
+Systems, each in the same run and on the same client swarm (``bench/swarm.py``, two
+processes of lean WebSocket clients):
+
+* **broker**: 2 front nodes (``serve --no-workers``), one agent host; the sessions are made
+  with ``session/new``; each watcher sends ``initialize`` + ``session/resume``. The updates
+  go through the append path: this process acts as the agent host and appends each
+  ``agent_message_chunk`` with ``SessionLog.append`` (the Lua script: XADD, snapshot, feed,
+  SPUBLISH), as an agent host does with what its agent says.
+* **socketio** (the peer): 2 python-socketio nodes (aiohttp) with ``AsyncRedisManager``;
+  watchers join a room per session; updates are emitted to the room from a write-only
+  manager (Redis PUBLISH).
+* **relay** (the ceiling): 2 bare relays, Redis PUBLISH → ``websockets.broadcast``.
+
+Every update carries its send time (``ts=<unix time>`` in its text); a watcher's latency is
+its receive time minus that. CPU per delivery is the user+system time of the 2 server
+processes over the run divided by the messages delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench import common
+from bench.acp import new_sessions
+
+SYSTEMS = ("broker", "socketio", "relay")
+CWD = "/srv/bench"
+TENANT = "default"
+
+
+@dataclass(frozen=True)
+class Shape:
+    sessions: int
+    watchers: int
+    rate: float  # offered updates/s (all sessions together) for the fixed-rate run
+    rate_seconds: float
+    max_updates: int  # updates sent as fast as possible in the max run
+
+    @property
+    def name(self) -> str:
+        return f"S={self.sessions}/W={self.watchers}"
+
+
+FULL = (
+    Shape(1, 1000, 20, 10, 300),
+    Shape(100, 10, 1000, 10, 20_000),
+    Shape(1000, 2, 2500, 8, 40_000),
+)
+QUICK = (Shape(1, 60, 20, 2, 60), Shape(10, 4, 200, 2, 800))
+
+Send = Callable[[str], Awaitable[Any]]
+
+
+def update_body(stamp: float) -> dict[str, Any]:
+    text = f"ts={stamp:.6f}"
+    return {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+
+
+async def broker_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    from broker.store.client import connect
+    from broker.store.log import SessionLog
+
+    store = connect(redis_url)
+    log = SessionLog(store)
+
+    async def send(room: str) -> None:
+        body = {"type": "update", "update": update_body(time.time())}
+        await log.append(TENANT, room, body)
+
+    return send, store.aclose
+
+
+async def relay_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    import redis.asyncio as redis
+
+    store = redis.Redis.from_url(redis_url)
+    seq = 0
+
+    async def send(room: str) -> None:
+        nonlocal seq
+        seq += 1
+        params = {
+            "sessionId": room,
+            "update": update_body(time.time()),
+            "_meta": {"acpBroker/position": {"seq": seq, "epoch": "0123456789abcdef"}},
+        }
+        frame = {"jsonrpc": "2.0", "method": "session/update", "params": params}
+        await store.publish("relay:" + room, json.dumps(frame, separators=(",", ":")))
+
+    return send, store.aclose
+
+
+async def socketio_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    import socketio
+
+    manager = socketio.AsyncRedisManager(redis_url, write_only=True)
+    seq = 0
+
+    async def send(room: str) -> None:
+        nonlocal seq
+        seq += 1
+        params = {
+            "sessionId": room,
+            "update": update_body(time.time()),
+            "_meta": {"acpBroker/position": {"seq": seq, "epoch": "0123456789abcdef"}},
+        }
+        await manager.emit("update", params, room=room, namespace="/")
+
+    async def close() -> None:
+        return None
+
+    return send, close
+
+
+FEEDERS = {"broker": broker_feeder, "relay": relay_feeder, "socketio": socketio_feeder}
+
+
+async def feed(send: Send, rooms: list[str], count: int, rate: float | None, seconds: float) -> int:
+    """Send ``count`` updates round robin over ``rooms``: at ``rate``/s, or as fast as it goes
+    (64 in flight). Bounded by ``seconds``. Returns how many were sent."""
+    start = time.monotonic()
+    deadline = start + seconds
+    sent = 0
+    while sent < count and time.monotonic() < deadline:
+        if rate:
+            due = min(count, int((time.monotonic() - start) * rate) + 1)
+        else:
+            due = min(count, sent + 64)
+        batch = [send(rooms[i % len(rooms)]) for i in range(sent, due)]
+        sent = due
+        if batch:
+            await asyncio.gather(*batch)
+        if rate:
+            await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
+    return sent
+
+
+@contextlib.asynccontextmanager
+async def servers(system: str, redis_url: str, tag: str, sessions: int):  # type: ignore[no-untyped-def]
+    """Start the 2 server nodes of ``system``; yields (urls, pids, rooms)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if system == "broker":
+            await stack.enter_async_context(common.agent_host(redis_url, tag))
+            nodes = await stack.enter_async_context(common.fronts(redis_url, 2, tag))
+            rooms = await new_sessions(nodes[0].url, sessions, CWD)
+            yield [n.url for n in nodes], [n.pid for n in nodes], rooms
+            return
+        module = {"relay": "bench.peers.relay", "socketio": "bench.peers.socketio_server"}[system]
+        urls, pids = [], []
+        for i in range(2):
+            node = await stack.enter_async_context(
+                common.child(module, redis_url, name=f"{tag}-{system}{i}")
+            )
+            port = await node.expect("ready")
+            path = "/socket.io/?EIO=4&transport=websocket" if system == "socketio" else "/"
+            urls.append(f"ws://127.0.0.1:{port}{path}")
+            pids.append(node.pid)
+        yield urls, pids, [f"room{i}" for i in range(sessions)]
+
+
+async def swarm_counts(swarms: list[common.Child]) -> int:
+    total = 0
+    for swarm in swarms:
+        await swarm.send("count")
+        total += int(await swarm.expect("count"))
+    return total
+
+
+async def swarm_reports(swarms: list[common.Child]) -> list[dict[str, Any]]:
+    out = []
+    for swarm in swarms:
+        await swarm.send("report")
+        out.append(json.loads(await swarm.expect("report", timeout=120)))
+    return out
+
+
+async def measure(
+    send: Send,
+    swarms: list[common.Child],
+    pids: list[int],
+    rooms: list[str],
+    joined: int,
+    count: int,
+    rate: float | None,
+) -> dict[str, Any]:
+    await swarm_reports(swarms)  # start counting afresh
+    cpu0 = common.cpu_of(pids)
+    t0 = time.time()
+    sent = await feed(send, rooms, count, rate, seconds=120)
+    feed_seconds = time.time() - t0
+    expected = sent * joined // len(rooms)
+    got, still, deadline = 0, time.monotonic(), time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now_got = await swarm_counts(swarms)
+        if now_got >= expected:
+            got = now_got
+            break
+        if now_got != got:
+            got, still = now_got, time.monotonic()
+        elif time.monotonic() - still > 3.0:
+            break
+        await asyncio.sleep(0.05)
+    cpu = common.cpu_of(pids) - cpu0
+    reports = await swarm_reports(swarms)
+    delivered = sum(r["count"] for r in reports)
+    last = max((r["last"] for r in reports if r["count"]), default=t0)
+    samples: list[float] = []
+    for r in reports:
+        samples.extend(r["samples"])
+    lat = common.latency_summary(samples)
+    seconds = max(last - t0, 1e-9)
+    return {
+        "offered_rate": rate,
+        "sent": sent,
+        "feed_seconds": feed_seconds,
+        "expected": expected,
+        "delivered": delivered,
+        "lost": max(0, expected - delivered),
+        "delivered_per_s": delivered / seconds,
+        "p50_ms": lat["p50"],
+        "p99_ms": lat["p99"],
+        "p999_ms": lat["p999"],
+        "cpu_s": cpu,
+        "cpu_us_per_delivery": cpu / delivered * 1e6 if delivered else float("nan"),
+    }
+
+
+async def run_system(system: str, shape: Shape, tag: str) -> dict[str, Any]:
+    with common.private_redis() as redis_url:
+        async with servers(system, redis_url, tag, shape.sessions) as (urls, pids, rooms):
+            targets: list[list[dict[str, Any]]] = [[], []]
+            k = 0
+            for room in rooms:
+                for node in range(2):
+                    n = shape.watchers // 2 + (shape.watchers % 2 if node == 0 else 0)
+                    if n:
+                        targets[k % 2].append({"url": urls[node], "room": room, "n": n})
+                        k += 1
+            async with contextlib.AsyncExitStack() as stack:
+                swarms = []
+                for i, part in enumerate(targets):
+                    config = {"system": system, "targets": part, "cwd": CWD, "concurrency": 64}
+                    swarms.append(
+                        await stack.enter_async_context(
+                            common.child("bench.swarm", json.dumps(config), name=f"{tag}-swarm{i}")
+                        )
+                    )
+                joined = 0
+                for swarm in swarms:
+                    ready = json.loads(await swarm.expect("ready", timeout=300))
+                    joined += ready["joined"]
+                    if ready["failed"]:
+                        print(f"  {system}: {ready['failed']} joins failed: {ready}", flush=True)
+                send, close = await FEEDERS[system](redis_url)
+                try:
+                    await feed(send, rooms, 2 * len(rooms), None, 30)  # warm-up
+                    await asyncio.sleep(1.0)
+                    count = int(shape.rate * shape.rate_seconds)
+                    at_rate = await measure(send, swarms, pids, rooms, joined, count, shape.rate)
+                    at_max = await measure(
+                        send, swarms, pids, rooms, joined, shape.max_updates, None
+                    )
+                finally:
+                    await close()
+                for swarm in swarms:
+                    await swarm.send("quit")
+    return {"system": system, "shape": shape.name, "joined": joined, "rate": at_rate, "max": at_max}
+
+
+def summarize(results: list[dict[str, Any]], shapes: tuple[Shape, ...]) -> tuple[list[str], Any]:
+    rows, ratio_rows = [], []
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        cells[(r["system"], r["shape"])] = r
+    for shape in shapes:
+        for system in SYSTEMS:
+            r = cells.get((system, shape.name))
+            if r is None:
+                continue
+            rt, mx = r["rate"], r["max"]
+            rows.append(
+                [
+                    shape.name,
+                    system,
+                    f"{rt['offered_rate']:g}/s",
+                    rt["p50_ms"],
+                    rt["p99_ms"],
+                    rt["p999_ms"],
+                    rt["cpu_us_per_delivery"],
+                    mx["delivered_per_s"],
+                    mx["p99_ms"],
+                    mx["cpu_us_per_delivery"],
+                    rt["lost"] + mx["lost"],
+                ]
+            )
+        b, s, c = (cells.get((x, shape.name)) for x in SYSTEMS)
+        if b and c:
+            ratio_rows.append(
+                [
+                    shape.name,
+                    b["max"]["cpu_us_per_delivery"] / c["max"]["cpu_us_per_delivery"],
+                    (b["max"]["cpu_us_per_delivery"] / s["max"]["cpu_us_per_delivery"])
+                    if s
+                    else float("nan"),
+                    b["max"]["delivered_per_s"] / c["max"]["delivered_per_s"],
+                    b["rate"]["p99_ms"] / c["rate"]["p99_ms"],
+                ]
+            )
+    main = common.table(
+        "Fan-out (2 front nodes; latency = agent emit to client receive)",
+        [
+            "shape",
+            "system",
+            "offered",
+            "p50 ms",
+            "p99 ms",
+            "p999 ms",
+            "CPU µs/deliv",
+            "max deliv/s",
+            "max p99 ms",
+            "max CPU µs/deliv",
+            "lost",
+        ],
+        rows,
+    )
+    ratios = common.table(
+        "Fan-out ratios (broker ÷ ceiling, broker ÷ python-socketio)",
+        [
+            "shape",
+            "CPU/deliv ÷ ceiling (≤1.5)",
+            "CPU/deliv ÷ socketio (≤0.33)",
+            "max deliv/s ÷ ceiling (≥0.9)",
+            "p99 at rate ÷ ceiling (≤1.5)",
+        ],
+        ratio_rows,
+    )
+    return [main, ratios], ratio_rows
+
+
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-field median of several runs of one cell."""
+    out = dict(runs[0])
+    for mode in ("rate", "max"):
+        out[mode] = {
+            key: common.median([r[mode][key] for r in runs])
+            if isinstance(runs[0][mode][key], int | float) and runs[0][mode][key] is not None
+            else runs[0][mode][key]
+            for key in runs[0][mode]
+        }
+    out["runs"] = runs
+    return out
+
+
+async def run(args: Any) -> None:
+    common.raise_nofile()
+    shapes = QUICK if args.quick else FULL
+    if args.shape:
+        shapes = tuple(s for s in shapes if s.name in args.shape)
+    systems = args.systems or SYSTEMS
+    results = []
+    for shape in shapes:
+        for system in systems:
+            runs = []
+            for n in range(args.runs):
+                tag = f"fanout-{system}-{shape.sessions}x{shape.watchers}-{n}"
+                print(f"fanout {shape.name} {system} (run {n + 1}/{args.runs})", flush=True)
+                runs.append(await run_system(system, shape, tag))
+            results.append(median_result(runs))
+    tables, ratios = summarize(results, shapes)
+    data = {"quick": args.quick, "results": results, "ratios": ratios}
+    common.report("fanout", tables, data, args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common.parser("fanout", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--systems", nargs="*", choices=SYSTEMS)
+    p.add_argument("--shape", nargs="*", help="e.g. S=1/W=1000")
+    args = p.parse_args(argv)
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""session/list at 1,000,000 sessions in one tenant: a page at the start, middle and end.
+
+* **broker**: ``session/list`` over a WebSocket to a front node (``serve --no-workers``),
+  with a signed cursor at each depth, with and without a ``cwd`` filter (10 cwds, so the
+  filtered listing holds 100,000 sessions). The index is written straight into Redis in the
+  projector's format (rows hash + lex-ordered listings), pipelined, which is what the
+  projector would leave after projecting these sessions.
+* **floor**: the raw Redis reads that one page needs, pipelined in one round trip
+  (``ZRANGE … BYLEX LIMIT`` and ``HMGET`` of the rows), from a redis-py client.
+* **index read**: the broker's own store read of a page (``SessionIndex.page``: page.lua
+  and the rows decoded) from a client process: the like of the PostgreSQL query below.
+* **postgres** (the peer): a table with an index over (tenant, updated_at desc, id) (and one
+  with cwd), a keyset query per page through asyncpg; rows decoded from JSON as the broker
+  decodes its rows. Skipped (reported as such) when PostgreSQL is not reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from bench import common
+from bench.acp import acp_client
+
+TENANT = "default"
+PAGE = 50
+CWDS = 10
+BASE_MS = 1_780_000_000_000
+PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def sid(i: int) -> str:
+    return f"sess_{i:032x}"
+
+
+def updated_ms(i: int) -> int:
+    return BASE_MS - (i // 2) * 1000  # pairs share a timestamp: ties broken by id
+
+
+def cwd_of(i: int) -> str:
+    return f"/srv/project{i % CWDS}"
+
+
+def row_json(i: int) -> str:
+    from broker.store.index import rfc3339
+
+    return json.dumps(
+        {
+            "sessionId": sid(i),
+            "cwd": cwd_of(i),
+            "additionalDirectories": [],
+            "title": f"Session number {i}",
+            "updatedAt": rfc3339(updated_ms(i)),
+            "createdAt": rfc3339(updated_ms(i) - 60_000),
+            "status": "RUNNING",
+            "kind": "combined",
+            "agent": "demo",
+            "_meta": {},
+        },
+        separators=(",", ":"),
+    )
+
+
+async def populate_redis(url: str, n: int) -> None:
+    from broker.store.client import connect
+    from broker.store.index import ACP_LISTING, cwd_listing, member
+    from broker.store.keys import TenantKeys
+
+    keys = TenantKeys(TENANT)
+    store = connect(url)
+    batch = 20_000
+    for start in range(0, n, batch):
+        rows, acp = {}, {}
+        by_cwd: dict[str, dict[str, int]] = {}
+        for i in range(start, min(n, start + batch)):
+            rows[sid(i)] = row_json(i)
+            m = member(updated_ms(i), sid(i))
+            acp[m] = 0
+            by_cwd.setdefault(cwd_listing(cwd_of(i)), {})[m] = 0
+        async with store.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.rows, mapping=rows)
+            pipe.zadd(keys.index(ACP_LISTING), acp)
+            for listing, members in by_cwd.items():
+                pipe.zadd(keys.index(listing), members)
+            await pipe.execute()
+    await store.aclose()
+
+
+def depths(n: int) -> dict[str, int | None]:
+    """Rank of the row each page starts after (None: the first page); last page: PAGE rows."""
+    return {"start": None, "middle": n // 2 - 1, "end": n - PAGE - 1}
+
+
+def position_rank(rank: int | None, cwd: int | None) -> int | None:
+    """The session index i of the row at ``rank`` of the listing (all, or one cwd's)."""
+    if rank is None:
+        return None
+    return rank if cwd is None else rank * CWDS + cwd
+
+
+async def broker_calls(client: Any, n: int) -> dict[str, Any]:
+    from broker.store.cursors import CursorCodec, fingerprint
+    from broker.store.index import member
+
+    codec = CursorCodec([common.CURSOR_SECRET.encode()])
+    out: dict[str, Any] = {}
+    for filtered in (False, True):
+        cwd = 3 if filtered else None
+        count = n // CWDS if filtered else n
+        filters = {"cwd": cwd_of(cwd)} if cwd is not None else {}
+        mark = fingerprint(TENANT, "acp", filters)
+        for depth, rank in depths(count).items():
+            params: dict[str, Any] = dict(filters)
+            i = position_rank(rank, cwd)
+            if i is not None:
+                params["cursor"] = codec.encode(member(updated_ms(i), sid(i)), mark)
+            result = await client.request("session/list", params)
+            expected_first = position_rank(0 if rank is None else rank + 1, cwd)
+            assert result["sessions"][0]["sessionId"] == sid(expected_first or 0), result
+            assert len(result["sessions"]) == PAGE, len(result["sessions"])
+            assert ("nextCursor" in result) == (depth != "end")
+
+            async def call(params: dict[str, Any] = params) -> None:
+                await client.request("session/list", params)
+
+            out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
+    return out
+
+
+async def floor_calls(store: Any, n: int) -> dict[str, Any]:
+    from broker.store.index import ACP_LISTING, cwd_listing, member
+    from broker.store.keys import TenantKeys
+
+    keys = TenantKeys(TENANT)
+    out: dict[str, Any] = {}
+    for filtered in (False, True):
+        cwd = 3 if filtered else None
+        count = n // CWDS if filtered else n
+        listing = keys.index(cwd_listing(cwd_of(cwd)) if cwd is not None else ACP_LISTING)
+        for depth, rank in depths(count).items():
+            i = position_rank(rank, cwd)
+            low = "-" if i is None else "(" + member(updated_ms(i), sid(i))
+            first = 0 if rank is None else rank + 1
+            ids = [sid(position_rank(first + k, cwd) or 0) for k in range(PAGE + 1)]
+
+            async def call(low: str = low, ids: list[str] = ids, listing: str = listing) -> None:
+                async with store.pipeline(transaction=False) as pipe:
+                    pipe.zrange(listing, low, "+", bylex=True, offset=0, num=PAGE + 1)
+                    pipe.hmget(keys.rows, ids)
+                    members, rows = await pipe.execute()
+                assert len(members) >= PAGE and rows[0]
+
+            await call()
+            out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
+    return out
+
+
+async def index_calls(store: Any, n: int) -> dict[str, Any]:
+    """The broker's own index read (``SessionIndex.page``: page.lua + rows decoded), in-process:
+    the like of the PostgreSQL query, without the WebSocket hop."""
+    from broker.store.index import ACP_LISTING, SessionIndex, cwd_listing, member
+
+    index = SessionIndex(store)
+    out: dict[str, Any] = {}
+    for filtered in (False, True):
+        cwd = 3 if filtered else None
+        count = n // CWDS if filtered else n
+        listing = cwd_listing(cwd_of(cwd)) if cwd is not None else ACP_LISTING
+        for depth, rank in depths(count).items():
+            i = position_rank(rank, cwd)
+            after = None if i is None else member(updated_ms(i), sid(i))
+
+            async def call(listing: str = listing, after: str | None = after) -> None:
+                page = await index.page(TENANT, listing, after, PAGE)
+                assert len(page.rows) == PAGE
+
+            await call()
+            out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
+    return out
+
+
+async def postgres_calls(conn: Any, table: str, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if True:
+        await conn.execute(
+            f"CREATE TABLE {table} (tenant text NOT NULL, id text NOT NULL,"
+            " updated_at bigint NOT NULL, cwd text NOT NULL, row text NOT NULL)"
+        )
+        batch = 50_000
+        for start in range(0, n, batch):
+            records = [
+                (TENANT, sid(i), updated_ms(i), cwd_of(i), row_json(i))
+                for i in range(start, min(n, start + batch))
+            ]
+            await conn.copy_records_to_table(table, records=records)
+        await conn.execute(f"CREATE INDEX ON {table} (tenant, updated_at DESC, id)")
+        await conn.execute(f"CREATE INDEX ON {table} (tenant, cwd, updated_at DESC, id)")
+        await conn.execute(f"ANALYZE {table}")
+        first_all = await conn.prepare(
+            f"SELECT id, updated_at, row FROM {table} WHERE tenant = $1"
+            " ORDER BY updated_at DESC, id LIMIT $2"
+        )
+        after_all = await conn.prepare(
+            f"SELECT id, updated_at, row FROM {table} WHERE tenant = $1 AND updated_at <= $2"
+            " AND (updated_at < $2 OR id > $3) ORDER BY updated_at DESC, id LIMIT $4"
+        )
+        first_cwd = await conn.prepare(
+            f"SELECT id, updated_at, row FROM {table} WHERE tenant = $1 AND cwd = $2"
+            " ORDER BY updated_at DESC, id LIMIT $3"
+        )
+        after_cwd = await conn.prepare(
+            f"SELECT id, updated_at, row FROM {table} WHERE tenant = $1 AND cwd = $2"
+            " AND updated_at <= $3 AND (updated_at < $3 OR id > $4)"
+            " ORDER BY updated_at DESC, id LIMIT $5"
+        )
+        for filtered in (False, True):
+            cwd = 3 if filtered else None
+            count = n // CWDS if filtered else n
+            for depth, rank in depths(count).items():
+                i = position_rank(rank, cwd)
+                if cwd is None:
+                    args: tuple[Any, ...] = (
+                        (TENANT, PAGE + 1)
+                        if i is None
+                        else (TENANT, updated_ms(i), sid(i), PAGE + 1)
+                    )
+                    stmt = first_all if i is None else after_all
+                else:
+                    args = (
+                        (TENANT, cwd_of(cwd), PAGE + 1)
+                        if i is None
+                        else (TENANT, cwd_of(cwd), updated_ms(i), sid(i), PAGE + 1)
+                    )
+                    stmt = first_cwd if i is None else after_cwd
+                first = 0 if rank is None else rank + 1
+                rows = await stmt.fetch(*args)
+                assert rows[0]["id"] == sid(position_rank(first, cwd) or 0), rows[0]["id"]
+
+                async def call(stmt: Any = stmt, args: tuple[Any, ...] = args) -> None:
+                    fetched = await stmt.fetch(*args)
+                    [json.loads(r["row"]) for r in fetched]
+
+                out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
+        plan = await conn.fetch(
+            f"EXPLAIN SELECT id, updated_at, row FROM {table} WHERE tenant = $1"
+            " AND updated_at <= $2 AND (updated_at < $2 OR id > $3)"
+            " ORDER BY updated_at DESC, id LIMIT $4",
+            TENANT,
+            BASE_MS,
+            sid(0),
+            PAGE + 1,
+        )
+        print("  postgres plan: " + " / ".join(r[0].strip() for r in plan), flush=True)
+    return out
+
+
+async def interleaved(
+    systems: dict[str, dict[str, Any]], samples: int, seconds: float
+) -> dict[str, dict[str, Any]]:
+    """Time every system's call for each cell in turn, so the machine's noise hits all alike."""
+    out: dict[str, dict[str, Any]] = {name: {} for name in systems}
+    cells = list(next(iter(systems.values())))
+    for cell in cells:
+        calls = [(name, calls[cell]) for name, calls in systems.items() if cell in calls]
+        for _ in range(min(20, samples)):  # warm-up
+            for _, call in calls:
+                await call()
+        lat: dict[str, list[float]] = {name: [] for name, _ in calls}
+        deadline = time.monotonic() + seconds
+        k = 0
+        while k < samples and time.monotonic() < deadline:
+            for name, call in calls[k % len(calls) :] + calls[: k % len(calls)]:
+                t = time.perf_counter()
+                await call()
+                lat[name].append((time.perf_counter() - t) * 1000)
+            k += 1
+        for name, values in lat.items():
+            out[name][cell] = common.latency_summary(values)
+    return out
+
+
+@contextlib.asynccontextmanager
+async def postgres_table() -> AsyncIterator[tuple[Any, str] | str]:
+    """A connection and a fresh uniquely named table, dropped afterwards (or why not)."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(PG_DSN, timeout=5)
+    except Exception as exc:
+        yield repr(exc)[:200]
+        return
+    table = f"acpb_bench_list_{os.getpid()}_{int(time.time())}"
+    try:
+        yield conn, table
+    finally:
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
+        await conn.close()
+
+
+async def run(args: Any) -> None:
+    n = 20_000 if args.quick else 1_000_000
+    samples = 50 if args.quick else 1000
+    seconds = 3.0 if args.quick else 20.0
+    runs: list[dict[str, Any]] = []
+    unavailable = ""
+    for r in range(args.runs):
+        print(f"list: {n:,} sessions (run {r + 1}/{args.runs})", flush=True)
+        import redis.asyncio as redis
+
+        with common.private_redis() as url:
+            t = time.monotonic()
+            await populate_redis(url, n)
+            print(f"  index written in {time.monotonic() - t:.1f}s", flush=True)
+            store = redis.Redis.from_url(url, decode_responses=True)
+            async with (
+                common.fronts(url, 1, f"list-{r}") as nodes,
+                acp_client(nodes[0].url) as client,
+                postgres_table() as pg,
+            ):
+                systems = {
+                    "broker": await broker_calls(client, n),
+                    "floor": await floor_calls(store, n),
+                    "index": await index_calls(store, n),
+                }
+                if isinstance(pg, str):
+                    unavailable = pg
+                else:
+                    t = time.monotonic()
+                    systems["postgres"] = await postgres_calls(*pg, n)
+                    print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
+                got = await interleaved(systems, samples, seconds)
+            await store.aclose()
+        got.setdefault("postgres", {})
+        runs.append(got)
+    cells = [k for k in runs[0]["broker"]]
+    rows = []
+    summary: dict[str, Any] = {}
+    for cell in cells:
+
+        def med(system: str, stat: str, cell: str = cell) -> float:
+            return common.median(
+                [r[system][cell][stat] for r in runs if cell in r[system]] or [float("nan")]
+            )
+
+        b50, b99 = med("broker", "p50"), med("broker", "p99")
+        f50, f99 = med("floor", "p50"), med("floor", "p99")
+        p50, p99 = med("postgres", "p50"), med("postgres", "p99")
+        i50, i99 = med("index", "p50"), med("index", "p99")
+        summary[cell] = {
+            "broker": [b50, b99],
+            "floor": [f50, f99],
+            "postgres": [p50, p99],
+            "index": [i50, i99],
+            "broker_p99_over_floor": b99 / f99,
+            "broker_p99_over_postgres": b99 / p99,
+            "index_p99_over_postgres": i99 / p99,
+        }
+        rows.append([cell, b50, b99, i50, i99, f50, f99, p50, p99, b99 / f99, b99 / p99, i99 / p99])
+    text = common.table(
+        f"session/list, {n:,} sessions, {PAGE} per page (ms; cwd: 1 of {CWDS} cwds)",
+        [
+            "listing/depth",
+            "broker p50",
+            "broker p99",
+            "index read p50",
+            "index read p99",
+            "floor p50",
+            "floor p99",
+            "postgres p50",
+            "postgres p99",
+            "broker ÷ floor p99 (≤2)",
+            "broker ÷ postgres p99 (≤1)",
+            "index read ÷ postgres p99",
+        ],
+        rows,
+    )
+    if not runs[0]["postgres"]:
+        text += f"\n\nPostgreSQL unavailable: {unavailable}"
+    common.report(
+        "list",
+        [text],
+        {"quick": args.quick, "sessions": n, "summary": summary, "runs": runs},
+        args.out,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common.parser("list", __doc__.splitlines()[0] if __doc__ else "")
+    asyncio.run(run(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
