@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,7 +233,21 @@ async def measure(
     }
 
 
-async def run_system(system: str, shape: Shape, tag: str) -> dict[str, Any]:
+@dataclass
+class Running:
+    """One system, up and joined, ready to be measured."""
+
+    system: str
+    send: Send
+    swarms: list[common.Child]
+    pids: list[int]
+    rooms: list[str]
+    joined: int
+
+
+@contextlib.asynccontextmanager
+async def running(system: str, shape: Shape, tag: str) -> AsyncIterator[Running]:
+    """A private Redis, the system's 2 nodes and 2 swarm processes, all joined."""
     with common.private_redis() as redis_url:
         async with servers(system, redis_url, tag, shape.sessions) as (urls, pids, rooms):
             targets: list[list[dict[str, Any]]] = [[], []]
@@ -262,17 +276,58 @@ async def run_system(system: str, shape: Shape, tag: str) -> dict[str, Any]:
                 send, close = await FEEDERS[system](redis_url)
                 try:
                     await feed(send, rooms, 2 * len(rooms), None, 30)  # warm-up
-                    await asyncio.sleep(1.0)
-                    count = int(shape.rate * shape.rate_seconds)
-                    at_rate = await measure(send, swarms, pids, rooms, joined, count, shape.rate)
-                    at_max = await measure(
-                        send, swarms, pids, rooms, joined, shape.max_updates, None
-                    )
+                    yield Running(system, send, swarms, pids, rooms, joined)
                 finally:
                     await close()
-                for swarm in swarms:
-                    await swarm.send("quit")
-    return {"system": system, "shape": shape.name, "joined": joined, "rate": at_rate, "max": at_max}
+                    for swarm in swarms:
+                        await swarm.send("quit")
+
+
+async def run_shape(
+    shape: Shape, systems: tuple[str, ...], rounds: int, profile: bool
+) -> list[dict[str, Any]]:
+    """All systems up side by side (idle when not measured), measured in alternating rounds:
+    every round runs each system at the fixed rate, then each at max, in a rotating order,
+    so that the machine's noise over time hits all of them alike."""
+    tag = f"fanout-{shape.sessions}x{shape.watchers}"
+    got: dict[str, dict[str, list[dict[str, Any]]]] = {s: {"rate": [], "max": []} for s in systems}
+    async with contextlib.AsyncExitStack() as stack:
+        up = [
+            await stack.enter_async_context(running(system, shape, f"{tag}-{system}"))
+            for system in systems
+        ]
+        joined = {r.system: r.joined for r in up}
+        await asyncio.sleep(1.0)
+        for k in range(rounds):
+            order = up[k % len(up) :] + up[: k % len(up)]
+            print(f"fanout {shape.name} round {k + 1}/{rounds}", flush=True)
+            for r in order:
+                count = int(shape.rate * shape.rate_seconds)
+                got[r.system]["rate"].append(
+                    await measure(r.send, r.swarms, r.pids, r.rooms, r.joined, count, shape.rate)
+                )
+            for r in order:
+                async with contextlib.AsyncExitStack() as profiling:
+                    if profile and k == 0:
+                        from bench.profile import recording
+
+                        out = common.RESULTS / f"profile-{tag}-{r.system}.txt"
+                        await profiling.enter_async_context(recording(r.pids[0], out))
+                    got[r.system]["max"].append(
+                        await measure(
+                            r.send, r.swarms, r.pids, r.rooms, r.joined, shape.max_updates, None
+                        )
+                    )
+    results = []
+    for system in systems:
+        runs = [
+            {"rate": rate, "max": mx}
+            for rate, mx in zip(got[system]["rate"], got[system]["max"], strict=True)
+        ]
+        cell = median_result(runs)
+        cell.update(system=system, shape=shape.name, joined=joined[system])
+        results.append(cell)
+    return results
 
 
 def summarize(results: list[dict[str, Any]], shapes: tuple[Shape, ...]) -> tuple[list[str], Any]:
@@ -346,8 +401,8 @@ def summarize(results: list[dict[str, Any]], shapes: tuple[Shape, ...]) -> tuple
 
 
 def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The per-field median of several runs of one cell."""
-    out = dict(runs[0])
+    """The per-field median of several rounds of one cell."""
+    out: dict[str, Any] = {}
     for mode in ("rate", "max"):
         out[mode] = {
             key: common.median([r[mode][key] for r in runs])
@@ -364,16 +419,11 @@ async def run(args: Any) -> None:
     shapes = QUICK if args.quick else FULL
     if args.shape:
         shapes = tuple(s for s in shapes if s.name in args.shape)
-    systems = args.systems or SYSTEMS
+    systems = tuple(args.systems or SYSTEMS)
+    rounds = args.rounds or (1 if args.quick else 3)
     results = []
     for shape in shapes:
-        for system in systems:
-            runs = []
-            for n in range(args.runs):
-                tag = f"fanout-{system}-{shape.sessions}x{shape.watchers}-{n}"
-                print(f"fanout {shape.name} {system} (run {n + 1}/{args.runs})", flush=True)
-                runs.append(await run_system(system, shape, tag))
-            results.append(median_result(runs))
+        results.extend(await run_shape(shape, systems, rounds * args.runs, args.profile))
     tables, ratios = summarize(results, shapes)
     data = {"quick": args.quick, "results": results, "ratios": ratios}
     common.report("fanout", tables, data, args.out)
@@ -383,6 +433,10 @@ def main(argv: list[str] | None = None) -> None:
     p = common.parser("fanout", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--systems", nargs="*", choices=SYSTEMS)
     p.add_argument("--shape", nargs="*", help="e.g. S=1/W=1000")
+    p.add_argument("--rounds", type=int, default=0, help="alternating rounds (default 3)")
+    p.add_argument(
+        "--profile", action="store_true", help="py-spy the first node during the max run"
+    )
     args = p.parse_args(argv)
     asyncio.run(run(args))
 

@@ -1,0 +1,157 @@
+"""Append: events/s through the append script with fan-out, one agent host, vs raw XADD.
+
+In one run, alternating round by round so the machine's noise hits all alike:
+
+* **agent host**: a real agent host (``worker agent-host``) runs the demo agent; a client
+  connected to a front node sends ``session/prompt`` with ``/chunks N``: the agent writes N
+  ``agent_message_chunk`` updates to its stdout as fast as it can, the agent host appends
+  each one through the append script (XADD, snapshot, feed, SPUBLISH), the front node
+  fans it out to the client, and the prompt is answered once the client has been sent all
+  N. Events/s = N ÷ the prompt's round trip.
+* **append script**: this process appends the same updates one after another with
+  ``SessionLog.append`` (what the agent host does per update), while the client above
+  watches the session through the front node.
+* **raw XADD** (the ceiling): the same bodies, one ``XADD`` after another, from one
+  redis-py client; and pipelined (64 at a time), for scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from bench import common
+from bench.acp import acp_client
+
+CWD = "/srv/bench"
+TENANT = "default"
+
+
+def body(i: int) -> dict[str, Any]:
+    update = {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": f"chunk {i}"},
+    }
+    return {"type": "update", "update": update}
+
+
+async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
+    import redis.asyncio as redis
+
+    from broker.store.client import connect
+    from broker.store.events import dumps
+    from broker.store.log import SessionLog
+
+    rates: dict[str, list[float]] = {
+        "agent host": [],
+        "append script": [],
+        "raw XADD": [],
+        "raw XADD pipelined": [],
+    }
+    with common.private_redis() as url:
+        async with (
+            common.agent_host(url, "append"),
+            common.fronts(url, 1, "append") as nodes,
+            acp_client(nodes[0].url) as client,
+        ):
+            session = await client.new_session(CWD)
+            received = 0
+            caught_up = asyncio.Event()
+            wanted = 0
+
+            def count(text: str) -> None:
+                nonlocal received
+                received += 1
+                if received >= wanted:
+                    caught_up.set()
+
+            client.on_notification = count
+            store = connect(url)
+            log = SessionLog(store)
+            raw = redis.Redis.from_url(url, decode_responses=True)
+            bodies = [dumps(body(i)) for i in range(n)]
+
+            async def agent_host() -> float:
+                t = time.perf_counter()
+                prompt = [{"type": "text", "text": f"/chunks {n}"}]
+                await client.request(
+                    "session/prompt", {"sessionId": session, "prompt": prompt}, timeout=300
+                )
+                return n / (time.perf_counter() - t)
+
+            async def append_script() -> float:
+                nonlocal wanted
+                wanted = received + n
+                caught_up.clear()
+                t = time.perf_counter()
+                for i in range(n):
+                    await log.append(TENANT, session, body(i))
+                took = time.perf_counter() - t
+                await asyncio.wait_for(caught_up.wait(), 60)  # the watcher got them all
+                return n / took
+
+            async def raw_xadd() -> float:
+                t = time.perf_counter()
+                for text in bodies:
+                    await raw.xadd("bench:raw", {"ts": "1780000000000", "ev": text})
+                return n / (time.perf_counter() - t)
+
+            async def raw_pipelined() -> float:
+                t = time.perf_counter()
+                for start in range(0, n, 64):
+                    async with raw.pipeline(transaction=False) as pipe:
+                        for text in bodies[start : start + 64]:
+                            pipe.xadd("bench:raw2", {"ts": "1780000000000", "ev": text})
+                        await pipe.execute()
+                return n / (time.perf_counter() - t)
+
+            systems = {
+                "agent host": agent_host,
+                "append script": append_script,
+                "raw XADD": raw_xadd,
+                "raw XADD pipelined": raw_pipelined,
+            }
+            for fn in systems.values():  # warm-up
+                await fn()
+            for r in range(rounds):
+                names = list(systems)
+                names = names[r % len(names) :] + names[: r % len(names)]
+                for name in names:
+                    rates[name].append(await systems[name]())
+            await store.aclose()
+            await raw.aclose()
+    return rates
+
+
+async def run(args: Any) -> None:
+    n = 500 if args.quick else 10_000
+    rounds = 2 if args.quick else 5
+    all_rates: dict[str, list[float]] = {}
+    for r in range(args.runs):
+        print(f"append: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)
+        for name, values in (await run_once(args, n, rounds)).items():
+            all_rates.setdefault(name, []).extend(values)
+    med = {name: common.median(values) for name, values in all_rates.items()}
+    ceiling = med["raw XADD"]
+    rows = [[name, value, value / ceiling] for name, value in med.items()]
+    text = common.table(
+        f"Append, {n:,} events per round, median of {len(all_rates['raw XADD'])} rounds",
+        ["path", "events/s", "÷ raw XADD (≥0.5)"],
+        rows,
+    )
+    common.report(
+        "append",
+        [text],
+        {"quick": args.quick, "events": n, "median": med, "rounds": all_rates},
+        args.out,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common.parser("append", __doc__.splitlines()[0] if __doc__ else "")
+    asyncio.run(run(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Connections: resident memory per idle connection at 10,000 connections; connects/s.
+
+For each system one server node and N client connections (two swarm processes of lean
+clients, 200 handshakes in flight each):
+
+* **broker**: a front node (``serve --no-workers``) with an agent host; each connection
+  sends ``initialize`` and ``session/resume`` of one session and then stays idle.
+* **socketio** (the peer): a python-socketio node; Socket.IO connect + ``join`` a room.
+* **relay** (the ceiling): the bare ``websockets`` relay; ``join ROOM``.
+
+Memory per connection = (server RSS with N idle connections - RSS before) ÷ N.
+Connects/s = N ÷ the time from the first connect to the last joined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from bench import common
+from bench.fanout import CWD, servers
+
+SYSTEMS = ("broker", "socketio", "relay")
+
+
+async def run_system(system: str, n: int, tag: str) -> dict[str, Any]:
+    with common.private_redis() as redis_url:
+        async with servers(system, redis_url, tag, 1) as (urls, pids, rooms):
+            url, pid = urls[0], pids[0]
+            await asyncio.sleep(0.5)
+            before = common.rss_bytes(pid)
+            cpu0 = common.cpu_seconds(pid)
+            async with contextlib.AsyncExitStack() as stack:
+                swarms = []
+                for i in range(2):
+                    part = [{"url": url, "room": rooms[0], "n": n // 2 + (n % 2 if i == 0 else 0)}]
+                    config = {"system": system, "targets": part, "cwd": CWD, "concurrency": 200}
+                    swarms.append(
+                        await stack.enter_async_context(
+                            common.child("bench.swarm", json.dumps(config), name=f"{tag}-swarm{i}")
+                        )
+                    )
+                readies = [json.loads(await s.expect("ready", timeout=600)) for s in swarms]
+                cpu = common.cpu_seconds(pid) - cpu0
+                joined = sum(r["joined"] for r in readies)
+                seconds = max(r["seconds"] for r in readies)
+                await asyncio.sleep(2.0)  # idle
+                after = common.rss_bytes(pid)
+                failures = [r.get("first_failure") for r in readies if r["failed"]]
+                for swarm in swarms:
+                    await swarm.send("quit")
+    return {
+        "system": system,
+        "connections": n,
+        "joined": joined,
+        "failures": failures,
+        "rss_before": before,
+        "rss_after": after,
+        "bytes_per_connection": (after - before) / joined if joined else float("nan"),
+        "connects_per_s": joined / seconds if seconds else float("nan"),
+        "cpu_ms_per_connect": cpu / joined * 1000 if joined else float("nan"),
+    }
+
+
+async def run(args: Any) -> None:
+    common.raise_nofile()
+    n = args.connections or (500 if args.quick else 10_000)
+    results: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+    for r in range(args.runs):
+        for system in SYSTEMS:
+            print(f"connections: {system}, {n:,} (run {r + 1}/{args.runs})", flush=True)
+            results[system].append(await run_system(system, n, f"conn-{system}-{r}"))
+    rows = []
+    summary = {}
+    for system, runs in results.items():
+        kb = common.median([x["bytes_per_connection"] for x in runs]) / 1024
+        cps = common.median([x["connects_per_s"] for x in runs])
+        cpu = common.median([x["cpu_ms_per_connect"] for x in runs])
+        joined = min(x["joined"] for x in runs)
+        summary[system] = {"kb_per_connection": kb, "connects_per_s": cps, "cpu_ms": cpu}
+        rows.append([system, joined, kb, cps, cpu])
+    text = common.table(
+        f"Connections: {n:,} idle connections on one node",
+        ["system", "joined", "KB RSS / idle conn (≤20)", "connects/s", "server CPU ms / connect"],
+        rows,
+    )
+    common.report(
+        "connections",
+        [text],
+        {"quick": args.quick, "connections": n, "summary": summary, "runs": results},
+        args.out,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common.parser("connections", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--connections", type=int, default=0, help="how many (default 10,000)")
+    asyncio.run(run(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Replay: a session of 10,000 events replayed to a client (events/s) vs raw XRANGE + send.
+
+* **broker**: a fresh connection sends ``initialize`` and ``session/load`` for a session whose
+  log holds N events; the front reads the log and sends every event, then the reply.
+  Events/s = N ÷ (request sent → reply received).
+* **ceiling**: the bare relay (``bench/peers/relay.py``) reads the same stream with one
+  ``XRANGE`` and sends each entry as a frame (``websockets.broadcast`` to one connection),
+  then ``done``.
+
+Both are timed from the same lean client, alternating round by round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from bench import common
+from bench.acp import new_sessions
+from bench.wsclient import connect
+
+CWD = "/srv/bench"
+TENANT = "default"
+
+
+async def fill(url: str, session: str, n: int) -> None:
+    from broker.store.client import connect as store_connect
+    from broker.store.log import SessionLog
+
+    store = store_connect(url)
+    log = SessionLog(store)
+    for start in range(0, n, 100):
+        await asyncio.gather(
+            *(
+                log.append(
+                    TENANT,
+                    session,
+                    {
+                        "type": "update",
+                        "update": {
+                            "sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": f"replayed chunk number {i}"},
+                        },
+                    },
+                )
+                for i in range(start, min(n, start + 100))
+            )
+        )
+    await store.aclose()
+
+
+async def broker_replay(url: str, session: str) -> tuple[float, int]:
+    frames = 0
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_text(payload: bytes) -> None:
+        nonlocal frames
+        if payload.startswith(b'{"jsonrpc":"2.0","method":"session/update"'):
+            frames += 1
+        elif b'"id":2' in payload and not done.done():
+            done.set_result(None)
+        elif b'"id":1' in payload and not ready.done():
+            ready.set_result(None)
+
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    client = await connect(url, on_text)
+    init = {"protocolVersion": 1, "clientCapabilities": {}}
+    client.send_text(
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+    )
+    await asyncio.wait_for(ready, 30)
+    load = {"sessionId": session, "cwd": CWD, "mcpServers": []}
+    t = time.perf_counter()
+    client.send_text(
+        json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": load})
+    )
+    await asyncio.wait_for(done, 120)
+    took = time.perf_counter() - t
+    client.close()
+    return took, frames
+
+
+async def relay_replay(url: str, key: str, session: str) -> tuple[float, int]:
+    frames = 0
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_text(payload: bytes) -> None:
+        nonlocal frames
+        if payload == b"done":
+            done.set_result(None)
+        elif payload.startswith(b"{"):
+            frames += 1
+
+    client = await connect(url, on_text)
+    t = time.perf_counter()
+    client.send_text(f"replay {key} {session}")
+    await asyncio.wait_for(done, 120)
+    took = time.perf_counter() - t
+    client.close()
+    return took, frames
+
+
+async def run_once(n: int, rounds: int) -> dict[str, list[float]]:
+    from broker.store.keys import SessionKeys
+
+    rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
+    with common.private_redis() as url:
+        async with (
+            common.agent_host(url, "replay"),
+            common.fronts(url, 1, "replay") as nodes,
+            common.child("bench.peers.relay", url, name="replay-relay") as relay,
+        ):
+            relay_url = f"ws://127.0.0.1:{await relay.expect('ready')}/"
+            (session,) = await new_sessions(nodes[0].url, 1, CWD)
+            await fill(url, session, n)
+            key = SessionKeys(TENANT, session).log
+            for r in range(rounds + 1):  # the first round warms up
+                order = ["broker", "ceiling"] if r % 2 else ["ceiling", "broker"]
+                for name in order:
+                    if name == "broker":
+                        took, frames = await broker_replay(nodes[0].url, session)
+                    else:
+                        took, frames = await relay_replay(relay_url, key, session)
+                    if frames < n:
+                        raise RuntimeError(f"{name} replayed {frames} of {n} events")
+                    if r:
+                        rates[name].append(frames / took)
+    return rates
+
+
+async def run(args: Any) -> None:
+    n = 1000 if args.quick else 10_000
+    rounds = 2 if args.quick else 7
+    rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
+    for r in range(args.runs):
+        print(f"replay: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)
+        for name, values in (await run_once(n, rounds)).items():
+            rates[name].extend(values)
+    med = {name: common.median(values) for name, values in rates.items()}
+    rows = [[name, value, value / med["ceiling"]] for name, value in med.items()]
+    text = common.table(
+        f"Replay of a {n:,}-event session, median of {len(rates['broker'])} rounds",
+        ["system", "events/s", "÷ ceiling (≥0.5)"],
+        rows,
+    )
+    common.report(
+        "replay",
+        [text],
+        {"quick": args.quick, "events": n, "median": med, "rounds": rates},
+        args.out,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common.parser("replay", __doc__.splitlines()[0] if __doc__ else "")
+    asyncio.run(run(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
