@@ -190,6 +190,13 @@ def test_permission_request_gets_a_title_and_a_tool_call_subject() -> None:
     valid(2, "RequestPermissionRequest", bare)
 
 
+def test_v2_clients_are_never_sent_v1_client_methods() -> None:
+    for method in ("fs/read_text_file", "fs/write_text_file", "terminal/create"):
+        assert not v2.client_answers(method)
+    for method in ("session/request_permission", "elicitation/create", "_vendor/ask"):
+        assert v2.client_answers(method)
+
+
 def test_session_replies_drop_modes_and_rename_config_options() -> None:
     option = {"id": "s", "name": "S", "type": "boolean", "currentValue": True}
     reply = {"sessionId": "x", "modes": {"currentModeId": "a"}, "configOptions": [option]}

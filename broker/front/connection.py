@@ -274,6 +274,8 @@ class ClientConnection:
         (``$/cancel_request``).
         """
         if self.protocol_version == v2.V2:
+            if not v2.client_answers(method):
+                raise ConnectionError(f"a v2 client has no {method}")  # ask another
             params = v2.client_request(method, params)
         msg_id, future = self._pending.open()
         self.send(jsonrpc.request(msg_id, method, params))

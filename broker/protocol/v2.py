@@ -93,6 +93,15 @@ def result(method: str, v1: Any) -> Any:
     return v1
 
 
+CLIENT_METHODS = frozenset({"session/request_permission", "elicitation/create"})
+"""What a v2 client answers (``fs/*`` and ``terminal/*`` are gone in v2), besides ``_`` ones."""
+
+
+def client_answers(method: str) -> bool:
+    """Whether a v2 client can be sent this agent request at all."""
+    return method in CLIENT_METHODS or method.startswith("_")
+
+
 def client_request(method: str, params: JsonObject) -> JsonObject:
     """An agent's (v1) request to a client, in the v2 shape."""
     if method == "session/request_permission":
