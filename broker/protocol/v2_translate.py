@@ -14,9 +14,6 @@ from typing import Any
 
 from .jsonrpc import JsonObject
 
-V1_ONLY_UPDATES = frozenset({"current_mode_update"})
-"""v1 update variants with no v2 counterpart: not sent to v2 clients (modes are gone in v2)."""
-
 MESSAGE_CHUNKS = {
     "user_message_chunk": "echo",
     "agent_message_chunk": "agent",
