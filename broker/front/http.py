@@ -116,8 +116,9 @@ class FrontHttp:
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT
         while not self._server.started:
             if self._task.done():
-                self._task.result()
-                raise RuntimeError("the HTTP listener stopped while starting")
+                with contextlib.suppress(SystemExit):  # uvicorn exits on a failed start
+                    self._task.result()
+                raise RuntimeError("the HTTP listener stopped while starting (see the log)")
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError("the HTTP listener did not start in time")
             await asyncio.sleep(0.01)

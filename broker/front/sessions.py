@@ -8,6 +8,7 @@ REST (:mod:`.rest`) and MCP (:mod:`.mcp`) only translate its answers and its
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,8 @@ from ..store.query import (
     parse_query,
 )
 from .auth import Authenticator, Credentials, open_access
+
+log = logging.getLogger(__name__)
 
 TOOL_DESCRIPTION = (
     "Lists the project's sessions, newest first, with each one's id, status, kind and "
@@ -57,14 +60,18 @@ class SessionsService:
 
     async def page(self, args: Mapping[str, Any], credentials: Credentials) -> SessionPage:
         """One page for these inputs; :class:`ApiError` when the call cannot be answered."""
-        tenant = await self.authenticate(credentials)
-        query = parse_query(args)
         try:
-            return await self.lister.page(tenant, query)
+            tenant = await self.authenticate(credentials)
+            return await self.lister.page(tenant, parse_query(args))
+        except ApiError:
+            raise
         except RedisError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
             ) from exc
+        except Exception as exc:
+            log.exception("listing sessions failed")
+            raise ApiError(ErrorCode.INTERNAL, "the sessions could not be listed") from exc
 
 
 def sessions_service(settings: Settings, store: Store) -> SessionsService:
