@@ -49,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--cursor-secret", help="secret that signs list cursors")
     serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="turn authentication off even beyond loopback (anyone reaching the port gets in)",
+    )
+    serve.add_argument("--tls-cert", help="PEM certificate: serve wss:// and https:// directly")
+    serve.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed to connect (repeatable)",
+    )
+    serve.add_argument(
         "--no-workers",
         action="store_true",
         help="front node only: no agent host, no projector (run them as workers)",
@@ -95,6 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     rebuild = sub.add_parser("rebuild-index", help="rebuild the session index from the logs")
     _common(rebuild)
+
+    token = sub.add_parser("token", help="create, list and revoke API tokens")
+    actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a token (printed once)")
+    _common(create)
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=["read", "write", "admin"],
+        default=[],
+        help="repeatable (default: read and write)",
+    )
+    create.add_argument("--name", default="", help="a label to recognize it by")
+    listing = actions.add_parser("list", help="list tokens (never their secrets)")
+    _common(listing)
+    revoke = actions.add_parser("revoke", help="revoke a token by id")
+    _common(revoke)
+    revoke.add_argument("id", help="the token id (the part after acpb_)")
     return parser
 
 
@@ -119,6 +151,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         agents=agents,
         cursor_secret=args.cursor_secret,
         workers=False if args.no_workers else None,
+        auth="off" if args.insecure_no_auth else None,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        allowed_origins=args.allowed_origin or None,
     )
     asyncio.run(run_broker(settings))
     return 0
@@ -187,6 +223,44 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_token(args: argparse.Namespace) -> int:
+    from .auth.tokens import TokenStore
+    from .store.client import connect
+
+    settings = _settings(args)
+    if settings.redis_url is None:
+        raise SystemExit("acp-broker token: --redis-url is required (tokens live in Redis)")
+
+    async def run() -> int:
+        redis = connect(settings.redis_url)
+        try:
+            store = TokenStore(redis)
+            if args.action == "create":
+                token, info = await store.create(
+                    settings.tenant, args.scope or ["read", "write"], args.name
+                )
+                print(token)
+                print(
+                    f"id {info.id}, tenant {info.tenant}, scopes {','.join(info.scopes)}: "
+                    "keep the token, it is not shown again",
+                    file=sys.stderr,
+                )
+            elif args.action == "list":
+                for info in await store.list(args.tenant):
+                    state = "revoked" if info.revoked else "active"
+                    print(
+                        f"{info.id}  {info.tenant}  {','.join(info.scopes)}  {state}  {info.name}"
+                    )
+            elif not await store.revoke(args.id):
+                print(f"acp-broker token revoke: no token {args.id}", file=sys.stderr)
+                return 1
+            return 0
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
 _COMMANDS = {
     "serve": _cmd_serve,
     "worker": _cmd_worker,
@@ -194,6 +268,7 @@ _COMMANDS = {
     "sessions": _cmd_sessions,
     "mcp": _cmd_mcp,
     "rebuild-index": _cmd_rebuild,
+    "token": _cmd_token,
 }
 
 

@@ -13,7 +13,7 @@ import secrets
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
@@ -94,6 +94,29 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(default=10.0, gt=0)
     ack_timeout: float = Field(default=2.0, gt=0)
     drain_timeout: float = Field(default=10.0, ge=0)
+
+    auth: Literal["auto", "on", "off"] = "auto"
+    """auto: on whenever the broker listens beyond loopback."""
+    allow_in_band_auth: bool = False
+    """Accept upgrades without credentials, for clients that authenticate through ACP."""
+    jwt_secret: str | None = None
+    jwt_public_key_file: str | None = None
+    jwt_jwks_file: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_tenant_claim: str = "tenant"
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Browser origins allowed to open the WebSocket and call REST (empty: no browsers)."""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    max_connections: int = Field(default=10_000, ge=1)
+    max_connections_per_token: int = Field(default=200, ge=1)
+    max_sessions_per_connection: int = Field(default=100, ge=1)
+    rate_per_connection: float = Field(default=50.0, gt=0)
+    """Requests per second a connection may send (bursts up to twice as many)."""
+    rate_per_token: float = Field(default=200.0, gt=0)
+    """Requests per second all of a token's connections on one node may send together."""
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

@@ -16,6 +16,7 @@ class ErrorCode(StrEnum):
     """What went wrong, as clients and models match on it."""
 
     UNAUTHORIZED = "unauthorized"  # no or bad credentials
+    FORBIDDEN = "forbidden"  # good credentials, not enough scope
     INVALID_ARGUMENT = "invalid_argument"  # an input is missing, malformed or out of range
     INVALID_CURSOR = "invalid_cursor"  # a forged, truncated, foreign or mismatched cursor
     SESSION_NOT_RUNNING = "session_not_running"  # a session tool needs a RUNNING session
@@ -27,6 +28,7 @@ class ErrorCode(StrEnum):
 
 HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
     ErrorCode.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
+    ErrorCode.FORBIDDEN: HTTPStatus.FORBIDDEN,
     ErrorCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
     ErrorCode.INVALID_CURSOR: HTTPStatus.BAD_REQUEST,
     ErrorCode.SESSION_NOT_RUNNING: HTTPStatus.CONFLICT,

@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from ..auth.authenticator import Authenticator as BrokerAuthenticator
+from ..auth.authenticator import bearer
+from ..auth.principal import AuthError, Scope
 from ..errors import ApiError, ErrorCode
 
 
@@ -34,6 +37,26 @@ Authenticator = Callable[[Credentials], Awaitable[str]]
 def unauthorized(detail: str) -> ApiError:
     """The error that refuses a caller (REST: 401 with ``WWW-Authenticate``)."""
     return ApiError(ErrorCode.UNAUTHORIZED, detail)
+
+
+def forbidden(detail: str) -> ApiError:
+    """The error for a caller whose credential lacks a scope (REST: 403)."""
+    return ApiError(ErrorCode.FORBIDDEN, detail)
+
+
+def bearer_access(authenticator: BrokerAuthenticator) -> Authenticator:
+    """Authentication on: a bearer API token or JWT with the ``read`` scope."""
+
+    async def authenticate(credentials: Credentials) -> str:
+        try:
+            principal = await authenticator.authenticate(bearer(credentials.authorization))
+        except AuthError:
+            raise unauthorized("a valid bearer token is required") from None
+        if not principal.may(Scope.READ):
+            raise forbidden("the token lacks the read scope")
+        return principal.tenant
+
+    return authenticate
 
 
 def open_access(tenant: str) -> Authenticator:

@@ -23,12 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
+from ..auth.principal import Principal
 from ..protocol import jsonrpc, v2, v2_render
 from ..protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ..protocol.pending import PeerGone, PendingRequests
 from ..protocol.render import origin_of, session_updates
 from ..store.events import EventType, LogEvent
+from .access import TokenBucket, session_limit
 
 if TYPE_CHECKING:
     from .methods import AcpMethods
@@ -67,12 +70,16 @@ class _BatchReplies:
 class ClientConnection:
     """The broker's side of one WebSocket connection."""
 
-    def __init__(self, ws: ServerConnection, methods: AcpMethods, *, tenant: str) -> None:
+    def __init__(
+        self, ws: ServerConnection, methods: AcpMethods, *, principal: Principal | None
+    ) -> None:
         self.ws = ws
         self.id = str(ws.id)
         self.methods = methods
-        self.tenant = tenant
         self.settings = methods.settings
+        self.principal = principal
+        self.tenant = principal.tenant if principal else ""
+        self.bucket = TokenBucket(self.settings.rate_per_connection)
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
         self.active: dict[str, ActiveSession] = {}
@@ -239,9 +246,13 @@ class ClientConnection:
         else:
             self.send_text(jsonrpc.encode(message))
 
-    def send_text(self, text: str) -> None:
-        """Queue one frame; a client that lets the queue overflow is cut off."""
+    def send_text(self, text: str, *, shared: bool = False) -> None:
+        """Send one frame: at once while the socket keeps up, else through the bounded queue;
+        a client that lets the queue overflow is cut off. ``shared``: an event's frame, which
+        many connections are sent (its wire bytes are made once, see :func:`_wire`)."""
         if self._closing:
+            return
+        if not self._queue and self._write_now(text, shared):
             return
         self._queue.append(text)
         self._queued_bytes += len(text)
@@ -252,6 +263,27 @@ class ClientConnection:
             self._spawn(self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full"))
             return
         self._wakeup.set()
+
+    def _write_now(self, text: str, shared: bool) -> bool:
+        """Write a frame straight to the socket, as ``websockets.broadcast`` does, when nothing
+        waits in the queue before it and the socket is not backed up (no task switch, no
+        awaiting); False: it has to go through the queue and the writer."""
+        ws = self.ws
+        if ws.paused or ws.send_in_progress is not None or ws.protocol.state is not State.OPEN:
+            return False
+        try:
+            if shared and not ws.protocol.extensions:
+                # A server's data frame is the same bytes for every connection (unmasked, and
+                # no extension rewrites it), so it is framed once, not once per connection.
+                ws.transport.write(_wire(text))
+                return True
+            data = text.encode()
+        except UnicodeEncodeError:
+            log.exception("could not send a frame to %s; dropped it", self.id)
+            return True
+        ws.protocol.send_text(data)
+        ws.send_data()
+        return True
 
     async def _write_loop(self) -> None:
         while True:
@@ -300,6 +332,8 @@ class ClientConnection:
         event after that seq, now (``replay_now``, for load) or on release.
         """
         await self.deactivate(session_id)
+        if len(self.active) >= self.settings.max_sessions_per_connection:
+            raise session_limit(self.settings)
         session = ActiveSession(tenant, session_id, held=[])
         self.active[session_id] = session
         try:
@@ -403,7 +437,7 @@ class ClientConnection:
             return
         session.delivered = event.seq
         for text in self._frames(session, event, replay=replay):
-            self.send_text(text)
+            self.send_text(text, shared=True)
         if session.waiters:
             self._wake_waiters(session)
         if event.type == EventType.DELETED:
@@ -445,6 +479,35 @@ class Deferred:
 
 
 DEFERRED = Deferred()
+
+
+_WIRE: dict[str, bytes] = {}
+_WIRE_ENTRIES = 4096
+_WIRE_LARGEST = 64 * 1024
+
+
+def _wire(text: str) -> bytes:
+    """A text frame as this server puts it on the wire (FIN, unmasked, no extensions).
+
+    Kept for the last few thousand event frames, so an event going to a thousand
+    connections is encoded and framed once (the text's hash is computed once too).
+    """
+    wire = _WIRE.get(text)
+    if wire is None:
+        data = text.encode()
+        size = len(data)
+        if size < 126:
+            head = bytes((0x81, size))
+        elif size < 65536:
+            head = b"\x81\x7e" + size.to_bytes(2, "big")
+        else:
+            head = b"\x81\x7f" + size.to_bytes(8, "big")
+        wire = head + data
+        if size <= _WIRE_LARGEST:
+            if len(_WIRE) >= _WIRE_ENTRIES:
+                _WIRE.clear()
+            _WIRE[text] = wire
+    return wire
 
 
 def _frames(event: LogEvent, session_id: str) -> list[str]:

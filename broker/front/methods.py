@@ -29,6 +29,7 @@ from ..store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ..store.events import EventType, SessionSnapshot
 from ..store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
 from ..store.log import SessionLog, SessionMissing
+from .access import Access
 from .connection import DEFERRED, ClientConnection
 from .gateway import AgentGateway
 from .hub import FanoutHub
@@ -50,6 +51,7 @@ class AcpMethods:
     hub: FanoutHub
     host: AgentGateway
     cursors: CursorCodec
+    access: Access
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         if request.method == "initialize":
@@ -60,6 +62,12 @@ class AcpMethods:
             raise RpcError(
                 INVALID_REQUEST, "the connection is not initialized: send initialize first"
             )
+        try:
+            self.access.check(conn.principal, conn.bucket, request)
+        except RpcError:
+            if request.is_notification:
+                return None
+            raise
         handler = _surface(conn.protocol_version).get(request.method)
         if handler is None:
             if request.is_notification:
@@ -82,7 +90,9 @@ class AcpMethods:
         conn.protocol_version = negotiated
         await self.host.refresh_capabilities()
         if negotiated == v2.V2:
-            return v2.initialize_result(self.host.prompt_capabilities())
+            result = v2.initialize_result(self.host.prompt_capabilities())
+            result["authMethods"] = self.access.auth_methods(v2.V2)
+            return result
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -98,9 +108,30 @@ class AcpMethods:
                     "setTitle": {},
                 },
             },
-            "authMethods": [],
+            "authMethods": self.access.auth_methods(PROTOCOL_VERSION),
             "agentInfo": dict(v2.BROKER_INFO),
         }
+
+    # -- authentication ---------------------------------------------------------------------
+
+    async def authenticate(self, conn: ClientConnection, request: Request) -> JsonObject:
+        """ACP ``authenticate`` (v1) and ``auth/login`` (v2): a token in ``_meta``."""
+        if not self.access.enabled:
+            raise RpcError(METHOD_NOT_FOUND, "authentication is off: no authMethods advertised")
+        principal = await self.access.login(request.params)
+        if conn.principal is not None and principal.tenant != conn.tenant and conn.active:
+            raise invalid_params("close this connection's sessions before changing tenant")
+        conn.principal, conn.tenant = principal, principal.tenant
+        return {}
+
+    async def logout(self, conn: ClientConnection, request: Request) -> JsonObject:
+        """``auth/logout``: the connection is unauthenticated again (its sessions close)."""
+        if not self.access.enabled:
+            raise RpcError(METHOD_NOT_FOUND, "authentication is off: no authMethods advertised")
+        for session_id in list(conn.active):
+            await conn.deactivate(session_id)
+        conn.principal = None
+        return {}
 
     # -- session setup ----------------------------------------------------------------------
 
@@ -377,6 +408,7 @@ MethodHandler = Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]
 """An ACP method, unbound: the surfaces of both versions are tables of these."""
 
 _HANDLERS: dict[str, MethodHandler] = {
+    "authenticate": AcpMethods.authenticate,
     "session/new": AcpMethods.session_new,
     "session/load": AcpMethods.session_load,
     "session/resume": AcpMethods.session_resume,

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..protocol import v2
-from ..protocol.jsonrpc import METHOD_NOT_FOUND, Request, RpcError, invalid_params
+from ..protocol.jsonrpc import Request, invalid_params
 from .connection import DEFERRED, ClientConnection
 from .methods import AcpMethods, MethodHandler
 
@@ -79,14 +79,6 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-async def auth_unavailable(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
-    """``auth/login`` and ``auth/logout`` exist only where ``authMethods`` are advertised."""
-    raise RpcError(
-        METHOD_NOT_FOUND,
-        f"{request.method} is not available: this broker advertises no authMethods",
-    )
-
-
 def _for_agent(request: Request) -> Request:
     return Request(request.method, v2.agent_params(request.params), request.id)
 
@@ -101,7 +93,7 @@ V2_HANDLERS: Mapping[str, MethodHandler] = {
     "session/close": AcpMethods.session_close,
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
-    "auth/login": auth_unavailable,
-    "auth/logout": auth_unavailable,
+    "auth/login": AcpMethods.authenticate,
+    "auth/logout": AcpMethods.logout,
 }
 """The v2 surface: every v2 method the broker answers (``session/set_title`` is an extension)."""

@@ -11,21 +11,31 @@ import asyncio
 import contextlib
 import http
 import logging
+import ssl
+from collections.abc import Sequence
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
+from websockets.typing import Subprotocol
 
 from workers.agent_host.worker import HostWorker
 from workers.projector.worker import Projector
 
+from ..auth.authenticator import (
+    SUBPROTOCOL_PREFIX,
+    Authenticator,
+    websocket_token,
+)
+from ..auth.principal import AuthError, Principal
 from ..config import Settings
 from ..signals import until_stopped
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
+from .access import Access
 from .connection import CLOSE_GOING_AWAY, ClientConnection
 from .gateway import RemoteAgents
 from .http import FrontHttp, http_url
@@ -59,6 +69,14 @@ class Broker:
         )
         self.hub.listener = NodeRouter(self.redis, self.hub, self.agents)
         self.worker = HostWorker(self.redis, settings) if settings.workers else None
+        self.authenticator = Authenticator(settings, self.redis)
+        if not self.authenticator.enabled and not _loopback_only(settings):
+            log.warning(
+                "AUTHENTICATION IS OFF on %s: anyone who can reach this port acts as tenant %r",
+                settings.host,
+                settings.tenant,
+            )
+        self.access = Access(settings, self.authenticator)
         self.methods = AcpMethods(
             settings,
             self.log,
@@ -66,8 +84,10 @@ class Broker:
             self.hub,
             self.agents,
             CursorCodec(settings.cursor_keys()),
+            self.access,
         )
-        self.http = FrontHttp(settings, sessions_service(settings, self.redis))
+        self.http = FrontHttp(settings, sessions_service(settings, self.redis, self.authenticator))
+        self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
         self._server: Server | None = None
         self._projector: asyncio.Task[Any] | None = None
@@ -93,6 +113,8 @@ class Broker:
             self.settings.port,
             process_request=self._process_request,
             process_response=self._process_response,
+            select_subprotocol=_select_subprotocol,
+            ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
             ping_interval=self.settings.ping_interval,
             ping_timeout=self.settings.ping_interval,
@@ -115,9 +137,7 @@ class Broker:
         if self._server is not None:
             self._server.close(close_connections=False)
             connections = list(self.connections)
-            await asyncio.gather(
-                *(conn.drain(self.settings.drain_timeout) for conn in connections)
-            )
+            await asyncio.gather(*(conn.drain(self.settings.drain_timeout) for conn in connections))
             for conn in connections:
                 with contextlib.suppress(Exception):
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
@@ -135,26 +155,83 @@ class Broker:
                 await self.redis.aclose()
 
     async def _handle(self, ws: ServerConnection) -> None:
-        conn = ClientConnection(ws, self.methods, tenant=self.settings.tenant)
+        principal = self._principals.pop(str(ws.id), None)
+        conn = ClientConnection(ws, self.methods, principal=principal)
         self.connections.add(conn)
         try:
             await conn.run()
         finally:
             self.connections.discard(conn)
+            self.access.close_connection(principal)
 
     async def _process_request(
         self, ws: ServerConnection, request: HttpRequest
     ) -> HttpResponse | None:
         path = request.path.split("?", 1)[0]
         if path == self.settings.path:
-            return None
+            return await self._admit(ws, request)
         return await self.http.answer_websocket_request(request)  # /healthz, /v1/…
+
+    async def _admit(self, ws: ServerConnection, request: HttpRequest) -> HttpResponse | None:
+        """Origin, credentials and connection limits of a WebSocket upgrade."""
+        origin = request.headers.get("Origin")
+        if origin is not None and origin not in self.settings.allowed_origins:
+            return ws.respond(http.HTTPStatus.FORBIDDEN, "origin not allowed\n")
+        token, _ = websocket_token(
+            request.headers.get("Authorization"),
+            _offered_subprotocols(request),
+            request.headers.get("Cookie"),
+        )
+        principal: Principal | None
+        try:
+            principal = await self.authenticator.authenticate(token)
+        except AuthError:
+            if token or not self.settings.allow_in_band_auth:
+                response = ws.respond(http.HTTPStatus.UNAUTHORIZED, "unauthorized\n")
+                response.headers["WWW-Authenticate"] = 'Bearer realm="acp-broker"'
+                return response
+            principal = None  # in-band: ACP authenticate will say who it is
+        refusal = self.access.open_connection(principal)
+        if refusal is not None:
+            return ws.respond(http.HTTPStatus.TOO_MANY_REQUESTS, refusal + "\n")
+        self._principals[str(ws.id)] = principal
+        return None
 
     def _process_response(
         self, ws: ServerConnection, request: HttpRequest, response: HttpResponse
     ) -> None:
         if response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS:
             response.headers[CONNECTION_ID_HEADER] = str(ws.id)
+
+
+def _offered_subprotocols(request: HttpRequest) -> list[str]:
+    return [
+        item.strip()
+        for value in request.headers.get_all("Sec-WebSocket-Protocol")
+        for item in value.split(",")
+        if item.strip()
+    ]
+
+
+def _select_subprotocol(ws: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    """Echo the credential subprotocol a browser offered (browsers require the echo)."""
+    for protocol in offered:
+        if protocol.startswith(SUBPROTOCOL_PREFIX):
+            return protocol
+    return None
+
+
+def _loopback_only(settings: Settings) -> bool:
+    return settings.host in ("127.0.0.1", "::1", "localhost")
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """Direct TLS from ``--tls-cert``/``--tls-key`` (usually the load balancer does TLS)."""
+    if not settings.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    return context
 
 
 async def run_broker(settings: Settings) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from ..auth.authenticator import Authenticator as BrokerAuthenticator
 from ..config import Settings
 from ..errors import ApiError, ErrorCode
 from ..store.client import Store
@@ -30,7 +31,7 @@ from ..store.query import (
     SessionPage,
     parse_query,
 )
-from .auth import Authenticator, Credentials, open_access
+from .auth import Authenticator, Credentials, bearer_access, open_access
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,15 @@ class SessionsService:
             raise ApiError(ErrorCode.INTERNAL, "the sessions could not be listed") from exc
 
 
-def sessions_service(settings: Settings, store: Store) -> SessionsService:
-    """The service for a node or for ``acp-broker mcp``: settings' cursor keys, auth off."""
+def sessions_service(
+    settings: Settings, store: Store, authenticator: BrokerAuthenticator | None = None
+) -> SessionsService:
+    """The service for a node (its authenticator) or for ``acp-broker mcp`` over stdio
+    (no authenticator: whoever runs it holds the Redis URL and acts as the settings' tenant)."""
     lister = SessionLister(store, CursorCodec(settings.cursor_keys()))
-    return SessionsService(lister, open_access(settings.tenant))
+    if authenticator is None or not authenticator.enabled:
+        return SessionsService(lister, open_access(settings.tenant))
+    return SessionsService(lister, bearer_access(authenticator))
 
 
 def input_properties(*, after: str = AFTER_TOOL) -> dict[str, JsonObject]:

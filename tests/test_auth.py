@@ -1,0 +1,332 @@
+"""Authentication, tenant isolation and limits, over real connections."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jwt
+import pytest
+import websockets
+
+from broker.auth.tokens import TokenStore
+from broker.front.server import Broker
+
+from .conftest import make_settings
+from .support.client import RawClient, text
+
+JWT_SECRET = "a-test-secret-that-is-long-enough-for-hs256"
+
+
+@pytest.fixture
+async def secure(store: Any) -> AsyncIterator[Broker]:
+    node = Broker(
+        make_settings(
+            auth="on",
+            jwt_secret=JWT_SECRET,
+            jwt_audience="acp",
+            jwt_issuer="tests",
+            allowed_origins=["https://app.example"],
+            rate_per_connection=1000,
+        ),
+        redis=store,
+    )
+    await node.start()
+    yield node
+    await node.stop()
+
+
+def _url(node: Broker) -> str:
+    return f"ws://127.0.0.1:{node.port}/acp"
+
+
+async def _token(node: Broker, tenant: str, scopes: list[str]) -> str:
+    token, _ = await TokenStore(node.redis).create(tenant, scopes)
+    return token
+
+
+def _jwt(**claims: Any) -> str:
+    base = {
+        "tenant": "jwt-team",
+        "sub": "u",
+        "aud": "acp",
+        "iss": "tests",
+        "exp": int(time.time()) + 600,
+    }
+    return jwt.encode({**base, **claims}, JWT_SECRET, algorithm="HS256")
+
+
+async def _client(node: Broker, token: str | None = None, **kwargs: Any) -> RawClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    client = await RawClient.connect(_url(node), additional_headers=headers, **kwargs)
+    await client.initialize()
+    return client
+
+
+async def _refused(node: Broker, **kwargs: Any) -> int:
+    with pytest.raises(websockets.InvalidStatus) as err:
+        await websockets.connect(_url(node), **kwargs)
+    return int(err.value.response.status_code)
+
+
+async def test_upgrades_without_good_credentials_get_401(secure: Broker) -> None:
+    token = await _token(secure, "team-a", ["read"])
+    revoked = await _token(secure, "team-a", ["read"])
+    await TokenStore(secure.redis).revoke(revoked.split("_")[1])
+    bad = [
+        None,
+        "acpb_nope_nope",
+        token[:-2],
+        revoked,
+        _jwt(exp=int(time.time()) - 3600),  # expired
+        _jwt(aud="someone-else"),  # wrong audience
+        jwt.encode(
+            {"tenant": "x", "aud": "acp", "iss": "tests", "exp": int(time.time()) + 60},
+            "forged-secret-forged-secret-forged-secret",
+            algorithm="HS256",
+        ),
+    ]
+    for credential in bad:
+        headers = {"Authorization": f"Bearer {credential}"} if credential else None
+        assert await _refused(secure, additional_headers=headers) == 401, credential
+    # Good credentials work through a header, a subprotocol (browsers) or a cookie.
+    for kwargs in (
+        {"additional_headers": {"Authorization": f"Bearer {token}"}},
+        {"subprotocols": [f"acp-broker.bearer.{token}"]},
+        {"additional_headers": {"Cookie": f"acp_broker_token={token}"}},
+        {"additional_headers": {"Authorization": f"Bearer {_jwt()}"}},
+    ):
+        ws = await websockets.connect(_url(secure), **kwargs)
+        await ws.close()
+
+
+async def test_origins_outside_the_allow_list_are_refused(secure: Broker) -> None:
+    token = await _token(secure, "team-a", ["read"])
+    auth = {"Authorization": f"Bearer {token}"}
+    assert await _refused(secure, additional_headers=auth, origin="https://evil.example") == 403
+    ws = await websockets.connect(
+        _url(secure), additional_headers=auth, origin="https://app.example"
+    )
+    await ws.close()
+
+
+METHODS = [
+    ("session/load", {"cwd": "/iso", "mcpServers": []}),
+    ("session/resume", {"cwd": "/iso"}),
+    ("session/prompt", {"prompt": text("hi")}),
+    ("session/set_mode", {"modeId": "code"}),
+    ("session/set_config_option", {"configId": "style", "value": "shouty"}),
+    ("session/set_title", {"title": "mine now"}),
+    ("session/close", {}),
+]
+
+
+async def test_a_foreign_session_answers_exactly_like_a_missing_one(secure: Broker) -> None:
+    a = await _client(secure, await _token(secure, "team-a", ["read", "write"]))
+    b = await _client(secure, await _token(secure, "team-b", ["read", "write"]))
+    own = (await a.call("session/new", {"cwd": "/iso", "mcpServers": []}))["result"]["sessionId"]
+    await a.call("session/prompt", {"sessionId": own, "prompt": text("/notool secret")})
+    for method, params in METHODS:
+        foreign = await b.call(method, {"sessionId": own, **params})
+        missing = await b.call(method, {"sessionId": "sess_" + "0" * 32, **params})
+        assert "error" in foreign, method
+        assert foreign["error"] == missing["error"], method
+    # Deleting it "succeeds" for b, exactly as for a missing id, and changes nothing.
+    assert (await b.call("session/delete", {"sessionId": own}))["result"] == {}
+    listed_a = (await a.call("session/list", {}))["result"]["sessions"]
+    assert [s["sessionId"] for s in listed_a] == [own]
+    assert (await b.call("session/list", {}))["result"]["sessions"] == []
+    # b never saw a single event of a's session.
+    assert not [m for m in b.inbox if m.get("params", {}).get("sessionId") == own]
+    # a's cursors are useless to b.
+    await a.call("session/new", {"cwd": "/iso", "mcpServers": []})
+    secure.settings.list_page_size = 1
+    cursor = (await a.call("session/list", {}))["result"]["nextCursor"]
+    assert (await b.call("session/list", {"cursor": cursor}))["error"]["code"] == -32602
+    for client in (a, b):
+        await client.close()
+
+
+async def test_a_read_only_token_can_list_and_watch_but_not_change(secure: Broker) -> None:
+    writer = await _client(secure, await _token(secure, "team-a", ["read", "write"]))
+    reader = await _client(secure, await _token(secure, "team-a", ["read"]))
+    sid = (await writer.call("session/new", {"cwd": "/r", "mcpServers": []}))["result"]["sessionId"]
+    assert (await reader.call("session/new", {"cwd": "/r", "mcpServers": []}))["error"][
+        "code"
+    ] == -32000
+    assert "result" in await reader.call("session/resume", {"sessionId": sid, "cwd": "/r"})
+    denied = await reader.call("session/prompt", {"sessionId": sid, "prompt": text("x")})
+    assert denied["error"]["code"] == -32000 and "write" in denied["error"]["message"]
+    assert [
+        s["sessionId"] for s in (await reader.call("session/list", {}))["result"]["sessions"]
+    ] == [sid]
+    for client in (writer, reader):
+        await client.close()
+
+
+async def test_in_band_authentication_for_clients_that_cannot_set_headers(store: Any) -> None:
+    node = Broker(make_settings(auth="on", allow_in_band_auth=True), redis=store)
+    await node.start()
+    try:
+        token = await _token(node, "team-a", ["read", "write"])
+        client = await _client(node)
+        assert (await client.call("session/list", {}))["error"]["code"] == -32000
+        wrong = await client.call(
+            "authenticate",
+            {"methodId": "acp-broker-token", "_meta": {"acpBroker/token": "acpb_x_y"}},
+        )
+        assert wrong["error"]["code"] == -32000
+        ok = await client.call(
+            "authenticate", {"methodId": "acp-broker-token", "_meta": {"acpBroker/token": token}}
+        )
+        assert ok["result"] == {}
+        assert (await client.call("session/list", {}))["result"] == {"sessions": []}
+        await client.close()
+    finally:
+        await node.stop()
+
+
+async def test_initialize_advertises_the_token_auth_method(secure: Broker) -> None:
+    client = await RawClient.connect(
+        _url(secure),
+        additional_headers={"Authorization": f"Bearer {await _token(secure, 'a', ['read'])}"},
+    )
+    init = await client.initialize()
+    assert init["result"]["authMethods"][0]["id"] == "acp-broker-token"
+    await client.close()
+
+
+async def test_rest_answers_401_and_403_as_problem_documents(secure: Broker) -> None:
+    reader = await _token(secure, "team-a", ["read"])
+    scopeless = _jwt(scope="")
+
+    def get(token: str | None) -> tuple[int, dict[str, Any], str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{secure.http_port}/v1/sessions")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return resp.status, json.loads(resp.read()), resp.headers["Content-Type"]
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read()), err.headers["Content-Type"]
+
+    status, body, kind = await asyncio.to_thread(get, None)
+    assert (status, body["code"]) == (401, "unauthorized") and kind.startswith(
+        "application/problem+json"
+    )
+    status, body, _ = await asyncio.to_thread(get, "acpb_forged_token")
+    assert (status, body["code"]) == (401, "unauthorized")
+    status, body, _ = await asyncio.to_thread(get, scopeless)
+    assert (status, body["code"]) == (403, "forbidden")
+    status, body, _ = await asyncio.to_thread(get, reader)
+    assert status == 200 and body["data"] == []
+
+
+async def test_rate_limits_are_hit_and_recovered_from(store: Any) -> None:
+    node = Broker(make_settings(rate_per_connection=5), redis=store)
+    await node.start()
+    try:
+        client = await _client(node)
+        other = await _client(node)
+        replies = [await client.call("session/list", {}) for _ in range(25)]
+        limited = [r for r in replies if "error" in r]
+        assert limited and all(r["error"]["code"] == -32005 for r in limited)
+        assert limited[0]["error"]["data"] == {"limit": "rate_per_connection"}
+        # Another connection is not affected, and the limited one recovers.
+        assert "result" in await other.call("session/list", {})
+        await asyncio.sleep(1.0)  # the bucket refills with time: waiting is the point
+        assert "result" in await client.call("session/list", {})
+        for c in (client, other):
+            await c.close()
+    finally:
+        await node.stop()
+
+
+async def test_sessions_per_connection_are_bounded(store: Any) -> None:
+    node = Broker(make_settings(max_sessions_per_connection=2), redis=store)
+    await node.start()
+    try:
+        client = await _client(node)
+        for _ in range(2):
+            assert "result" in await client.call("session/new", {"cwd": "/s", "mcpServers": []})
+        third = await client.call("session/new", {"cwd": "/s", "mcpServers": []})
+        assert third["error"]["code"] == -32005
+        await client.close()
+    finally:
+        await node.stop()
+
+
+async def test_a_slow_consumer_is_cut_off_and_others_keep_going(store: Any) -> None:
+    node = Broker(
+        make_settings(max_queue_bytes=256 * 1024, max_message_bytes=15 * 1024 * 1024),
+        redis=store,
+    )
+    await node.start()
+    try:
+        actor = await _client(node)
+        sid = (await actor.call("session/new", {"cwd": "/slow", "mcpServers": []}))["result"][
+            "sessionId"
+        ]
+        # A client that stops reading while ~24 MB of updates (more than the kernel's socket
+        # buffers hold) are sent to it.
+        stalled = await _client(node, max_queue=1, ping_interval=None)
+        await stalled.call("session/resume", {"sessionId": sid, "cwd": "/slow"})
+        stalled.ws.transport.pause_reading()
+        words = " ".join(f"{i:06d}" + "x" * 100_000 for i in range(120))
+        reply = await actor.call(
+            "session/prompt", {"sessionId": sid, "prompt": text("/notool " + words)}, timeout=120
+        )
+        assert reply["result"]["stopReason"] == "end_turn"
+        # The actor got its whole reply; the stalled client was disconnected, not buffered.
+        replies = [
+            m
+            for m in actor.inbox
+            if m.get("method") == "session/update"
+            and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+        ]
+        assert len(replies) >= 120
+        stalled.ws.transport.resume_reading()
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(stalled.ws.recv(), 30)
+        received = closed.value.rcvd
+        assert received is None or received.code == 4008
+        conn_queues = [c._queued_bytes for c in node.connections]
+        assert all(q <= 256 * 1024 + 200_000 for q in conn_queues)
+        await actor.close()
+    finally:
+        await node.stop()
+
+
+async def test_the_token_cli_creates_lists_and_revokes(redis_url: str) -> None:
+    import sys
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "token",
+            *args,
+            "--redis-url",
+            redis_url,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    code, out, err = await cli("create", "--tenant", "team-x", "--scope", "read", "--name", "ci")
+    token = out.strip()
+    assert code == 0 and token.startswith("acpb_") and "not shown again" in err
+    code, out, _ = await cli("list")
+    token_id = token.split("_")[1]
+    assert f"{token_id}  team-x  read  active  ci" in out and token not in out
+    assert (await cli("revoke", token_id))[0] == 0
+    assert "revoked" in (await cli("list"))[1]
+    assert (await cli("revoke", "nope"))[0] == 1
