@@ -330,3 +330,104 @@ async def test_the_token_cli_creates_lists_and_revokes(redis_url: str) -> None:
     assert (await cli("revoke", token_id))[0] == 0
     assert "revoked" in (await cli("list"))[1]
     assert (await cli("revoke", "nope"))[0] == 1
+
+
+async def test_mcp_tool_with_real_tokens_is_tenant_scoped(secure: Broker) -> None:
+    import httpx
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    writer = await _client(secure, await _token(secure, "team-a", ["read", "write"]))
+    sid = (await writer.call("session/new", {"cwd": "/m", "mcpServers": []}))["result"]["sessionId"]
+    url = f"http://127.0.0.1:{secure.http_port}/mcp"
+
+    async def call(token: str | None) -> tuple[bool, str]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=10) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            result = await client.call_tool("session_list", {})
+            return bool(result.is_error), result.content[0].text
+
+    error, text_out = await call(None)
+    assert error and text_out.startswith("unauthorized: ")
+    error, text_out = await call(await _token(secure, "team-b", ["read"]))
+    assert not error and sid not in text_out
+    error, text_out = await call(await _token(secure, "team-a", ["read"]))
+    assert not error and sid in text_out
+    await writer.close()
+
+
+async def test_connections_per_credential_are_bounded(store: Any) -> None:
+    node = Broker(make_settings(auth="on", max_connections_per_token=2), redis=store)
+    await node.start()
+    try:
+        token = await _token(node, "team-a", ["read"])
+        headers = {"Authorization": f"Bearer {token}"}
+        first = await websockets.connect(_url(node), additional_headers=headers)
+        second = await websockets.connect(_url(node), additional_headers=headers)
+        assert await _refused(node, additional_headers=headers) == 429
+        await first.close()
+        # A freed place can be taken again.
+        await asyncio.wait_for(_until_accepted(node, headers), 10)
+        await second.close()
+    finally:
+        await node.stop()
+
+
+async def _until_accepted(node: Broker, headers: dict[str, str]) -> None:
+    while True:
+        try:
+            ws = await websockets.connect(_url(node), additional_headers=headers)
+        except websockets.InvalidStatus:
+            await asyncio.sleep(0.05)
+            continue
+        await ws.close()
+        return
+
+
+async def test_secrets_never_reach_the_log(
+    secure: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    token = await _token(secure, "team-a", ["read", "write"])
+    client = await _client(secure, token)
+    await client.call("session/new", {"cwd": "/l", "mcpServers": []})
+    await client.call(
+        "authenticate", {"methodId": "acp-broker-token", "_meta": {"acpBroker/token": token}}
+    )
+    await client.close()
+    assert await _refused(secure, additional_headers={"Authorization": f"Bearer {token}x"}) == 401
+    secret = token.split("_", 2)[2]
+    assert secret not in caplog.text and JWT_SECRET not in caplog.text
+
+
+async def test_v2_clients_log_in_with_auth_login_and_every_reply_is_schema_valid(
+    store: Any,
+) -> None:
+    from .support.schemas import WireChecker
+
+    node = Broker(make_settings(auth="on", allow_in_band_auth=True), redis=store)
+    await node.start()
+    try:
+        token = await _token(node, "team-a", ["read", "write"])
+        client = await RawClient.connect(_url(node))
+        checker = WireChecker(2)
+        params = {"protocolVersion": 2, "capabilities": {}}
+        init = await client.call("initialize", params)
+        checker.sending({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})
+        [method] = init["result"]["authMethods"]
+        assert method["type"] == "agent" and method["methodId"] == "acp-broker-token"
+        assert (await client.call("session/list", {}))["error"]["code"] == -32000
+        login = {"methodId": "acp-broker-token", "_meta": {"acpBroker/token": token}}
+        checker.sending({"jsonrpc": "2.0", "id": 1, "method": "auth/login", "params": login})
+        reply = await client.call("auth/login", login)
+        assert reply["result"] == {}
+        listed = await client.call("session/list", {})
+        assert listed["result"] == {"sessions": []}
+        assert (await client.call("auth/logout", {}))["result"] == {}
+        assert (await client.call("session/list", {}))["error"]["code"] == -32000
+        await client.close()
+    finally:
+        await node.stop()

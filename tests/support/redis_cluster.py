@@ -15,6 +15,8 @@ from pathlib import Path
 
 import redis
 
+from .redis_server import spawn_redis, stop_redis
+
 
 @dataclass
 class ClusterInfo:
@@ -53,10 +55,9 @@ class ClusterInfo:
 
 @contextlib.contextmanager
 def redis_cluster(masters: int = 3, replicas: int = 1) -> Iterator[ClusterInfo]:
-    binary = shutil.which("redis-server")
     cli = shutil.which("redis-cli")
-    if binary is None or cli is None:
-        raise RuntimeError("redis-server and redis-cli must be on PATH (.ci/run installs them)")
+    if cli is None:
+        raise RuntimeError("redis-cli must be on PATH (.ci/run installs it)")
     root = Path(tempfile.mkdtemp(prefix="acpb-cluster-"))
     ports = [_cluster_port() for _ in range(masters * (1 + replicas))]
     procs = []
@@ -65,32 +66,17 @@ def redis_cluster(masters: int = 3, replicas: int = 1) -> Iterator[ClusterInfo]:
             folder = root / str(port)
             folder.mkdir()
             procs.append(
-                subprocess.Popen(
-                    [
-                        binary,
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--dir",
-                        str(folder),
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                spawn_redis(
+                    port,
+                    folder,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
                 )
             )
-        for port in ports:
-            _wait_ping(port)
         subprocess.run(
             [
                 cli,
@@ -111,12 +97,7 @@ def redis_cluster(masters: int = 3, replicas: int = 1) -> Iterator[ClusterInfo]:
         yield info
     finally:
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_redis(proc)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -140,13 +121,3 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _wait_ping(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(redis.RedisError), redis.Redis(port=port) as node:
-            if node.ping():
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"redis-server on {port} did not start")

@@ -34,14 +34,11 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0)
     raise TimeoutError(f"redis-server on port {port} did not start")
 
 
-@contextlib.contextmanager
-def redis_server(*extra: str) -> Iterator[str]:
-    """A redis-server of our own; yields its URL and removes it afterwards."""
+def spawn_redis(port: int, folder: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """Start a redis-server on ``port`` that keeps its files in ``folder``; wait until ready."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not on PATH (.ci/run installs it)")
-    folder = Path(tempfile.mkdtemp(prefix="acpb-redis-"))
-    port = free_port()
     proc = subprocess.Popen(
         [
             binary,
@@ -62,12 +59,29 @@ def redis_server(*extra: str) -> Iterator[str]:
     )
     try:
         _wait_ready(port, proc)
+    except BaseException:
+        stop_redis(proc)
+        raise
+    return proc
+
+
+def stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def redis_server(*extra: str) -> Iterator[str]:
+    """A redis-server of our own; yields its URL and removes it afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="acpb-redis-"))
+    port = free_port()
+    proc = spawn_redis(port, folder, *extra)
+    try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_redis(proc)
         shutil.rmtree(folder, ignore_errors=True)
