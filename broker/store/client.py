@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 import fakeredis
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +18,10 @@ Store = Any
 """A ``redis.asyncio.Redis`` or ``RedisCluster`` (or a fakeredis stand-in), decoding to str."""
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+POOL_SIZE = 64
+"""Redis connections per process. A burst of requests past it waits for a free connection
+(up to :data:`POOL_WAIT` seconds) instead of failing with "Too many connections"."""
+POOL_WAIT = 20.0
 
 
 def connect(url: str | None) -> Store:
@@ -33,7 +37,14 @@ def connect(url: str | None) -> Store:
         return RedisCluster.from_url(
             f"{CLUSTER_SCHEMES[scheme]}://{rest}", decode_responses=True, health_check_interval=30
         )
-    return Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    pool = BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        health_check_interval=30,
+        max_connections=POOL_SIZE,
+        timeout=POOL_WAIT,
+    )
+    return Redis.from_pool(pool)
 
 
 def is_cluster(redis: Store) -> bool:

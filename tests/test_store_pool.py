@@ -1,0 +1,18 @@
+"""A burst of concurrent store calls larger than the connection pool waits; it never fails."""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker.store.client import POOL_SIZE, connect
+
+
+async def test_more_concurrent_calls_than_connections_wait_for_one(redis_url: str) -> None:
+    store = connect(redis_url)
+    try:
+        # Each call holds a connection for 0.2 s; more than twice the pool at once.
+        calls = [store.blpop([f"empty:{i}"], timeout=0.2) for i in range(2 * POOL_SIZE + 40)]
+        results = await asyncio.gather(*calls)
+        assert results == [None] * len(calls)
+    finally:
+        await store.aclose()
