@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .client import Store
+from .client import Store, is_cluster
 from .events import (
     EventType,
     JsonObject,
@@ -72,7 +73,33 @@ class SessionLog:
         """Append one event; raises :class:`SessionMissing` or :class:`Fenced`."""
         return await self._run(tenant, session_id, body, mode="append", fence=fence)
 
-    async def _run(
+    async def append_many(
+        self, items: Sequence[tuple[str, str, JsonObject]], *, fence: str = ""
+    ) -> list[Position | Exception]:
+        """Append several events (``(tenant, session id, body)``, in this order) in one round
+        trip: each one is the same script call as :meth:`append`. Returns each one's position,
+        or the exception :meth:`append` would have raised for it."""
+        if is_cluster(self.redis):  # one pipeline may not span slots
+            return [await self._one(t, s, b, fence) for t, s, b in items]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, session_id, body in items:
+                keys, args = self._call(tenant, session_id, body, mode="append", fence=fence)
+                await self._append(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        return [
+            _append_error(r) if isinstance(r, ResponseError) else Position(int(r[0]), str(r[1]))
+            for r in replies
+        ]
+
+    async def _one(
+        self, tenant: str, session_id: str, body: JsonObject, fence: str
+    ) -> Position | Exception:
+        try:
+            return await self.append(tenant, session_id, body, fence=fence)
+        except (SessionMissing, Fenced, ResponseError) as exc:
+            return exc
+
+    def _call(
         self,
         tenant: str,
         session_id: str,
@@ -81,7 +108,8 @@ class SessionLog:
         mode: str,
         epoch: str = "",
         fence: str = "",
-    ) -> Position:
+    ) -> tuple[list[str], list[Any]]:
+        """The append script's keys and arguments for one event."""
         keys = SessionKeys(tenant, session_id)
         ops = snapshot_ops(body)
         args: list[Any] = [
@@ -98,10 +126,21 @@ class SessionLog:
         ]
         for op in ops:
             args.extend(op)
+        return [keys.log, keys.snapshot, keys.meta, keys.feed, keys.channel], args
+
+    async def _run(
+        self,
+        tenant: str,
+        session_id: str,
+        body: JsonObject,
+        *,
+        mode: str,
+        epoch: str = "",
+        fence: str = "",
+    ) -> Position:
+        keys, args = self._call(tenant, session_id, body, mode=mode, epoch=epoch, fence=fence)
         try:
-            seq, got_epoch = await self._append(
-                keys=[keys.log, keys.snapshot, keys.meta, keys.feed, keys.channel], args=args
-            )
+            seq, got_epoch = await self._append(keys=keys, args=args)
         except ResponseError as exc:
             raise _append_error(exc) from None
         return Position(int(seq), str(got_epoch))

@@ -1,0 +1,53 @@
+"""``SessionLog.append_many``: several appends in one round trip, each exactly an ``append``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.store.events import fold
+from broker.store.log import Fenced, Position, SessionLog, SessionMissing
+
+
+def _chunk(text: str) -> dict[str, Any]:
+    update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+    return {"type": "update", "update": update}
+
+
+async def test_append_many_is_appends_in_order(store: Any) -> None:
+    log = SessionLog(store)
+    created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+    await log.create("t", "s1", created)
+    await log.create("t", "s2", created)
+    got = await log.append_many(
+        [
+            ("t", "s1", _chunk("a")),
+            ("t", "s2", _chunk("b")),
+            ("t", "missing", _chunk("c")),
+            (
+                "t",
+                "s1",
+                {
+                    "type": "update",
+                    "update": {"sessionUpdate": "session_info_update", "title": "T"},
+                },
+            ),
+        ]
+    )
+    assert [type(p) for p in got] == [Position, Position, SessionMissing, Position]
+    assert [p.seq for p in got if isinstance(p, Position)] == [2, 2, 3]
+    events = await log.read("t", "s1")
+    assert [e.seq for e in events] == [1, 2, 3]
+    assert events[1].body == _chunk("a")
+    snapshot = await log.snapshot("t", "s1")
+    folded = fold("t", "s1", events)
+    assert folded is not None and folded.title == snapshot.title == "T"
+    assert folded.seq == snapshot.seq == 3
+
+
+async def test_append_many_checks_the_fence(store: Any) -> None:
+    log = SessionLog(store)
+    await log.create("t", "s", {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"})
+    await log.set_fence("t", "s", "f2")
+    got = await log.append_many([("t", "s", _chunk("x"))], fence="f1")
+    assert isinstance(got[0], Fenced)
+    assert [e.seq for e in await log.read("t", "s")] == [1]
