@@ -64,6 +64,7 @@ class SessionFeed:
     confirmed: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    behind: int = 0  # the snapshot's seq at the last position check, if it was ahead of us
 
 
 class FanoutHub:
@@ -194,9 +195,7 @@ class FanoutHub:
                     return  # that node no longer holds any of our subscriptions
                 else:
                     node = self.redis.get_node(node_name=node_name)
-                    message = await self._pubsub.get_sharded_message(
-                        target_node=node, timeout=1.0
-                    )
+                    message = await self._pubsub.get_sharded_message(target_node=node, timeout=1.0)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -293,7 +292,12 @@ class FanoutHub:
         await self.redis.spublish(self.node_channel, '{"probe":1}')
 
     async def check_positions(self) -> None:
-        """Compare every live feed with its snapshot and fill what pub/sub lost."""
+        """Compare every live feed with its snapshot and fill what pub/sub lost.
+
+        An event is taken for lost when it was in the snapshot at the previous check and has
+        still not arrived: under load, pub/sub messages wait in the socket while the snapshot
+        is already ahead, and reading the log for them would only do the work twice.
+        """
         if is_cluster(self.redis):
             self._watch_cluster_nodes()
         feeds = [f for f in self._feeds.values() if f.last is not None]
@@ -305,6 +309,9 @@ class FanoutHub:
             heads = await pipe.execute()
         async with self._process_lock:
             for feed, head in zip(feeds, heads, strict=True):
-                if head is not None and feed.last is not None and int(head) > feed.last:
+                if head is None or feed.last is None:
+                    continue
+                if feed.behind > feed.last:
                     log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)
                     await self._catch_up(feed)
+                feed.behind = int(head) if int(head) > feed.last else 0
