@@ -125,8 +125,8 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
 
 
 async def run(args: Any) -> None:
-    n = 500 if args.quick else 10_000
-    rounds = 2 if args.quick else 5
+    n = 200 if args.quick else 10_000
+    rounds = 1 if args.quick else 5
     all_rates: dict[str, list[float]] = {}
     for r in range(args.runs):
         print(f"append: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)

@@ -47,6 +47,13 @@ __all__ = [
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CURSOR_SECRET = "bench-secret"
+BENCH_ENV = {
+    # The benchmarks measure the data path, not the admission limits: 10,000 connections
+    # and thousands of requests a second on one connection are what they send on purpose.
+    "ACP_BROKER_MAX_CONNECTIONS": "1000000",
+    "ACP_BROKER_RATE_PER_CONNECTION": "1000000",
+    "ACP_BROKER_RATE_PER_TOKEN": "1000000",
+}
 
 
 # -- arguments ---------------------------------------------------------------------------------
@@ -212,11 +219,101 @@ async def fronts(
                     log_path=LOGS / f"{tag}-front{i}.log",
                     cursor_secret=CURSOR_SECRET,
                     extra_args=["--no-workers"],
-                    env=env,
+                    env={**BENCH_ENV, **(env or {})},
                 )
             )
             nodes.append(node)
         yield nodes
+
+
+def baseline_tree(rev: str) -> Path:
+    """A checkout of ``rev`` (a git worktree in /tmp) to run the broker as it was there."""
+    import subprocess
+
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    tree = Path(f"/tmp/acpb-bench-base-{sha}")
+    if not tree.exists():
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), sha],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    return tree
+
+
+@contextlib.asynccontextmanager
+async def fronts_at(
+    tree: Path, redis_url: str, count: int, tag: str
+) -> AsyncIterator[list[tuple[str, int]]]:
+    """``count`` front nodes running the code of ``tree`` (see :func:`baseline_tree`);
+    yields (url, pid) pairs."""
+    from tests.support.broker_process import READY
+
+    code = (
+        f"import sys; sys.path.insert(0, {str(tree)!r}); "
+        "from broker.cli import main; sys.exit(main())"
+    )
+    procs: list[asyncio.subprocess.Process] = []
+    drains: list[asyncio.Task[None]] = []
+    try:
+        nodes = []
+        for i in range(count):
+            LOGS.mkdir(parents=True, exist_ok=True)
+            with open(LOGS / f"{tag}-base{i}.log", "ab") as log_file:  # noqa: ASYNC230
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-c",
+                    code,
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--redis-url",
+                    redis_url,
+                    "--cursor-secret",
+                    CURSOR_SECRET,
+                    "--no-workers",
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log_file,
+                    env={**broker_env(), **BENCH_ENV, "PYTHONPATH": str(tree)},
+                    cwd=str(tree),
+                    start_new_session=True,
+                )
+            procs.append(proc)
+            assert proc.stdout is not None
+            while True:
+                line = await asyncio.wait_for(proc.stdout.readline(), 30)
+                if not line:
+                    raise RuntimeError(f"baseline front exited; see {LOGS / f'{tag}-base{i}.log'}")
+                match = READY.search(line.decode())
+                if match:
+                    nodes.append((match[1], proc.pid))
+                    break
+            drains.append(asyncio.create_task(_drain_lines(proc.stdout)))
+        yield nodes
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for task in drains:
+            task.cancel()
+
+
+async def _drain_lines(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
 
 
 @contextlib.asynccontextmanager

@@ -66,7 +66,7 @@ async def run_system(system: str, n: int, tag: str) -> dict[str, Any]:
 
 async def run(args: Any) -> None:
     common.raise_nofile()
-    n = args.connections or (500 if args.quick else 10_000)
+    n = args.connections or (100 if args.quick else 10_000)
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
     for r in range(args.runs):
         for system in SYSTEMS:

@@ -54,9 +54,10 @@ FULL = (
     Shape(100, 10, 1000, 10, 20_000),
     Shape(1000, 2, 2500, 8, 40_000),
 )
-QUICK = (Shape(1, 60, 20, 2, 60), Shape(10, 4, 200, 2, 800))
+QUICK = (Shape(2, 10, 20, 2, 60),)
 
-Send = Callable[[str], Awaitable[Any]]
+Send = Callable[[list[str]], Awaitable[Any]]
+"""Sends one update to each room of a list (a room may repeat), in one round trip."""
 
 
 def update_body(stamp: float) -> dict[str, Any]:
@@ -71,9 +72,12 @@ async def broker_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[No
     store = connect(redis_url)
     log = SessionLog(store)
 
-    async def send(room: str) -> None:
-        body = {"type": "update", "update": update_body(time.time())}
-        await log.append(TENANT, room, body)
+    async def send(rooms: list[str]) -> None:
+        now = time.time()
+        body = {"type": "update", "update": update_body(now)}
+        for failed in await log.append_many([(TENANT, room, body) for room in rooms]):
+            if isinstance(failed, Exception):
+                raise failed
 
     return send, store.aclose
 
@@ -84,16 +88,20 @@ async def relay_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[Non
     store = redis.Redis.from_url(redis_url)
     seq = 0
 
-    async def send(room: str) -> None:
+    async def send(rooms: list[str]) -> None:
         nonlocal seq
-        seq += 1
-        params = {
-            "sessionId": room,
-            "update": update_body(time.time()),
-            "_meta": {"acpBroker/position": {"seq": seq, "epoch": "0123456789abcdef"}},
-        }
-        frame = {"jsonrpc": "2.0", "method": "session/update", "params": params}
-        await store.publish("relay:" + room, json.dumps(frame, separators=(",", ":")))
+        now = time.time()
+        async with store.pipeline(transaction=False) as pipe:
+            for room in rooms:
+                seq += 1
+                params = {
+                    "sessionId": room,
+                    "update": update_body(now),
+                    "_meta": {"acpBroker/position": {"seq": seq, "epoch": "0123456789abcdef"}},
+                }
+                frame = {"jsonrpc": "2.0", "method": "session/update", "params": params}
+                pipe.publish("relay:" + room, json.dumps(frame, separators=(",", ":")))
+            await pipe.execute()
 
     return send, store.aclose
 
@@ -104,15 +112,19 @@ async def socketio_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[
     manager = socketio.AsyncRedisManager(redis_url, write_only=True)
     seq = 0
 
-    async def send(room: str) -> None:
+    async def one(room: str, now: float) -> None:
         nonlocal seq
         seq += 1
         params = {
             "sessionId": room,
-            "update": update_body(time.time()),
+            "update": update_body(now),
             "_meta": {"acpBroker/position": {"seq": seq, "epoch": "0123456789abcdef"}},
         }
         await manager.emit("update", params, room=room, namespace="/")
+
+    async def send(rooms: list[str]) -> None:
+        now = time.time()
+        await asyncio.gather(*(one(room, now) for room in rooms))
 
     async def close() -> None:
         return None
@@ -123,9 +135,15 @@ async def socketio_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[
 FEEDERS = {"broker": broker_feeder, "relay": relay_feeder, "socketio": socketio_feeder}
 
 
+def feeder_of(
+    system: str,
+) -> Callable[[str], Awaitable[tuple[Send, Callable[[], Awaitable[None]]]]]:
+    return FEEDERS[system.partition("@")[0]]
+
+
 async def feed(send: Send, rooms: list[str], count: int, rate: float | None, seconds: float) -> int:
     """Send ``count`` updates round robin over ``rooms``: at ``rate``/s, or as fast as it goes
-    (64 in flight). Bounded by ``seconds``. Returns how many were sent."""
+    (batches of 64, one round trip each). Bounded by ``seconds``. Returns how many were sent."""
     start = time.monotonic()
     deadline = start + seconds
     sent = 0
@@ -134,10 +152,10 @@ async def feed(send: Send, rooms: list[str], count: int, rate: float | None, sec
             due = min(count, int((time.monotonic() - start) * rate) + 1)
         else:
             due = min(count, sent + 64)
-        batch = [send(rooms[i % len(rooms)]) for i in range(sent, due)]
+        batch = [rooms[i % len(rooms)] for i in range(sent, due)]
         sent = due
         if batch:
-            await asyncio.gather(*batch)
+            await send(batch)
         if rate:
             await asyncio.sleep(max(0.0, start + sent / rate - time.monotonic()))
     return sent
@@ -152,6 +170,13 @@ async def servers(system: str, redis_url: str, tag: str, sessions: int):  # type
             nodes = await stack.enter_async_context(common.fronts(redis_url, 2, tag))
             rooms = await new_sessions(nodes[0].url, sessions, CWD)
             yield [n.url for n in nodes], [n.pid for n in nodes], rooms
+            return
+        if system.startswith("broker@"):  # the broker's fronts as they were at a revision
+            tree = common.baseline_tree(system.partition("@")[2])
+            await stack.enter_async_context(common.agent_host(redis_url, tag))
+            pairs = await stack.enter_async_context(common.fronts_at(tree, redis_url, 2, tag))
+            rooms = await new_sessions(pairs[0][0], sessions, CWD)
+            yield [u for u, _ in pairs], [p for _, p in pairs], rooms
             return
         module = {"relay": "bench.peers.relay", "socketio": "bench.peers.socketio_server"}[system]
         urls, pids = [], []
@@ -261,7 +286,12 @@ async def running(system: str, shape: Shape, tag: str) -> AsyncIterator[Running]
             async with contextlib.AsyncExitStack() as stack:
                 swarms = []
                 for i, part in enumerate(targets):
-                    config = {"system": system, "targets": part, "cwd": CWD, "concurrency": 64}
+                    config = {
+                        "system": system.partition("@")[0],
+                        "targets": part,
+                        "cwd": CWD,
+                        "concurrency": 64,
+                    }
                     swarms.append(
                         await stack.enter_async_context(
                             common.child("bench.swarm", json.dumps(config), name=f"{tag}-swarm{i}")
@@ -273,7 +303,7 @@ async def running(system: str, shape: Shape, tag: str) -> AsyncIterator[Running]
                     joined += ready["joined"]
                     if ready["failed"]:
                         print(f"  {system}: {ready['failed']} joins failed: {ready}", flush=True)
-                send, close = await FEEDERS[system](redis_url)
+                send, close = await feeder_of(system)(redis_url)
                 try:
                     await feed(send, rooms, 2 * len(rooms), None, 30)  # warm-up
                     yield Running(system, send, swarms, pids, rooms, joined)
@@ -336,7 +366,8 @@ def summarize(results: list[dict[str, Any]], shapes: tuple[Shape, ...]) -> tuple
     for r in results:
         cells[(r["system"], r["shape"])] = r
     for shape in shapes:
-        for system in SYSTEMS:
+        names = list(dict.fromkeys(r["system"] for r in results if r["shape"] == shape.name))
+        for system in names:
             r = cells.get((system, shape.name))
             if r is None:
                 continue
@@ -419,7 +450,7 @@ async def run(args: Any) -> None:
     shapes = QUICK if args.quick else FULL
     if args.shape:
         shapes = tuple(s for s in shapes if s.name in args.shape)
-    systems = tuple(args.systems or SYSTEMS)
+    systems = tuple(args.systems or SYSTEMS) + tuple(f"broker@{rev}" for rev in args.baseline)
     rounds = args.rounds or (1 if args.quick else 3)
     results = []
     for shape in shapes:
@@ -432,6 +463,13 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("fanout", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--systems", nargs="*", choices=SYSTEMS)
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="also run the broker's fronts as of git revision REV, side by side (before/after)",
+    )
     p.add_argument("--shape", nargs="*", help="e.g. S=1/W=1000")
     p.add_argument("--rounds", type=int, default=0, help="alternating rounds (default 3)")
     p.add_argument(

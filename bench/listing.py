@@ -303,9 +303,9 @@ async def postgres_table() -> AsyncIterator[tuple[Any, str] | str]:
 
 
 async def run(args: Any) -> None:
-    n = 20_000 if args.quick else 1_000_000
-    samples = 50 if args.quick else 1000
-    seconds = 3.0 if args.quick else 20.0
+    n = 5_000 if args.quick else 1_000_000
+    samples = 20 if args.quick else 1000
+    seconds = 1.0 if args.quick else 20.0
     runs: list[dict[str, Any]] = []
     unavailable = ""
     for r in range(args.runs):

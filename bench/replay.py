@@ -131,8 +131,8 @@ async def run_once(n: int, rounds: int) -> dict[str, list[float]]:
 
 
 async def run(args: Any) -> None:
-    n = 1000 if args.quick else 10_000
-    rounds = 2 if args.quick else 7
+    n = 300 if args.quick else 10_000
+    rounds = 1 if args.quick else 7
     rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
     for r in range(args.runs):
         print(f"replay: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)

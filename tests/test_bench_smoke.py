@@ -1,0 +1,54 @@
+"""The benchmarks run: each one, ``--quick``, prints its table and writes its JSON.
+
+Timing is not checked here (this machine is shared and noisy); the figures are in the
+README's Performance section, made with the full sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, subprocess_env
+
+pytest.importorskip("socketio")
+pytest.importorskip("aiohttp")
+pytest.importorskip("asyncpg")
+
+BENCHMARKS = ("fanout", "list", "append", "connections", "replay")
+
+
+async def _run(name: str, out: Path) -> tuple[str, int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench",
+        name,
+        "--quick",
+        "--out",
+        str(out),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=str(ROOT),
+        env=subprocess_env(),
+    )
+    try:
+        stdout, _ = await asyncio.wait_for(proc.communicate(), 150)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return name, proc.returncode or 0, stdout.decode(errors="replace")
+
+
+async def test_every_benchmark_prints_a_table_and_writes_json(tmp_path: Path) -> None:
+    runs = await asyncio.gather(*(_run(n, tmp_path / f"{n}.json") for n in BENCHMARKS))
+    for name, code, output in runs:
+        assert code == 0, f"{name}:\n{output[-3000:]}"
+        assert "\n| " in output and " |\n" in output, f"{name} printed no table:\n{output}"
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data["benchmark"] == name and data["quick"] is True
