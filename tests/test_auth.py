@@ -333,7 +333,7 @@ async def test_the_token_cli_creates_lists_and_revokes(redis_url: str) -> None:
 
 
 async def test_mcp_tool_with_real_tokens_is_tenant_scoped(secure: Broker) -> None:
-    import httpx
+    import httpx2 as httpx
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
@@ -429,5 +429,82 @@ async def test_v2_clients_log_in_with_auth_login_and_every_reply_is_schema_valid
         assert (await client.call("auth/logout", {}))["result"] == {}
         assert (await client.call("session/list", {}))["error"]["code"] == -32000
         await client.close()
+    finally:
+        await node.stop()
+
+
+async def test_rest_answers_cors_preflights_for_allowed_origins_only(secure: Broker) -> None:
+    import httpx2 as httpx
+
+    url = f"http://127.0.0.1:{secure.http_port}/v1/sessions"
+    headers = {
+        "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "authorization",
+    }
+    async with httpx.AsyncClient(timeout=10) as http:
+        allowed = await http.options(url, headers={**headers, "Origin": "https://app.example"})
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+        refused = await http.options(url, headers={**headers, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in refused.headers
+
+
+async def test_direct_tls_serves_wss_and_https(store: Any, tmp_path: Any) -> None:
+    import datetime
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    node = Broker(
+        make_settings(tls_cert=str(tmp_path / "cert.pem"), tls_key=str(tmp_path / "key.pem")),
+        redis=store,
+    )
+    await node.start()
+    try:
+        context = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+        ws = await websockets.connect(f"wss://127.0.0.1:{node.port}/acp", ssl=context)
+        await ws.send(
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {"protocolVersion": 1},
+                }
+            )
+        )
+        assert "result" in json.loads(await ws.recv())
+        await ws.close()
+        with pytest.raises(websockets.InvalidMessage):  # plain ws:// is not served
+            await websockets.connect(f"ws://127.0.0.1:{node.port}/acp", open_timeout=5)
     finally:
         await node.stop()

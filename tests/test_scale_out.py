@@ -247,3 +247,32 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
         chunks = _chunks(first, session_id) + _chunks(second, session_id)
         assert chunks == [f"chunk {i}" for i in range(1, 31)]
         await second.close()
+
+
+async def test_a_host_that_lost_its_lease_can_never_append_again(redis_url: str) -> None:
+    """Fencing: once another host took the session, the old host's appends are refused."""
+    from broker.store.events import EventType
+    from broker.store.log import Fenced, new_session_id
+    from workers.agent_host.leases import HeldElsewhere, Leases
+
+    redis = connect(redis_url)
+    session_log = SessionLog(redis)
+    sid = new_session_id()
+    await session_log.create("default", sid, {"type": EventType.CREATED, "cwd": "/f"})
+    old = await Leases(redis, "host-old", ttl=0.2).acquire("default", sid)
+    with contextlib.suppress(HeldElsewhere):
+        await Leases(redis, "host-new", ttl=5).acquire("default", sid)
+        raise AssertionError("a live lease was taken")
+    await _eventually(lambda: _lapsed(redis, sid), 5)
+    new = await Leases(redis, "host-new", ttl=5).acquire("default", sid)
+    assert new.fence != old.fence
+    update = {"type": EventType.UPDATE, "update": {"sessionUpdate": "agent_message_chunk"}}
+    with contextlib.suppress(Fenced):
+        await session_log.append("default", sid, update, fence=old.fence)
+        raise AssertionError("a stale host appended")
+    assert (await session_log.append("default", sid, update, fence=new.fence)).seq == 2
+    await redis.aclose()
+
+
+async def _lapsed(redis: Any, sid: str) -> bool:
+    return not await redis.exists(lease_key("default", sid))

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -80,13 +81,28 @@ class FrontHttp:
         """The HTTP port's app: the SDK's streamable HTTP app plus the REST routes."""
         routes = [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
         routes.append(Route("/{path:path}", self._rest_endpoint, methods=_ALL_METHODS))
-        return self.mcp.streamable_http_app(
+        app = self.mcp.streamable_http_app(
             streamable_http_path=MCP_PATH,
             stateless_http=True,
             json_response=True,
             host=self.settings.host,
             custom_starlette_routes=routes,
         )
+        if self.settings.allowed_origins:  # browsers on these origins may call REST and MCP
+            app.add_middleware(
+                CORSMiddleware,
+                allow_origins=self.settings.allowed_origins,
+                allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                allow_headers=[
+                    "Authorization",
+                    "Content-Type",
+                    "Mcp-Session-Id",
+                    "Mcp-Protocol-Version",
+                    "Last-Event-Id",
+                ],
+                expose_headers=["Link", "Mcp-Session-Id", "WWW-Authenticate"],
+            )
+        return app
 
     async def _rest_endpoint(self, request: Request) -> Response:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -105,6 +121,8 @@ class FrontHttp:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            ssl_certfile=self.settings.tls_cert,
+            ssl_keyfile=self.settings.tls_key,
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
