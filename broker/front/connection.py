@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,8 @@ class ClientConnection:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
         self._batched: dict[jsonrpc.RequestId, _BatchReplies] = {}
+        self._corked: list[bytes] = []  # event frames to write once this burst is handed out
+        self._cork_list: list[ClientConnection] | None = None  # its event loop's, see _cork_list
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -275,15 +278,35 @@ class ClientConnection:
             if shared and not ws.protocol.extensions:
                 # A server's data frame is the same bytes for every connection (unmasked, and
                 # no extension rewrites it), so it is framed once, not once per connection.
-                ws.transport.write(_wire(text))
+                # Frames of events that arrive together are written together: one system
+                # call per connection for a burst of events, not one per event.
+                if not self._corked:
+                    corked = self._cork_list
+                    if corked is None:
+                        corked = _cork_list(self)
+                    if not corked:
+                        asyncio.get_running_loop().call_soon(_uncork_all, corked)
+                    corked.append(self)
+                self._corked.append(_wire(text))
                 return True
             data = text.encode()
         except UnicodeEncodeError:
             log.exception("could not send a frame to %s; dropped it", self.id)
             return True
+        self._uncork()  # what was written before goes first
         ws.protocol.send_text(data)
         ws.send_data()
         return True
+
+    def _uncork(self) -> None:
+        """Write the event frames gathered since the event loop last ran, in one write."""
+        corked = self._corked
+        if not corked:
+            return
+        data = corked[0] if len(corked) == 1 else b"".join(corked)
+        corked.clear()
+        if self.ws.protocol.state is State.OPEN:
+            self.ws.transport.write(data)
 
     async def _write_loop(self) -> None:
         while True:
@@ -292,6 +315,7 @@ class ClientConnection:
             while self._queue:
                 text = self._queue.popleft()
                 self._queued_bytes -= len(text)
+                self._uncork()
                 try:
                     await self.ws.send(text)
                 except ConnectionClosed:
@@ -479,6 +503,29 @@ class Deferred:
 
 
 DEFERRED = Deferred()
+
+
+_CORKED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[ClientConnection]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _cork_list(conn: ClientConnection) -> list[ClientConnection]:
+    """The connections of this event loop with frames gathered in the current step: one
+    callback (:func:`_uncork_all`) writes them all, not one callback per connection."""
+    loop = asyncio.get_running_loop()
+    corked = _CORKED.get(loop)
+    if corked is None:
+        corked = _CORKED[loop] = []
+    conn._cork_list = corked
+    return corked
+
+
+def _uncork_all(corked: list[ClientConnection]) -> None:
+    conns = corked[:]
+    corked.clear()
+    for conn in conns:
+        conn._uncork()
 
 
 _WIRE: dict[str, bytes] = {}
