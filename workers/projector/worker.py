@@ -94,7 +94,10 @@ class Projector:
         start = "0" if pending else ">"
         if not is_cluster(self.redis):
             replies = await self.redis.xreadgroup(
-                GROUP, self.name, dict.fromkeys(self.feeds, start), count=self.batch,
+                GROUP,
+                self.name,
+                dict.fromkeys(self.feeds, start),
+                count=self.batch,
                 block=None if pending else self.block_ms,
             )
             return [(feed, entries) for feed, entries in replies or [] if entries]
