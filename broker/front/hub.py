@@ -20,6 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .. import fastjson
 from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
@@ -226,7 +227,7 @@ class FanoutHub:
             return
         if kind != "smessage":
             return
-        data = json.loads(message["data"])
+        data = fastjson.loads(message["data"])
         if "seq" not in data:
             if self.listener is not None:
                 self.listener.on_session_message(feed.keys, data)

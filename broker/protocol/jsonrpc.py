@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import fastjson
+
 JsonObject = dict[str, Any]
 RequestId = int | str
 
@@ -245,9 +247,9 @@ def notification(method: str, params: Any) -> JsonObject:
 
 def encode(message: JsonObject) -> str:
     """One message as compact JSON text: one frame, or one line of stdio."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    return fastjson.dumps(message)
 
 
 def encode_batch(messages: list[JsonObject]) -> str:
     """A batch reply (never empty) as one frame."""
-    return json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
+    return fastjson.dumps(messages)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .. import fastjson
+
 JsonObject = dict[str, Any]
 SnapshotOp = tuple[str, str, str]
 
@@ -203,4 +205,4 @@ def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSna
 
 def dumps(value: Any) -> str:
     """Compact JSON, as stored in the log and sent on the wire."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return fastjson.dumps(value)

@@ -6,7 +6,6 @@ script (``lua/append.lua``) is the only writer. Reads are plain ``XRANGE``.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from .. import fastjson
 from .client import Store, is_cluster
 from .events import (
     EventType,
@@ -186,7 +186,7 @@ def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:
         seq=int(entry_id.split("-", 1)[0]),
         epoch=epoch,
         ts=int(fields["ts"]),
-        body=json.loads(fields["ev"]),
+        body=fastjson.loads(fields["ev"]),
     )
 
 

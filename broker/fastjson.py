@@ -1,0 +1,40 @@
+"""JSON on the hot paths: log events in (pub/sub, XRANGE), frames out, bodies appended.
+
+orjson does the work where it accepts the value; where it refuses (a lone surrogate, a
+non-string key, anything else it does not take) the standard library does it, so every
+input gets the outcome it had before, only faster. The output is the same compact JSON
+(``separators=(",", ":")``, ``ensure_ascii=False``); the one difference, NaN and Infinity
+written as ``null`` rather than as the invalid ``NaN``, cannot arise: :mod:`broker.protocol.jsonrpc`
+refuses them on the way in. Client input is still parsed by :mod:`broker.protocol.jsonrpc`, with its
+limits and checks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; this keeps a bare install alive
+    orjson = None  # type: ignore[assignment]
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON text (as ``json.loads``)."""
+    if orjson is not None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text (as ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``)."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value).decode()
+        except TypeError:  # orjson.JSONEncodeError is a TypeError
+            pass
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,47 @@
+"""The hot-path JSON (orjson with a standard-library fallback) reads and writes what ``json``
+does, lone surrogates and big integers included."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker import fastjson
+
+CHARS = st.lists(
+    st.one_of(st.characters(), st.sampled_from(["\ud800", "\udfff", "\u2028", '"', "\\"])),
+    max_size=12,
+).map("".join)
+VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | CHARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(CHARS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _std(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@given(VALUES)
+def test_dumps_is_the_standard_compact_json(value: Any) -> None:
+    assert fastjson.dumps(value) == _std(value)
+
+
+@given(VALUES)
+def test_loads_reads_what_json_reads(value: Any) -> None:
+    for text in (_std(value), json.dumps(value)):
+        assert fastjson.loads(text) == json.loads(text)
+    ascii_text = json.dumps(value).encode()  # bytes, as pub/sub may hand them over
+    assert fastjson.loads(ascii_text) == json.loads(ascii_text)
+
+
+def test_non_string_keys_fall_back_to_json() -> None:
+    assert fastjson.dumps({1: "a"}) == '{"1":"a"}'
