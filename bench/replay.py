@@ -102,7 +102,7 @@ async def relay_replay(url: str, key: str, session: str) -> tuple[float, int]:
     return took, frames
 
 
-async def run_once(n: int, rounds: int) -> dict[str, list[float]]:
+async def run_once(n: int, rounds: int, profile: bool = False) -> dict[str, list[float]]:
     from broker.store.keys import SessionKeys
 
     rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
@@ -116,6 +116,13 @@ async def run_once(n: int, rounds: int) -> dict[str, list[float]]:
             (session,) = await new_sessions(nodes[0].url, 1, CWD)
             await fill(url, session, n)
             key = SessionKeys(TENANT, session).log
+            if profile:
+                from bench.profile import recording
+
+                out = common.RESULTS / "profile-replay-broker.txt"
+                async with recording(nodes[0].pid, out):
+                    for _ in range(rounds):
+                        await broker_replay(nodes[0].url, session)
             for r in range(rounds + 1):  # the first round warms up
                 order = ["broker", "ceiling"] if r % 2 else ["ceiling", "broker"]
                 for name in order:
@@ -136,7 +143,7 @@ async def run(args: Any) -> None:
     rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
     for r in range(args.runs):
         print(f"replay: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)
-        for name, values in (await run_once(n, rounds)).items():
+        for name, values in (await run_once(n, rounds, args.profile)).items():
             rates[name].extend(values)
     med = {name: common.median(values) for name, values in rates.items()}
     rows = [[name, value, value / med["ceiling"]] for name, value in med.items()]
@@ -155,6 +162,7 @@ async def run(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("replay", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--profile", action="store_true", help="py-spy the front node first")
     asyncio.run(run(p.parse_args(argv)))
 
 

