@@ -10,8 +10,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from broker.protocol.render import session_updates
 from broker.store.client import connect
 from broker.store.index import SessionIndex
@@ -76,18 +74,9 @@ class Watcher:
         return True
 
 
-@pytest.fixture(params=["redis", "cluster"])
-def shared_redis(request: pytest.FixtureRequest) -> str:
-    """A real Redis server, or a real 3-master Redis Cluster."""
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_url"))
-    return str(request.getfixturevalue("redis_cluster_info").url)
-
-
 async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
-    shared_redis: str, tmp_path: Path
+    redis_url: str, tmp_path: Path
 ) -> None:
-    redis_url = shared_redis
     async with cluster_of(redis_url, tmp_path, fronts=2, hosts=2, projectors=2) as deployment:
         nodes, hosts, projectors = deployment.nodes, deployment.hosts, deployment.projectors
         driver = await RawClient.connect(nodes[1].url)

@@ -31,6 +31,7 @@ from ..auth.authenticator import (
 )
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
+from ..logs import install_redaction
 from ..signals import until_stopped
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
@@ -55,6 +56,7 @@ class Broker:
 
     def __init__(self, settings: Settings, *, redis: Store | None = None) -> None:
         self.settings = settings
+        install_redaction()
         if redis is None and settings.redis_url is None:
             log.warning("%s", embedded_warning())
         self._owns_redis = redis is None
