@@ -123,8 +123,11 @@ async def socketio_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[
         await manager.emit("update", params, room=room, namespace="/")
 
     async def send(rooms: list[str]) -> None:
+        # One at a time: AsyncRedisManager publishes on one connection and gives messages
+        # up ("Cannot publish to redis... giving up") when many are emitted at once.
         now = time.time()
-        await asyncio.gather(*(one(room, now) for room in rooms))
+        for room in rooms:
+            await one(room, now)
 
     async def close() -> None:
         return None
@@ -455,6 +458,9 @@ async def run(args: Any) -> None:
     results = []
     for shape in shapes:
         results.extend(await run_shape(shape, systems, rounds * args.runs, args.profile))
+        tables, ratios = summarize(results, shapes)  # so far: a later failure keeps these
+        print(tables[0], flush=True)
+        common.write_json("fanout", {"quick": args.quick, "results": results}, args.out)
     tables, ratios = summarize(results, shapes)
     data = {"quick": args.quick, "results": results, "ratios": ratios}
     common.report("fanout", tables, data, args.out)
