@@ -75,7 +75,7 @@ async def broker_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[No
     async def send(rooms: list[str]) -> None:
         now = time.time()
         body = {"type": "update", "update": update_body(now)}
-        for failed in await log.append_many([(TENANT, room, body) for room in rooms]):
+        for failed in await log.append_many([(TENANT, room, body, "") for room in rooms]):
             if isinstance(failed, Exception):
                 raise failed
 

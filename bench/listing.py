@@ -333,7 +333,13 @@ async def run(args: Any) -> None:
                     t = time.monotonic()
                     systems["postgres"] = await postgres_calls(*pg, n)
                     print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
-                got = await interleaved(systems, samples, seconds)
+                async with contextlib.AsyncExitStack() as profiling:
+                    if args.profile:
+                        from bench.profile import recording
+
+                        out = common.RESULTS / "profile-list-broker.txt"
+                        await profiling.enter_async_context(recording(nodes[0].pid, out))
+                    got = await interleaved(systems, samples, seconds)
             await store.aclose()
         got.setdefault("postgres", {})
         runs.append(got)
@@ -391,6 +397,7 @@ async def run(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("list", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--profile", action="store_true", help="py-spy the front node")
     asyncio.run(run(p.parse_args(argv)))
 
 

@@ -20,9 +20,9 @@ async def test_append_many_is_appends_in_order(store: Any) -> None:
     await log.create("t", "s2", created)
     got = await log.append_many(
         [
-            ("t", "s1", _chunk("a")),
-            ("t", "s2", _chunk("b")),
-            ("t", "missing", _chunk("c")),
+            ("t", "s1", _chunk("a"), ""),
+            ("t", "s2", _chunk("b"), ""),
+            ("t", "missing", _chunk("c"), ""),
             (
                 "t",
                 "s1",
@@ -30,6 +30,7 @@ async def test_append_many_is_appends_in_order(store: Any) -> None:
                     "type": "update",
                     "update": {"sessionUpdate": "session_info_update", "title": "T"},
                 },
+                "",
             ),
         ]
     )
@@ -48,6 +49,6 @@ async def test_append_many_checks_the_fence(store: Any) -> None:
     log = SessionLog(store)
     await log.create("t", "s", {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"})
     await log.set_fence("t", "s", "f2")
-    got = await log.append_many([("t", "s", _chunk("x"))], fence="f1")
+    got = await log.append_many([("t", "s", _chunk("x"), "f1")])
     assert isinstance(got[0], Fenced)
     assert [e.seq for e in await log.read("t", "s")] == [1]

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
+from .. import fastjson
 from .catalog import catalog_entries
 from .client import Store
 from .events import JsonObject, SessionSnapshot, Status, dumps
@@ -180,7 +181,7 @@ class SessionIndex:
         )
         has_more = len(members) > limit
         members, rows = members[:limit], rows[:limit]
-        parsed = [json.loads(row) for row in rows if row]
+        parsed = [fastjson.loads(row) for row in rows if row]
         return Page(parsed, members[-1] if members else None, has_more)
 
     async def row(self, tenant: str, session_id: str) -> JsonObject | None:

@@ -74,15 +74,15 @@ class SessionLog:
         return await self._run(tenant, session_id, body, mode="append", fence=fence)
 
     async def append_many(
-        self, items: Sequence[tuple[str, str, JsonObject]], *, fence: str = ""
+        self, items: Sequence[tuple[str, str, JsonObject, str]]
     ) -> list[Position | Exception]:
-        """Append several events (``(tenant, session id, body)``, in this order) in one round
-        trip: each one is the same script call as :meth:`append`. Returns each one's position,
-        or the exception :meth:`append` would have raised for it."""
+        """Append several events (``(tenant, session id, body, fence)``, in this order) in one
+        round trip: each one is the same script call as :meth:`append`. Returns each one's
+        position, or the exception :meth:`append` would have raised for it."""
         if is_cluster(self.redis):  # one pipeline may not span slots
-            return [await self._one(t, s, b, fence) for t, s, b in items]
+            return [await self._one(t, s, b, f) for t, s, b, f in items]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, session_id, body in items:
+            for tenant, session_id, body, fence in items:
                 keys, args = self._call(tenant, session_id, body, mode="append", fence=fence)
                 await self._append(keys=keys, args=args, client=pipe)
             replies = await pipe.execute(raise_on_error=False)

@@ -113,6 +113,8 @@ class AgentHost(AgentEvents):
         self._restore_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._orphans: dict[tuple[int, str], list[JsonObject]] = {}
+        self._updates: list[tuple[HeldSession, JsonObject]] = []  # waiting for the log
+        self._appender: asyncio.Future[None] | None = None
 
     # -- commands -------------------------------------------------------------------------
 
@@ -310,9 +312,37 @@ class AgentHost(AgentEvents):
         if held is None:
             self._keep_orphan(key, body)
         elif held.ready:
-            await self._append(held, body)
+            self._queue_update(held, body)
         else:
             held.early.append(body)
+
+    def _queue_update(self, held: HeldSession, body: JsonObject) -> None:
+        """Log an agent's update soon, in order: the updates that arrive while an append is
+        on its way go to the log together, in one round trip, once it is back."""
+        self._updates.append((held, body))
+        if self._appender is None or self._appender.done():
+            self._appender = asyncio.ensure_future(self._append_updates())
+
+    async def _append_updates(self) -> None:
+        while self._updates:
+            batch, self._updates = self._updates, []
+            try:
+                results = await self.log.append_many(
+                    [(h.tenant, h.session_id, body, h.fence) for h, body in batch]
+                )
+            except Exception:
+                log.exception("could not log %d agent updates", len(batch))
+                continue
+            for (held, _), result in zip(batch, results, strict=True):
+                if isinstance(result, Fenced):
+                    self.lose(held.session_id)
+                elif isinstance(result, Exception):
+                    log.warning("update of %s not logged: %s", held.session_id, result)
+
+    async def settle(self, agent: AgentProcess | None = None) -> None:
+        """Return once every agent update received so far is in the log."""
+        while self._appender is not None and not self._appender.done():
+            await asyncio.shield(self._appender)
 
     async def on_agent_request(self, agent: AgentProcess, request: Request) -> Any:
         held = self._by_agent_sid.get((id(agent), str(request.params.get("sessionId"))))
@@ -410,8 +440,9 @@ class AgentHost(AgentEvents):
     async def _make_ready(self, held: HeldSession) -> None:
         held.ready = True
         early, held.early = held.early, []
-        for body in early:
-            await self._append(held, body)
+        for body in early:  # queued at once, so that later updates queue behind them
+            self._queue_update(held, body)
+        await self.settle()
 
     async def _require(self, tenant: str, session_id: str, params: JsonObject) -> HeldSession:
         await self.attach(tenant, session_id, params)
@@ -472,6 +503,7 @@ class AgentHost(AgentEvents):
         return {**reply, "sessionId": session_id}
 
     async def _append(self, held: HeldSession, body: JsonObject) -> Position:
+        await self.settle()  # the agent's updates so far go first: the log keeps their order
         try:
             return await self.log.append(held.tenant, held.session_id, body, fence=held.fence)
         except Fenced:

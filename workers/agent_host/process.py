@@ -36,6 +36,9 @@ class AgentEvents(Protocol):
 
     async def on_agent_notification(self, agent: AgentProcess, request: Request) -> None: ...
 
+    async def settle(self, agent: AgentProcess) -> None:
+        """Return once what the notifications so far stand for is done (in the log)."""
+
     async def on_agent_request(self, agent: AgentProcess, request: Request) -> Any: ...
 
     def on_agent_failed(self, agent: AgentProcess, reason: str) -> None: ...
@@ -152,12 +155,14 @@ class AgentProcess:
         if isinstance(message, Invalid):
             self.fail(f"agent {self.name!r} wrote something that is not JSON-RPC: {line[:80]!r}")
         elif isinstance(message, jsonrpc.Response):
+            # The updates the agent sent before its reply (say, a prompt's) are in the log
+            # before the reply is acted on.
+            await self.events.settle(self)
             self._pending.resolve(message)
         elif message.is_notification:
-            # In order, awaited: the next message (say, the prompt's reply) is read
-            # only once this update is in the log.
             await self.events.on_agent_notification(self, message)
         else:
+            await self.events.settle(self)
             self._spawn(self._answer(message))
 
     async def _answer(self, request: Request) -> None:
