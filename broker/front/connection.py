@@ -1,9 +1,11 @@
 """One client connection: the negotiated surface, its active sessions, its outgoing queue.
 
 Frames in are parsed and dispatched (requests run concurrently, since a prompt
-runs for long and a cancel must overtake it). Frames out go through a bounded
-queue drained by one writer, so a slow client never slows another: past the
-bound it is disconnected with :data:`CLOSE_SLOW_CONSUMER`.
+runs for long and a cancel must overtake it). Frames out go straight to the
+socket while it keeps up; behind a backed-up socket they wait in a bounded
+queue, drained by a writer task that exists only while the queue is not empty
+(an idle connection costs no task), so a slow client never slows another: past
+the bound it is disconnected with :data:`CLOSE_SLOW_CONSUMER`.
 
 Ordering rules live here. While a request that activates a session is being
 answered, the session's live events are *held*, so the response precedes them
@@ -85,9 +87,11 @@ class ClientConnection:
         self.client_capabilities: JsonObject = {}
         self.active: dict[str, ActiveSession] = {}
         self._pending = PendingRequests()
-        self._queue: deque[str] = deque()
+        # Made on first use: most connections never queue a frame, and an empty deque is
+        # 760 bytes (at 10,000 idle connections, each byte here is 10 KB).
+        self._queue: deque[str] | None = None
         self._queued_bytes = 0
-        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None  # while the queue is not empty
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
@@ -99,7 +103,6 @@ class ClientConnection:
 
     async def run(self) -> None:
         """Serve the connection until it closes, then leave every session."""
-        writer = asyncio.create_task(self._write_loop())
         try:
             async for frame in self.ws:
                 if isinstance(frame, str):
@@ -108,15 +111,18 @@ class ClientConnection:
             pass
         finally:
             self._closing = True
-            writer.cancel()
+            writer = self._writer
+            if writer is not None:
+                writer.cancel()
             for task in list(self._tasks):
                 task.cancel()
             self._pending.fail_all("the client disconnected")
             for session in list(self.active.values()):
                 await self.methods.hub.leave(session.tenant, session.session_id, self)
             self.active.clear()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            if writer is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
 
     async def drain(self, timeout: float) -> None:
         """Wait (bounded) for the requests in flight to be answered; a prompt is not waited
@@ -255,17 +261,21 @@ class ClientConnection:
         many connections are sent (its wire bytes are made once, see :func:`_wire`)."""
         if self._closing:
             return
-        if not self._queue and self._write_now(text, shared):
+        queue = self._queue
+        if not queue and self._write_now(text, shared):
             return
-        self._queue.append(text)
+        if queue is None:
+            queue = self._queue = deque()
+        queue.append(text)
         self._queued_bytes += len(text)
         if self._queued_bytes > self.settings.max_queue_bytes:
             self._closing = True
-            self._queue.clear()
+            queue.clear()
             log.warning("connection %s is too slow; disconnecting it", self.id)
             self._spawn(self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full"))
             return
-        self._wakeup.set()
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_queue(queue))
 
     def _write_now(self, text: str, shared: bool) -> bool:
         """Write a frame straight to the socket, as ``websockets.broadcast`` does, when nothing
@@ -308,20 +318,23 @@ class ClientConnection:
         if self.ws.protocol.state is State.OPEN:
             self.ws.transport.write(data)
 
-    async def _write_loop(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._queue:
-                text = self._queue.popleft()
+    async def _write_queue(self, queue: deque[str]) -> None:
+        """Send the queued frames in order, then end (the next queued frame starts another)."""
+        try:
+            while queue:
+                text = queue.popleft()
                 self._queued_bytes -= len(text)
                 self._uncork()
                 try:
                     await self.ws.send(text)
                 except ConnectionClosed:
+                    self._closing = True
+                    queue.clear()
                     return
                 except (TypeError, ValueError):
                     log.exception("could not send a frame to %s; dropped it", self.id)
+        finally:
+            self._writer = None
 
     async def request_client(self, method: str, params: JsonObject) -> Any:
         """Send a request to the client and wait for its answer.

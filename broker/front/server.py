@@ -159,6 +159,7 @@ class Broker:
 
     async def _handle(self, ws: ServerConnection) -> None:
         principal = self._principals.pop(str(ws.id), None)
+        _forget_handshake(ws)
         conn = ClientConnection(ws, self.methods, principal=principal)
         self.connections.add(conn)
         try:
@@ -235,6 +236,19 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(settings.tls_cert, settings.tls_key)
     return context
+
+
+def _forget_handshake(ws: ServerConnection) -> None:
+    """Empty the handshake's headers once the connection is admitted: nothing reads them
+    afterwards, and kept they would cost an idle connection ~3 KB for its whole life (and
+    hold its credentials in memory).
+
+    They are emptied in place, not dropped: websockets' parser keeps a reference to the
+    request, and takes ``ws.request`` None to mean that the handshake has yet to arrive.
+    """
+    for message in (ws.request, ws.response):
+        if message is not None:
+            message.headers.clear()
 
 
 async def run_broker(settings: Settings) -> None:
