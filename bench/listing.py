@@ -68,7 +68,7 @@ def row_json(i: int) -> str:
 
 async def populate_redis(url: str, n: int) -> None:
     from broker.store.client import connect
-    from broker.store.index import ACP_LISTING, cwd_listing, member
+    from broker.store.index import ACP_LISTING, cwd_listing, encode_row, member
     from broker.store.keys import TenantKeys
 
     keys = TenantKeys(TENANT)
@@ -78,7 +78,7 @@ async def populate_redis(url: str, n: int) -> None:
         rows, acp = {}, {}
         by_cwd: dict[str, dict[str, int]] = {}
         for i in range(start, min(n, start + batch)):
-            rows[sid(i)] = row_json(i)
+            rows[sid(i)] = encode_row(json.loads(row_json(i)))
             m = member(updated_ms(i), sid(i))
             acp[m] = 0
             by_cwd.setdefault(cwd_listing(cwd_of(i)), {})[m] = 0

@@ -30,11 +30,33 @@ def loads(text: str | bytes) -> Any:
     return json.loads(text)
 
 
+class Fragment:
+    """JSON text that :func:`dumps` puts into its output as it is, unparsed: the caller
+    vouches for it (it was made by :func:`dumps`)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _orjson_default(value: Any) -> Any:
+    if isinstance(value, Fragment):
+        return orjson.Fragment(value.text)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Fragment):  # the standard library can only parse and encode it again
+        return json.loads(value.text)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text (as ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``)."""
     if orjson is not None:
         try:
-            return orjson.dumps(value).decode()
+            return orjson.dumps(value, default=_orjson_default).decode()
         except TypeError:  # orjson.JSONEncodeError is a TypeError
             pass
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_json_default)

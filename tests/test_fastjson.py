@@ -45,3 +45,11 @@ def test_loads_reads_what_json_reads(value: Any) -> None:
 
 def test_non_string_keys_fall_back_to_json() -> None:
     assert fastjson.dumps({1: "a"}) == '{"1":"a"}'
+
+
+@given(VALUES, VALUES)
+def test_a_fragment_is_spliced_as_the_json_it_holds(outer: Any, inner: Any) -> None:
+    """Also where orjson refuses the rest (a big integer, a lone surrogate): the standard
+    library's fallback parses the fragment and writes it again."""
+    spliced = fastjson.dumps({"outer": outer, "inner": [fastjson.Fragment(fastjson.dumps(inner))]})
+    assert json.loads(spliced) == json.loads(_std({"outer": outer, "inner": [inner]}))

@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from broker.front.server import Broker
-from broker.store.index import ACP_LISTING, SessionIndex, cwd_listing, member
+from broker.store.index import (
+    ACP_LISTING,
+    SessionIndex,
+    cwd_listing,
+    decode_row,
+    encode_row,
+    member,
+)
 from broker.store.keys import TenantKeys
 from broker.store.log import SessionLog
 from workers.projector.rebuild import rebuild_index
@@ -64,9 +71,9 @@ async def _caught_up(redis: Any, made: dict[str, str]) -> dict[str, Any]:
         indexed = {sid: json.loads(versions[sid])["q"] for sid in made.values() if sid in versions}
         if indexed == seqs:
             rows = await redis.hgetall(keys.rows)
-            named = json.loads(rows[made["named"]])
-            titled = json.loads(rows[made["titled"]])
-            deleted = json.loads(rows[made["deleted"]])
+            named = decode_row(rows[made["named"]])
+            titled = decode_row(rows[made["titled"]])
+            deleted = decode_row(rows[made["deleted"]])
             assert named["title"] == "named by hand"
             assert named["_meta"] == {"test/tag": ["x", 1]}
             assert titled["title"] == "/notool a title from the prompt"
@@ -125,15 +132,15 @@ async def test_rebuild_repairs_damaged_rows(broker: Broker, url: str) -> None:
         redis = broker.redis
         keys = TenantKeys(TENANT)
         # A row with the wrong content, a row that is not JSON, a row gone missing.
-        wrong = {**json.loads(live["rows"][made["titled"]]), "title": "not the real title"}
-        await redis.hset(keys.rows, made["titled"], json.dumps(wrong))
+        wrong = {**decode_row(live["rows"][made["titled"]]), "title": "not the real title"}
+        await redis.hset(keys.rows, made["titled"], encode_row(wrong))
         await redis.hset(keys.rows, made["plain"], "{{ not json")
         await redis.hdel(keys.rows, made["other_cwd"])
         # A stray row (with its version and listing entry) for a session that does not exist.
         ghost = "sess_" + "0" * 32
-        ghost_row = {**json.loads(live["rows"][made["plain"]]), "sessionId": ghost}
+        ghost_row = {**decode_row(live["rows"][made["plain"]]), "sessionId": ghost}
         ghost_member = member(1_000, ghost)
-        await redis.hset(keys.rows, ghost, json.dumps(ghost_row))
+        await redis.hset(keys.rows, ghost, encode_row(ghost_row))
         ghost_version = json.dumps({"q": 3, "e": {ACP_LISTING: ghost_member}})
         await redis.hset(keys.versions, ghost, ghost_version)
         await redis.zadd(keys.index(ACP_LISTING), {ghost_member: 0})

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.front.server import Broker
 from broker.store.cursors import fingerprint
 from broker.store.events import EventType
+from broker.store.index import decode_row, encode_row, session_info, session_info_json
 from broker.store.log import new_session_id
 
 from .support.client import RawClient
@@ -140,3 +145,31 @@ async def test_deleted_sessions_leave_the_list_and_updates_move_a_session_first(
     listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
     assert ids[1] not in listed and len(listed) == 2
     await client.close()
+
+
+ROW_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+
+
+@given(
+    st.fixed_dictionaries(
+        {
+            "sessionId": st.just("sess_1"),
+            "cwd": st.just("/w"),
+            "additionalDirectories": st.lists(ROW_TEXT, max_size=2),
+            "title": st.none() | ROW_TEXT,
+            "updatedAt": st.just("2026-11-30T05:00:00.000Z"),
+            "createdAt": st.just("2026-11-30T04:00:00.000Z"),
+            "status": st.sampled_from(["RUNNING", "STOPPED", "DELETED"]),
+            "kind": ROW_TEXT,
+            "agent": ROW_TEXT,
+            "_meta": st.dictionaries(ROW_TEXT, ROW_TEXT, max_size=2),
+        }
+    )
+)
+def test_a_stored_row_reads_back_whole_and_lists_as_its_session_info(row: dict) -> None:
+    stored = encode_row(row)
+    assert decode_row(stored) == row
+    assert json.loads(session_info_json(stored)) == session_info(row)
+    # A row stored as one JSON object (the earlier format) reads the same way.
+    assert decode_row(json.dumps(row)) == row
+    assert json.loads(session_info_json(json.dumps(row))) == session_info(row)

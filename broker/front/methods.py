@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import fastjson
 from ..config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
 from ..protocol import v2
 from ..protocol.jsonrpc import (
@@ -311,7 +312,7 @@ class AcpMethods:
             except InvalidCursor as exc:
                 raise invalid_params(f"invalid cursor: {exc}") from None
         page = await self.index.page(conn.tenant, listing, after, self.settings.list_page_size)
-        result: JsonObject = {"sessions": [_session_info(row) for row in page.rows]}
+        result: JsonObject = {"sessions": [fastjson.Fragment(i) for i in page.session_infos()]}
         if page.has_more and page.last is not None:
             result["nextCursor"] = self.cursors.encode(page.last, mark)
         return result
@@ -390,18 +391,6 @@ def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
 
 def _without_session_id(reply: JsonObject) -> JsonObject:
     return {k: v for k, v in reply.items() if k != "sessionId"}
-
-
-def _session_info(row: JsonObject) -> JsonObject:
-    info: JsonObject = {"sessionId": row["sessionId"], "cwd": row["cwd"]}
-    if row.get("additionalDirectories"):
-        info["additionalDirectories"] = row["additionalDirectories"]
-    if row.get("title") is not None:
-        info["title"] = row["title"]
-    info["updatedAt"] = row["updatedAt"]
-    if row.get("_meta"):
-        info["_meta"] = row["_meta"]
-    return info
 
 
 MethodHandler = Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]]

@@ -6,6 +6,11 @@ id, and a page after a keyset position is one ``ZRANGE … BYLEX LIMIT``:
 O(log N + page size) at any depth. The row a page shows is kept beside it in a
 hash, so one round trip (``lua/page.lua``) serves a page.
 
+A stored row is two JSON texts on two lines: the session as ACP's
+``session/list`` shows it (a ``SessionInfo``, rendered once, when projected,
+and spliced into replies as it is), then what the other listings add (see
+:func:`encode_row`).
+
 Projection is idempotent: a session's row and entries are a function of its
 snapshot, written with compare-and-set on a per-session version that records
 the snapshot seq and the entries written, so replays and racing projectors
@@ -71,6 +76,48 @@ def row_of(snapshot: SessionSnapshot) -> JsonObject:
     }
 
 
+def session_info(row: JsonObject) -> JsonObject:
+    """A row as ACP's ``session/list`` shows it: a ``SessionInfo`` (empty fields left out)."""
+    info: JsonObject = {"sessionId": row["sessionId"], "cwd": row["cwd"]}
+    if row.get("additionalDirectories"):
+        info["additionalDirectories"] = row["additionalDirectories"]
+    if row.get("title") is not None:
+        info["title"] = row["title"]
+    info["updatedAt"] = row["updatedAt"]
+    if row.get("_meta"):
+        info["_meta"] = row["_meta"]
+    return info
+
+
+_ROW_DEFAULTS: JsonObject = {"additionalDirectories": [], "title": None, "_meta": {}}
+
+
+def encode_row(row: JsonObject) -> str:
+    """A row as the index stores it: its ``SessionInfo`` JSON, a newline, the rest's JSON.
+
+    ``session/list`` then splices the first line into its reply without parsing it
+    (the busiest listing does no JSON work per row). Compact JSON never holds a raw
+    newline, so the first one splits the two.
+    """
+    info = session_info(row)
+    rest = {k: v for k, v in row.items() if k not in info and v != _ROW_DEFAULTS.get(k, ())}
+    return f"{dumps(info)}\n{dumps(rest)}"
+
+
+def decode_row(text: str) -> JsonObject:
+    """A stored row, whole (a row stored as one JSON object, as before, is read too)."""
+    info, newline, rest = text.partition("\n")
+    if not newline:
+        return dict(fastjson.loads(text))
+    return {**_ROW_DEFAULTS, **fastjson.loads(info), **fastjson.loads(rest)}
+
+
+def session_info_json(text: str) -> str:
+    """The ``SessionInfo`` JSON of a stored row, as it goes into a reply."""
+    info, newline, _ = text.partition("\n")
+    return info if newline else dumps(session_info(fastjson.loads(text)))
+
+
 def entries_of(snapshot: SessionSnapshot) -> dict[str, str]:
     """The listings a session belongs to, each with the member it sorts under.
 
@@ -113,9 +160,17 @@ class Version:
 class Page:
     """One page of a listing; ``last`` is the keyset position to continue after."""
 
-    rows: list[JsonObject]
+    stored: list[str]  # the rows as the index holds them (see :func:`encode_row`)
     last: str | None
     has_more: bool
+
+    @property
+    def rows(self) -> list[JsonObject]:
+        return [decode_row(text) for text in self.stored]
+
+    def session_infos(self) -> list[str]:
+        """The rows as ACP ``SessionInfo`` JSON texts, ready to splice into a reply."""
+        return [session_info_json(text) for text in self.stored]
 
 
 def _script(name: str) -> str:
@@ -137,7 +192,7 @@ class SessionIndex:
         """
         keys = TenantKeys(snapshot.tenant)
         new = Version(snapshot.seq, entries_of(snapshot))
-        row = dumps(row_of(snapshot))
+        row = encode_row(row_of(snapshot))
         while True:
             raw = await self.redis.hget(keys.versions, snapshot.session_id)
             old = Version.decode(raw)
@@ -181,12 +236,11 @@ class SessionIndex:
         )
         has_more = len(members) > limit
         members, rows = members[:limit], rows[:limit]
-        parsed = [fastjson.loads(row) for row in rows if row]
-        return Page(parsed, members[-1] if members else None, has_more)
+        return Page([row for row in rows if row], members[-1] if members else None, has_more)
 
     async def row(self, tenant: str, session_id: str) -> JsonObject | None:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
-        return json.loads(raw) if raw else None
+        return decode_row(raw) if raw else None
 
     async def dump(self, tenant: str) -> Mapping[str, Any]:
         """Everything the index holds for a tenant (to compare a rebuild with the live one)."""

@@ -25,7 +25,6 @@ pages is allowed.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,7 +50,7 @@ from .catalog import (
 from .client import Store
 from .cursors import CursorCodec, InvalidCursor, fingerprint
 from .events import JsonObject
-from .index import cwd_listing, normalize_cwd
+from .index import cwd_listing, decode_row, normalize_cwd
 from .keys import TenantKeys
 
 STATUS_VALUES = ("RUNNING", "STOPPED", "DELETED", "ERROR")
@@ -294,7 +293,7 @@ class _MergedWalk:
             if members:
                 source.position = members[-1]
             for member, row in zip(members, rows, strict=False):
-                source.buffer.append((member, json.loads(row) if row else None))
+                source.buffer.append((member, decode_row(row) if row else None))
 
 
 class SessionLister:
