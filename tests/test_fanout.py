@@ -177,3 +177,38 @@ async def test_a_deaf_subscription_is_noticed_and_nothing_is_lost(broker, url: s
     # And live delivery works again afterwards.
     await wait_for(lambda: hub._probes_unanswered == 0, what="probe answered")
     await client.close()
+
+
+async def test_a_session_whose_live_events_all_go_missing_is_served_from_its_log(
+    broker, url: str
+) -> None:
+    """Pub/sub drops every event of a session (the subscription stays up): the position
+    check, which compares the sessions that heard nothing with their snapshots, reads the
+    lost events from the log, and the window gets each of them, in order."""
+    watcher = await RawClient.connect(url)
+    await watcher.initialize()
+    session_id = (await watcher.call("session/new", {"cwd": "/d", "mcpServers": []}))["result"][
+        "sessionId"
+    ]
+    hub = broker.hub
+    hub.check_interval = 0.1
+    handle = hub._on_message
+
+    async def lossy(message: dict) -> None:
+        if message.get("type") == "smessage" and '"seq":' in str(message.get("data")):
+            return  # a live event, lost
+        await handle(message)
+
+    hub._on_message = lossy
+    reply = await watcher.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 4")}
+    )
+    assert reply["result"]["stopReason"] == "end_turn"
+    chunks = [
+        m["params"]["update"]["content"]["text"]
+        for m in watcher.inbox
+        if m.get("method") == "session/update"
+        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+    ]
+    assert chunks == [f"chunk {i}" for i in range(1, 5)]
+    await watcher.close()

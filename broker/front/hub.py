@@ -25,8 +25,12 @@ from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
+from ..store.subscriber import Message, open_subscriber
 
 log = logging.getLogger(__name__)
+
+_CHECK_SLICE = 128
+"""Snapshots read per round trip by the position check."""
 
 
 class HubListener(Protocol):
@@ -66,6 +70,7 @@ class SessionFeed:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     behind: int = 0  # the snapshot's seq at the last position check, if it was ahead of us
+    heard: bool = False  # whether an event was handed out since the last position check
 
 
 class FanoutHub:
@@ -96,7 +101,8 @@ class FanoutHub:
 
     async def _subscribe(self) -> None:
         """Open the subscription connection(s): this node's channel, every live session's."""
-        self._pubsub = self.redis.pubsub()
+        cluster = is_cluster(self.redis)
+        self._pubsub = self.redis.pubsub() if cluster else open_subscriber(self.redis)
         await self._pubsub.ssubscribe(self.node_channel)
         for channel in self._feeds:
             await self._pubsub.ssubscribe(channel)
@@ -190,23 +196,36 @@ class FanoutHub:
         while True:
             try:
                 if node_name is None:
-                    message = await self._pubsub.get_message(timeout=1.0)
+                    messages = await self._pubsub.read_batch()
                 elif node_name not in self._pubsub.node_pubsub_mapping:
                     self._node_readers.pop(node_name, None)
                     return  # that node no longer holds any of our subscriptions
                 else:
                     node = self.redis.get_node(node_name=node_name)
                     message = await self._pubsub.get_sharded_message(target_node=node, timeout=1.0)
+                    messages = [] if message is None else [message]
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("pub/sub read failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
-            if message is not None:
-                await self._on_message(message)
+            if messages:
+                await self._on_messages(messages)
 
-    async def _on_message(self, message: dict[str, Any]) -> None:
+    async def _on_messages(self, messages: list[Message]) -> None:
+        """Handle what one read brought, in order, under one hold of the lock."""
+        async with self._process_lock:
+            for message in messages:
+                try:
+                    await self._on_message(message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("a pub/sub message could not be handled: %.200r", message)
+
+    async def _on_message(self, message: Message) -> None:
+        """One message (the caller holds the lock)."""
         channel = message.get("channel")
         if channel == self.node_channel:
             if message.get("type") != "smessage":
@@ -236,8 +255,7 @@ class FanoutHub:
         if feed.last is None:
             feed.early.append((event.seq, event.epoch, event))
             return
-        async with self._process_lock:
-            await self._accept(feed, event.seq, event.epoch, event)
+        await self._accept(feed, event.seq, event.epoch, event)
 
     async def _accept(self, feed: SessionFeed, seq: int, epoch: str, event: LogEvent) -> None:
         assert feed.last is not None
@@ -269,6 +287,7 @@ class FanoutHub:
 
     def _hand_out(self, feed: SessionFeed, event: LogEvent) -> None:
         feed.last = event.seq
+        feed.heard = True
         for subscriber in list(feed.subscribers):
             subscriber.deliver(feed.keys.session_id, event)
         if self.listener is not None:
@@ -293,24 +312,35 @@ class FanoutHub:
         await self.redis.spublish(self.node_channel, '{"probe":1}')
 
     async def check_positions(self) -> None:
-        """Compare every live feed with its snapshot and fill what pub/sub lost.
+        """Compare the quiet feeds with their snapshots and fill what pub/sub lost.
 
-        An event is taken for lost when it was in the snapshot at the previous check and has
-        still not arrived: under load, pub/sub messages wait in the socket while the snapshot
-        is already ahead, and reading the log for them would only do the work twice.
+        Only a feed that heard nothing since the previous check is compared: on a busy one,
+        the next event reveals any gap (its seq jumps), so only a loss that no later event
+        follows needs the snapshot. An event is taken for lost when it was in the snapshot
+        at the previous check and has still not arrived: under load, pub/sub messages wait
+        in the socket while the snapshot is already ahead, and reading the log for them
+        would only do the work twice. The snapshots are read a slice at a time, so that a
+        node with thousands of sessions does not stall its deliveries while it checks.
         """
         if is_cluster(self.redis):
             self._watch_cluster_nodes()
-        feeds = [f for f in self._feeds.values() if f.last is not None]
-        if not feeds:
-            return
+        quiet = []
+        for feed in self._feeds.values():
+            if feed.heard:
+                feed.heard, feed.behind = False, 0
+            elif feed.last is not None:
+                quiet.append(feed)
+        for start in range(0, len(quiet), _CHECK_SLICE):
+            await self._check_slice(quiet[start : start + _CHECK_SLICE])
+
+    async def _check_slice(self, feeds: list[SessionFeed]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for feed in feeds:
                 pipe.hget(feed.keys.snapshot, "seq")
             heads = await pipe.execute()
         async with self._process_lock:
             for feed, head in zip(feeds, heads, strict=True):
-                if head is None or feed.last is None:
+                if head is None or feed.last is None or feed.heard:
                     continue
                 if feed.behind > feed.last:
                     log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)

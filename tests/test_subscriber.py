@@ -1,0 +1,146 @@
+"""The hub's pub/sub engines: the batch reader over hiredis, and the redis-py fallback."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import fakeredis
+import pytest
+import redis.asyncio as redis
+
+from broker.store.client import connect
+from broker.store.subscriber import (
+    BatchSubscriber,
+    Message,
+    RedisPySubscriber,
+    Subscriber,
+    open_subscriber,
+)
+from tests.support.redis_server import redis_server
+
+TIMEOUT = 10.0
+
+
+async def _read_until(sub: Subscriber, count: int, kind: str = "smessage") -> list[Message]:
+    """Read (bounded) until ``count`` messages of ``kind`` have arrived."""
+    got: list[Message] = []
+    async with asyncio.timeout(TIMEOUT):
+        while len(got) < count:
+            got += [m for m in await sub.read_batch() if m["type"] == kind]
+    return got
+
+
+async def test_a_single_server_gets_the_batch_reader_and_others_redis_py(redis_url: str) -> None:
+    store = connect(redis_url)
+    embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    try:
+        assert isinstance(open_subscriber(store), BatchSubscriber)
+        assert isinstance(open_subscriber(embedded), RedisPySubscriber)
+    finally:
+        await store.aclose()
+        await embedded.aclose()
+
+
+async def test_messages_arrive_in_order_with_their_confirmations(redis_url: str) -> None:
+    store = connect(redis_url)
+    sub = open_subscriber(store)
+    try:
+        await sub.ssubscribe("{a}:one", "{b}:two")
+        confirmed = await _read_until(sub, 2, kind="ssubscribe")
+        assert {m["channel"] for m in confirmed} == {"{a}:one", "{b}:two"}
+        async with store.pipeline(transaction=False) as pipe:
+            for i in range(500):
+                pipe.spublish("{a}:one" if i % 2 else "{b}:two", f'{{"n":{i},"text":"é"}}')
+            await pipe.execute()
+        got = await _read_until(sub, 500)
+        assert [m["data"] for m in got] == [f'{{"n":{i},"text":"é"}}' for i in range(500)]
+        assert {m["channel"] for m in got[1::2]} == {"{a}:one"}
+
+        await sub.sunsubscribe("{a}:one")
+        await _read_until(sub, 1, kind="sunsubscribe")
+        await store.spublish("{a}:one", "gone")
+        await store.spublish("{b}:two", "still here")
+        assert [m["data"] for m in await _read_until(sub, 1)] == ["still here"]
+    finally:
+        await sub.aclose()
+        await store.aclose()
+
+
+async def test_a_dropped_connection_is_reported_then_reopened_with_every_channel(
+    redis_url: str,
+) -> None:
+    store = connect(redis_url)
+    sub = open_subscriber(store)
+    try:
+        await sub.ssubscribe("{a}:one", "{b}:two")
+        await _read_until(sub, 2, kind="ssubscribe")
+        await store.client_kill_filter(_type="pubsub")
+        with pytest.raises(ConnectionError):
+            async with asyncio.timeout(TIMEOUT):
+                while True:
+                    await sub.read_batch()
+        # The next read reconnects and subscribes again to both channels.
+        assert len(await _read_until(sub, 2, kind="ssubscribe")) == 2
+        await store.spublish("{b}:two", "after")
+        assert [m["data"] for m in await _read_until(sub, 1)] == ["after"]
+    finally:
+        await sub.aclose()
+        await store.aclose()
+
+
+async def test_a_closed_subscriber_reads_nothing(redis_url: str) -> None:
+    sub = open_subscriber(connect(redis_url))
+    await sub.ssubscribe("{a}:one")
+    await sub.aclose()
+    with pytest.raises(ConnectionError):
+        await sub.read_batch()
+
+
+def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -> None:
+    async def check(url: str) -> None:
+        store = connect(url.replace("redis://", "redis://:s3cret@"))
+        sub = open_subscriber(store)
+        try:
+            await sub.ssubscribe("{a}:one")
+            await _read_until(sub, 1, kind="ssubscribe")
+            await store.spublish("{a}:one", "hello")
+            assert [m["data"] for m in await _read_until(sub, 1)] == ["hello"]
+        finally:
+            await sub.aclose()
+            await store.aclose()
+        wrong = open_subscriber(connect(url.replace("redis://", "redis://:wrong@")))
+        with pytest.raises(ConnectionError, match="authentication failed"):
+            await wrong.ssubscribe("{a}:one")
+        await wrong.aclose()
+
+    async def protect(url: str) -> None:
+        admin = redis.Redis.from_url(url)
+        await admin.config_set("requirepass", "s3cret")
+        await admin.aclose()
+
+    with redis_server() as url:  # a password from the start would keep it from looking ready
+        asyncio.run(protect(url))
+        asyncio.run(check(url))
+
+
+async def test_the_redis_py_engine_reads_the_same_messages() -> None:
+    embedded: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    sub = RedisPySubscriber(embedded.pubsub())
+    try:
+        await sub.ssubscribe("{a}:one")
+        await _read_until(sub, 1, kind="ssubscribe")
+        await embedded.spublish("{a}:one", "hello")
+        assert [m["data"] for m in await _read_until(sub, 1)] == ["hello"]
+    finally:
+        await sub.aclose()
+        await embedded.aclose()
+
+
+async def test_an_unreachable_server_is_a_connection_error() -> None:
+    from tests.support.redis_server import free_port
+
+    sub = open_subscriber(redis.Redis(port=free_port()))
+    with pytest.raises(ConnectionError):
+        await sub.ssubscribe("{a}:one")
+    await sub.aclose()
