@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from broker.store.events import fold
-from broker.store.log import Fenced, Position, SessionLog, SessionMissing
+from broker.store.log import (
+    Fenced,
+    Position,
+    SessionExists,
+    SessionLog,
+    SessionMissing,
+    call_ids,
+)
 
 
 def _chunk(text: str) -> dict[str, Any]:
@@ -52,3 +61,25 @@ async def test_append_many_checks_the_fence(store: Any) -> None:
     got = await log.append_many([("t", "s", _chunk("x"), "f1")])
     assert isinstance(got[0], Fenced)
     assert [e.seq for e in await log.read("t", "s")] == [1]
+
+
+async def test_an_append_made_again_after_an_unknown_outcome_lands_once(store: Any) -> None:
+    """A client that lost the reply (a cut connection, a failover) sends the same call again:
+    the log gets the event once and both calls get its position; an older call (past the
+    last 16 of the session) is a new one."""
+    log = SessionLog(store)
+    created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+    await log.create("t", "s", created)
+    with pytest.raises(SessionExists):  # a fresh call: the session exists
+        await log.create("t", "s", created)
+    calls = call_ids(20)
+    items = [("t", "s", _chunk(str(i)), "") for i in range(20)]
+    once = await log.append_many(items, calls)
+    assert [p.seq for p in once if isinstance(p, Position)] == list(range(2, 22))
+    # The last 16 calls of the session are known: made again, they return their positions.
+    assert await log.append_many(items[4:], calls[4:]) == once[4:]
+    assert await log.append("t", "s", _chunk("19"), call=calls[-1]) == once[-1]
+    assert [e.seq for e in await log.read("t", "s")] == list(range(1, 22))
+    # An older one is taken for a new call.
+    older = await log.append("t", "s", _chunk("0"), call=calls[0])
+    assert older.seq == 22 and (await log.snapshot("t", "s")).seq == 22

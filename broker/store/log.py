@@ -68,22 +68,35 @@ class SessionLog:
         return await self._run(tenant, session_id, body, mode="create", epoch=_new_epoch())
 
     async def append(
-        self, tenant: str, session_id: str, body: JsonObject, *, fence: str = ""
+        self, tenant: str, session_id: str, body: JsonObject, *, fence: str = "", call: str = ""
     ) -> Position:
-        """Append one event; raises :class:`SessionMissing` or :class:`Fenced`."""
-        return await self._run(tenant, session_id, body, mode="append", fence=fence)
+        """Append one event; raises :class:`SessionMissing` or :class:`Fenced`.
+
+        ``call`` (default: a fresh one) names this append: the same call made again, after
+        a failure that left its outcome unknown, appends nothing more and returns the
+        position the first one got (see :func:`call_ids`).
+        """
+        return await self._run(tenant, session_id, body, mode="append", fence=fence, call=call)
 
     async def append_many(
-        self, items: Sequence[tuple[str, str, JsonObject, str]]
+        self,
+        items: Sequence[tuple[str, str, JsonObject, str]],
+        calls: Sequence[str] | None = None,
     ) -> list[Position | Exception]:
         """Append several events (``(tenant, session id, body, fence)``, in this order) in one
-        round trip: each one is the same script call as :meth:`append`. Returns each one's
-        position, or the exception :meth:`append` would have raised for it."""
+        round trip: each one is the same script call as :meth:`append`, ``calls[i]`` naming
+        the i-th. Returns each one's position, or the exception :meth:`append` would have
+        raised for it."""
+        ids = list(calls) if calls is not None else call_ids(len(items))
         if is_cluster(self.redis):  # one pipeline may not span slots
-            return [await self._one(t, s, b, f) for t, s, b, f in items]
+            return [
+                await self._one(t, s, b, f, c) for (t, s, b, f), c in zip(items, ids, strict=True)
+            ]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, session_id, body, fence in items:
-                keys, args = self._call(tenant, session_id, body, mode="append", fence=fence)
+            for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
+                keys, args = self._call(
+                    tenant, session_id, body, mode="append", fence=fence, call=call
+                )
                 await self._append(keys=keys, args=args, client=pipe)
             replies = await pipe.execute(raise_on_error=False)
         return [
@@ -92,10 +105,10 @@ class SessionLog:
         ]
 
     async def _one(
-        self, tenant: str, session_id: str, body: JsonObject, fence: str
+        self, tenant: str, session_id: str, body: JsonObject, fence: str, call: str
     ) -> Position | Exception:
         try:
-            return await self.append(tenant, session_id, body, fence=fence)
+            return await self.append(tenant, session_id, body, fence=fence, call=call)
         except (SessionMissing, Fenced, ResponseError) as exc:
             return exc
 
@@ -108,6 +121,7 @@ class SessionLog:
         mode: str,
         epoch: str = "",
         fence: str = "",
+        call: str = "",
     ) -> tuple[list[str], list[Any]]:
         """The append script's keys and arguments for one event."""
         keys = SessionKeys(tenant, session_id)
@@ -123,6 +137,7 @@ class SessionLog:
             session_id,
             len(ops),
             "1" if is_activity(body) else "0",
+            call or secrets.token_hex(8),
         ]
         for op in ops:
             args.extend(op)
@@ -137,8 +152,11 @@ class SessionLog:
         mode: str,
         epoch: str = "",
         fence: str = "",
+        call: str = "",
     ) -> Position:
-        keys, args = self._call(tenant, session_id, body, mode=mode, epoch=epoch, fence=fence)
+        keys, args = self._call(
+            tenant, session_id, body, mode=mode, epoch=epoch, fence=fence, call=call
+        )
         try:
             seq, got_epoch = await self._append(keys=keys, args=args)
         except ResponseError as exc:
@@ -179,6 +197,11 @@ class SessionLog:
     async def set_fence(self, tenant: str, session_id: str, fence: str) -> None:
         """Make ``fence`` the only token the append script accepts for this session."""
         await self.redis.hset(SessionKeys(tenant, session_id).snapshot, "fence", fence)
+
+
+def call_ids(count: int) -> list[str]:
+    """Fresh ids for ``count`` appends (keep them to make the same appends again)."""
+    return [secrets.token_hex(8) for _ in range(count)]
 
 
 def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:

@@ -30,7 +30,14 @@ from broker.protocol.jsonrpc import (
     not_found,
 )
 from broker.store.events import EventType, SessionSnapshot, Status
-from broker.store.log import Fenced, Position, SessionLog, SessionMissing, new_session_id
+from broker.store.log import (
+    Fenced,
+    Position,
+    SessionLog,
+    SessionMissing,
+    call_ids,
+    new_session_id,
+)
 
 from .leases import Leases
 from .process import AgentEvents, AgentFailed, AgentProcess
@@ -44,6 +51,8 @@ CLIENT_CAPABILITIES: JsonObject = {
 """What the broker tells agents its clients can do; requests go to a client that can."""
 
 USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
+APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
+"""Seconds between attempts to log an agent's updates while the store is unreachable."""
 """Agent requests that block the running prompt on a person: logged as ``state`` events."""
 
 _NO_RESTORE_NOTICE = (
@@ -326,18 +335,30 @@ class AgentHost(AgentEvents):
     async def _append_updates(self) -> None:
         while self._updates:
             batch, self._updates = self._updates, []
-            try:
-                results = await self.log.append_many(
-                    [(h.tenant, h.session_id, body, h.fence) for h, body in batch]
-                )
-            except Exception:
-                log.exception("could not log %d agent updates", len(batch))
-                continue
-            for (held, _), result in zip(batch, results, strict=True):
+            items = [(h.tenant, h.session_id, body, h.fence) for h, body in batch]
+            results = await self._append_retrying(items)
+            for (held, _), result in zip(batch, results or [], strict=False):
                 if isinstance(result, Fenced):
                     self.lose(held.session_id)
                 elif isinstance(result, Exception):
                     log.warning("update of %s not logged: %s", held.session_id, result)
+
+    async def _append_retrying(
+        self, items: list[tuple[str, str, JsonObject, str]]
+    ) -> list[Position | Exception] | None:
+        """Append, trying again while the store is unreachable (a failover takes a second or
+        two): the same calls, so an append that did land the first time lands only once."""
+        calls = call_ids(len(items))
+        for pause in (*APPEND_RETRY_PAUSES, None):
+            try:
+                return await self.log.append_many(items, calls)
+            except Exception:
+                if pause is None:
+                    log.exception("could not log %d agent updates", len(items))
+                    return None
+                log.warning("logging %d agent updates failed; trying again", len(items))
+                await asyncio.sleep(pause)
+        return None
 
     async def settle(self, agent: AgentProcess | None = None) -> None:
         """Return once every agent update received so far is in the log."""

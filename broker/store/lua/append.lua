@@ -7,12 +7,24 @@
 -- ARGV: 1 now (ms), 2 event body (JSON text, stored and published verbatim),
 --       3 mode ("create" or "append"), 4 epoch (create only), 5 fencing token ("" = none),
 --       6 feed max length, 7 tenant, 8 session id, 9 number of snapshot operations,
---       10 "1" if the event is activity (moves updatedAt), then the snapshot operations,
---       (op, field, value) triples:
+--       10 "1" if the event is activity (moves updatedAt), 11 the call's id (a retried
+--       call with the id of one already applied appends nothing and returns what it
+--       got), then the snapshot operations, (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
 -- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED.
 local log, snap, meta, feed, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local now, body, mode = ARGV[1], ARGV[2], ARGV[3]
+local now, body, mode, call = ARGV[1], ARGV[2], ARGV[3], ARGV[11]
+local RECENT_CALLS = 16
+
+-- A call whose reply was lost (a connection cut, a failover) is sent again by its
+-- client: the ids of the last few calls are kept with the seq each one got.
+local recent = redis.call('HGET', snap, 'calls') or ''
+if call ~= '' then
+  local done = string.match(recent, call .. '=(%d+)')
+  if done then
+    return {tonumber(done), redis.call('HGET', snap, 'epoch')}
+  end
+end
 
 local epoch
 if mode == 'create' then
@@ -39,7 +51,7 @@ if ARGV[10] == '1' then
 end
 
 for i = 0, tonumber(ARGV[9]) - 1 do
-  local op, field, value = ARGV[11 + 3 * i], ARGV[12 + 3 * i], ARGV[13 + 3 * i]
+  local op, field, value = ARGV[12 + 3 * i], ARGV[13 + 3 * i], ARGV[14 + 3 * i]
   if op == 'set' then
     redis.call('HSET', snap, field, value)
   elseif op == 'del' then
@@ -51,6 +63,17 @@ for i = 0, tonumber(ARGV[9]) - 1 do
   elseif op == 'mclear' then
     redis.call('DEL', meta)
   end
+end
+
+if call ~= '' then
+  local kept = {call .. '=' .. seq}
+  for entry in string.gmatch(recent, '[^,]+') do
+    if #kept >= RECENT_CALLS then
+      break
+    end
+    kept[#kept + 1] = entry
+  end
+  redis.call('HSET', snap, 'calls', table.concat(kept, ','))
 end
 
 redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq)
