@@ -112,6 +112,11 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(good) if good else float("nan")
 
 
+def ratio(a: float, b: float) -> float:
+    """a ÷ b, NaN where b is zero (a run too short for the CPU clock's 10 ms ticks)."""
+    return a / b if b else float("nan")
+
+
 def raise_nofile(want: int = 65536) -> int:
     """Raise this process's open-file limit as far as the hard limit allows."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

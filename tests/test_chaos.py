@@ -77,7 +77,12 @@ class Watcher:
 async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=2, projectors=2) as deployment:
+    # One driver connection starts all 100 prompts at once: past the default request rate
+    # of a connection (which depends on how fast the 100 session/new went before).
+    fast = {"ACP_BROKER_RATE_PER_CONNECTION": "1000"}
+    async with cluster_of(
+        redis_url, tmp_path, fronts=2, hosts=2, projectors=2, front_env=fast
+    ) as deployment:
         nodes, hosts, projectors = deployment.nodes, deployment.hosts, deployment.projectors
         driver = await RawClient.connect(nodes[1].url)
         await driver.initialize()
@@ -111,11 +116,17 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         # Every prompt ends (those on the killed host with an error, via the takeover).
         deadline = loop.time() + 120
         pending = set(ids)
+        ended: dict[str, dict[str, Any]] = {}
         while pending and loop.time() < deadline:
             message = await driver.recv(deadline - loop.time())
             if message.get("id") in pending and "method" not in message:
                 pending.discard(message["id"])
+                ended[message["id"]] = message
         assert not pending, f"{len(pending)} prompts never ended"
+        finished = [m for m in ended.values() if "result" in m]
+        cut = [m for m in ended.values() if m.get("error", {}).get("code") == -32603]
+        assert len(finished) + len(cut) == SESSIONS, ended  # nothing refused, say
+        assert finished and cut
         await asyncio.gather(*(w.pump(loop.time() + 3.0) for w in watchers))
 
         redis = connect(redis_url)

@@ -30,7 +30,13 @@ class Deployment:
 
 @contextlib.asynccontextmanager
 async def cluster_of(
-    redis_url: str, tmp_path: Path, *, fronts: int, hosts: int, projectors: int = 1
+    redis_url: str,
+    tmp_path: Path,
+    *,
+    fronts: int,
+    hosts: int,
+    projectors: int = 1,
+    front_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Deployment]:
     async with contextlib.AsyncExitStack() as stack:
         host_procs = [
@@ -53,7 +59,10 @@ async def cluster_of(
         nodes = [
             await stack.enter_async_context(
                 broker_process(
-                    redis_url, log_path=tmp_path / f"front{i}.log", extra_args=FRONT_ONLY
+                    redis_url,
+                    log_path=tmp_path / f"front{i}.log",
+                    extra_args=FRONT_ONLY,
+                    env=front_env,
                 )
             )
             for i in range(fronts)
