@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 
@@ -27,7 +28,7 @@ class AcpClient:
                 if self.on_notification is not None:
                     self.on_notification(text)
                 continue
-            message = json.loads(text)
+            message = orjson.loads(text)  # a lean client: the reply's decoding is not ours
             future = self._waiting.pop(message.get("id"), None)
             if future is not None and not future.done():
                 future.set_result(message)

@@ -10,8 +10,8 @@
 * **index read**: the broker's own store read of a page (``SessionIndex.page``: page.lua
   and the rows decoded) from a client process: the like of the PostgreSQL query below.
 * **postgres** (the peer): a table with an index over (tenant, updated_at desc, id) (and one
-  with cwd), a keyset query per page through asyncpg; rows decoded from JSON as the broker
-  decodes its rows. Skipped (reported as such) when PostgreSQL is not reachable.
+  with cwd), a keyset query per page through asyncpg; rows decoded from JSON (orjson) as the
+  index read decodes its rows. Skipped (reported as such) when PostgreSQL is not reachable.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+
+import orjson
 
 from bench import common
 from bench.acp import acp_client
@@ -243,7 +245,7 @@ async def postgres_calls(conn: Any, table: str, n: int) -> dict[str, Any]:
 
                 async def call(stmt: Any = stmt, args: tuple[Any, ...] = args) -> None:
                     fetched = await stmt.fetch(*args)
-                    [json.loads(r["row"]) for r in fetched]
+                    [orjson.loads(r["row"]) for r in fetched]  # as the index read decodes rows
 
                 out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
         plan = await conn.fetch(

@@ -12,6 +12,7 @@ limits and checks.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 try:
@@ -20,13 +21,21 @@ except ImportError:  # pragma: no cover - orjson is a dependency; this keeps a b
     orjson = None  # type: ignore[assignment]
 
 
+# orjson reads an integer past 64 bits as a float, silently: text with a run of 19 digits
+# (which may hold one) is left to the standard library, which reads it exactly.
+_LONG_DIGITS = re.compile(r"\d{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"\d{19}")
+
+
 def loads(text: str | bytes) -> Any:
     """Parse JSON text (as ``json.loads``)."""
     if orjson is not None:
-        try:
-            return orjson.loads(text)
-        except orjson.JSONDecodeError:
-            pass
+        pattern = _LONG_DIGITS if isinstance(text, str) else _LONG_DIGITS_BYTES
+        if pattern.search(text) is None:  # type: ignore[arg-type]
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                pass
     return json.loads(text)
 
 

@@ -53,3 +53,11 @@ def test_a_fragment_is_spliced_as_the_json_it_holds(outer: Any, inner: Any) -> N
     library's fallback parses the fragment and writes it again."""
     spliced = fastjson.dumps({"outer": outer, "inner": [fastjson.Fragment(fastjson.dumps(inner))]})
     assert json.loads(spliced) == json.loads(_std({"outer": outer, "inner": [inner]}))
+
+
+def test_integers_past_64_bits_are_read_exactly() -> None:
+    """orjson would read them as floats, silently."""
+    for number in (2**64, -(2**63) - 1, 10**30, -(10**25)):
+        text = f'{{"n":[{number}],"s":"{number}"}}'
+        assert fastjson.loads(text) == fastjson.loads(text.encode()) == json.loads(text)
+        assert fastjson.loads(text)["n"][0] == number
