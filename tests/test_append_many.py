@@ -65,21 +65,22 @@ async def test_append_many_checks_the_fence(store: Any) -> None:
 
 async def test_an_append_made_again_after_an_unknown_outcome_lands_once(store: Any) -> None:
     """A client that lost the reply (a cut connection, a failover) sends the same call again:
-    the log gets the event once and both calls get its position; an older call (past the
-    last 16 of the session) is a new one."""
+    the log gets the event once; a call long past is a new one."""
     log = SessionLog(store)
     created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
     await log.create("t", "s", created)
     with pytest.raises(SessionExists):  # a fresh call: the session exists
         await log.create("t", "s", created)
-    calls = call_ids(20)
-    items = [("t", "s", _chunk(str(i)), "") for i in range(20)]
+    calls = call_ids(40)
+    items = [("t", "s", _chunk(str(i)), "") for i in range(40)]
     once = await log.append_many(items, calls)
-    assert [p.seq for p in once if isinstance(p, Position)] == list(range(2, 22))
-    # The last 16 calls of the session are known: made again, they return their positions.
-    assert await log.append_many(items[4:], calls[4:]) == once[4:]
-    assert await log.append("t", "s", _chunk("19"), call=calls[-1]) == once[-1]
-    assert [e.seq for e in await log.read("t", "s")] == list(range(1, 22))
-    # An older one is taken for a new call.
+    assert [p.seq for p in once if isinstance(p, Position)] == list(range(2, 42))
+    # The last 16 calls of the session are known: made again, they append nothing and
+    # return the session's position.
+    again = await log.append_many(items[24:], calls[24:])
+    assert again == [once[-1]] * 16
+    assert await log.append("t", "s", _chunk("39"), call=calls[-1]) == once[-1]
+    assert [e.seq for e in await log.read("t", "s")] == list(range(1, 42))
+    # A call long past is taken for a new one.
     older = await log.append("t", "s", _chunk("0"), call=calls[0])
-    assert older.seq == 22 and (await log.snapshot("t", "s")).seq == 22
+    assert older.seq == 42 and (await log.snapshot("t", "s")).seq == 42

@@ -72,9 +72,10 @@ class SessionLog:
     ) -> Position:
         """Append one event; raises :class:`SessionMissing` or :class:`Fenced`.
 
-        ``call`` (default: a fresh one) names this append: the same call made again, after
-        a failure that left its outcome unknown, appends nothing more and returns the
-        position the first one got (see :func:`call_ids`).
+        ``call`` (default: a fresh one, see :func:`call_ids`) names this append: made
+        again after a failure that left its outcome unknown, a call that was applied
+        appends nothing more and returns the session's position, at or past the one it
+        got. A session knows its last 16 calls.
         """
         return await self._run(tenant, session_id, body, mode="append", fence=fence, call=call)
 
@@ -137,7 +138,7 @@ class SessionLog:
             session_id,
             len(ops),
             "1" if is_activity(body) else "0",
-            call or secrets.token_hex(8),
+            call or _call_id(),
         ]
         for op in ops:
             args.extend(op)
@@ -201,7 +202,11 @@ class SessionLog:
 
 def call_ids(count: int) -> list[str]:
     """Fresh ids for ``count`` appends (keep them to make the same appends again)."""
-    return [secrets.token_hex(8) for _ in range(count)]
+    return [_call_id() for _ in range(count)]
+
+
+def _call_id() -> str:
+    return secrets.token_hex(6)  # 48 bits: two calls among a session's last 16 never collide
 
 
 def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:

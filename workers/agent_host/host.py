@@ -51,6 +51,7 @@ CLIENT_CAPABILITIES: JsonObject = {
 """What the broker tells agents its clients can do; requests go to a client that can."""
 
 USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
+APPEND_BATCH = 16
 APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
 """Seconds between attempts to log an agent's updates while the store is unreachable."""
 """Agent requests that block the running prompt on a person: logged as ``state`` events."""
@@ -334,7 +335,9 @@ class AgentHost(AgentEvents):
 
     async def _append_updates(self) -> None:
         while self._updates:
-            batch, self._updates = self._updates, []
+            # At most 16 a round trip: a session knows its last 16 appends, so a batch
+            # tried again after an unknown outcome lands each of its updates once.
+            batch, self._updates = self._updates[:APPEND_BATCH], self._updates[APPEND_BATCH:]
             items = [(h.tenant, h.session_id, body, h.fence) for h, body in batch]
             results = await self._append_retrying(items)
             for (held, _), result in zip(batch, results or [], strict=False):

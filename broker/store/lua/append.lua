@@ -7,23 +7,22 @@
 -- ARGV: 1 now (ms), 2 event body (JSON text, stored and published verbatim),
 --       3 mode ("create" or "append"), 4 epoch (create only), 5 fencing token ("" = none),
 --       6 feed max length, 7 tenant, 8 session id, 9 number of snapshot operations,
---       10 "1" if the event is activity (moves updatedAt), 11 the call's id (a retried
---       call with the id of one already applied appends nothing and returns what it
---       got), then the snapshot operations, (op, field, value) triples:
+--       10 "1" if the event is activity (moves updatedAt), 11 the call's id (12 hex
+--       digits; the same call made again, once applied, appends nothing and returns the
+--       session's position), then the snapshot operations, (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
 -- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED.
 local log, snap, meta, feed, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now, body, mode, call = ARGV[1], ARGV[2], ARGV[3], ARGV[11]
-local RECENT_CALLS = 16
+local RECENT_BYTES = 16 * 13  -- the last 16 calls' ids ("<12 hex>," each), newest first
 
 -- A call whose reply was lost (a connection cut, a failover) is sent again by its
--- client: the ids of the last few calls are kept with the seq each one got.
+-- client: if it was applied, it is answered with the session's position (at or past
+-- the one it got) and appends nothing.
 local recent = redis.call('HGET', snap, 'calls') or ''
-if call ~= '' then
-  local done = string.match(recent, call .. '=(%d+)')
-  if done then
-    return {tonumber(done), redis.call('HGET', snap, 'epoch')}
-  end
+if call ~= '' and string.find(recent, call .. ',', 1, true) then
+  local head = redis.call('HMGET', snap, 'seq', 'epoch')
+  return {tonumber(head[1]), head[2]}
 end
 
 local epoch
@@ -66,14 +65,7 @@ for i = 0, tonumber(ARGV[9]) - 1 do
 end
 
 if call ~= '' then
-  local kept = {call .. '=' .. seq}
-  for entry in string.gmatch(recent, '[^,]+') do
-    if #kept >= RECENT_CALLS then
-      break
-    end
-    kept[#kept + 1] = entry
-  end
-  redis.call('HSET', snap, 'calls', table.concat(kept, ','))
+  redis.call('HSET', snap, 'calls', string.sub(call .. ',' .. recent, 1, RECENT_BYTES))
 end
 
 redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq)
