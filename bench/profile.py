@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 @contextlib.asynccontextmanager
-async def recording(pid: int, out: Path, rate: int = 250) -> AsyncIterator[None]:
+async def recording(pid: int, out: Path, rate: int = 1000) -> AsyncIterator[None]:
     """py-spy records ``pid`` while the block runs (nothing if py-spy is not installed)."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():  # noqa: ASYNC240 - once, before the load

@@ -60,6 +60,12 @@ class SessionLog:
         self.redis = redis
         self.feed_maxlen = feed_maxlen
         self._append = redis.register_script(_script("append.lua"))
+        self._append_batch = redis.register_script(
+            "local function append_one(KEYS, ARGV)\n"
+            + _script("append.lua")
+            + "\nend\n"
+            + _script("append_batch.lua")
+        )
 
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
         """Start a new log with its ``created`` event, under a fresh random epoch."""
@@ -85,21 +91,27 @@ class SessionLog:
         calls: Sequence[str] | None = None,
     ) -> list[Position | Exception]:
         """Append several events (``(tenant, session id, body, fence)``, in this order) in one
-        round trip: each one is the same script call as :meth:`append`, ``calls[i]`` naming
-        the i-th. Returns each one's position, or the exception :meth:`append` would have
-        raised for it."""
+        round trip and one script call (``lua/append_batch.lua``): each one is what
+        :meth:`append` does, ``calls[i]`` naming the i-th. Returns each one's position, or
+        the exception :meth:`append` would have raised for it."""
         ids = list(calls) if calls is not None else call_ids(len(items))
-        if is_cluster(self.redis):  # one pipeline may not span slots
+        if is_cluster(self.redis):  # one call may not span slots
             return [
                 await self._one(t, s, b, f, c) for (t, s, b, f), c in zip(items, ids, strict=True)
             ]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
-                keys, args = self._call(
-                    tenant, session_id, body, mode="append", fence=fence, call=call
-                )
-                await self._append(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute(raise_on_error=False)
+        if not items:
+            return []
+        keys: list[str] = []
+        counts: list[int] = []
+        args: list[Any] = []
+        for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
+            one_keys, one_args = self._call(
+                tenant, session_id, body, mode="append", fence=fence, call=call
+            )
+            keys += one_keys
+            counts.append(len(one_args))
+            args += one_args
+        replies = await self._append_batch(keys=keys, args=[len(items), *counts, *args])
         return [
             _append_error(r) if isinstance(r, ResponseError) else Position(int(r[0]), str(r[1]))
             for r in replies
