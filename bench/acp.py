@@ -81,3 +81,43 @@ async def new_sessions(url: str, count: int, cwd: str, concurrency: int = 16) ->
 
         await asyncio.gather(*(one() for _ in range(count)))
     return ids
+
+
+class LeanAcpClient:
+    """JSON-RPC requests over :mod:`bench.wsclient`, the lean client every other benchmark
+    drives its systems with: for timing requests, without a WebSocket library's overhead."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self.ws: Any = None
+
+    def _on_text(self, data: bytes) -> None:
+        message = orjson.loads(data)
+        future = self._waiting.pop(message.get("id"), None) if "id" in message else None
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    async def request(self, method: str, params: dict[str, Any], timeout: float = 60.0) -> Any:
+        msg_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[msg_id] = future
+        frame = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
+        self.ws.send_text(orjson.dumps(frame))
+        message = await asyncio.wait_for(future, timeout)
+        if "error" in message:
+            raise RuntimeError(f"{method}: {message['error']}")
+        return message["result"]
+
+
+@contextlib.asynccontextmanager
+async def lean_acp_client(url: str) -> AsyncIterator[LeanAcpClient]:
+    from bench.wsclient import connect as ws_connect
+
+    client = LeanAcpClient()
+    client.ws = await ws_connect(url, client._on_text)
+    try:
+        await client.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        yield client
+    finally:
+        client.ws.close()

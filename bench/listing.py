@@ -1,17 +1,20 @@
 """session/list at 1,000,000 sessions in one tenant: a page at the start, middle and end.
 
 * **broker**: ``session/list`` over a WebSocket to a front node (``serve --no-workers``),
+  from the lean client (:mod:`bench.wsclient`) the other benchmarks use,
   with a signed cursor at each depth, with and without a ``cwd`` filter (10 cwds, so the
   filtered listing holds 100,000 sessions). The index is written straight into Redis in the
   projector's format (rows hash + lex-ordered listings), pipelined, which is what the
   projector would leave after projecting these sessions.
 * **floor**: the raw Redis reads that one page needs, pipelined in one round trip
   (``ZRANGE … BYLEX LIMIT`` and ``HMGET`` of the rows), from a redis-py client.
-* **index read**: the broker's own store read of a page (``SessionIndex.page``: page.lua
-  and the rows decoded) from a client process: the like of the PostgreSQL query below.
+* **index read**: the broker's own store read of a page as ``session/list`` makes it
+  (``SessionIndex.page``: page.lua, then each row's ``SessionInfo`` JSON text, ready to
+  splice) from a client process: the like of the PostgreSQL query below.
 * **postgres** (the peer): a table with an index over (tenant, updated_at desc, id) (and one
-  with cwd), a keyset query per page through asyncpg; rows decoded from JSON (orjson) as the
-  index read decodes its rows. Skipped (reported as such) when PostgreSQL is not reachable.
+  with cwd), a keyset query per page through asyncpg, fetching each row's JSON text (a
+  PostgreSQL-backed broker would splice it as this one does). Skipped (reported as such)
+  when PostgreSQL is not reachable.
 """
 
 from __future__ import annotations
@@ -24,10 +27,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-
 from bench import common
-from bench.acp import acp_client
+from bench.acp import lean_acp_client
 
 TENANT = "default"
 PAGE = 50
@@ -163,8 +164,9 @@ async def floor_calls(store: Any, n: int) -> dict[str, Any]:
 
 
 async def index_calls(store: Any, n: int) -> dict[str, Any]:
-    """The broker's own index read (``SessionIndex.page``: page.lua + rows decoded), in-process:
-    the like of the PostgreSQL query, without the WebSocket hop."""
+    """The broker's own index read as session/list makes it (page.lua, then the rows'
+    SessionInfo texts), in-process: the like of the PostgreSQL query, without the WebSocket
+    hop."""
     from broker.store.index import ACP_LISTING, SessionIndex, cwd_listing, member
 
     index = SessionIndex(store)
@@ -179,7 +181,7 @@ async def index_calls(store: Any, n: int) -> dict[str, Any]:
 
             async def call(listing: str = listing, after: str | None = after) -> None:
                 page = await index.page(TENANT, listing, after, PAGE)
-                assert len(page.rows) == PAGE
+                assert len(page.session_infos()) == PAGE
 
             await call()
             out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
@@ -245,7 +247,7 @@ async def postgres_calls(conn: Any, table: str, n: int) -> dict[str, Any]:
 
                 async def call(stmt: Any = stmt, args: tuple[Any, ...] = args) -> None:
                     fetched = await stmt.fetch(*args)
-                    [orjson.loads(r["row"]) for r in fetched]  # as the index read decodes rows
+                    assert len([r["row"] for r in fetched]) > PAGE // 2
 
                 out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
         plan = await conn.fetch(
@@ -259,6 +261,14 @@ async def postgres_calls(conn: Any, table: str, n: int) -> dict[str, Any]:
         )
         print("  postgres plan: " + " / ".join(r[0].strip() for r in plan), flush=True)
     return out
+
+
+def _counted(call: Any, served: list[int]) -> Any:
+    async def counted() -> None:
+        served[0] += 1
+        await call()
+
+    return counted
 
 
 async def interleaved(
@@ -309,6 +319,7 @@ async def run(args: Any) -> None:
     samples = 20 if args.quick else 1000
     seconds = 1.0 if args.quick else 20.0
     runs: list[dict[str, Any]] = []
+    front_cpu: list[float] = []  # the front's CPU time per session/list, µs, per run
     unavailable = ""
     for r in range(args.runs):
         print(f"list: {n:,} sessions (run {r + 1}/{args.runs})", flush=True)
@@ -321,7 +332,7 @@ async def run(args: Any) -> None:
             store = redis.Redis.from_url(url, decode_responses=True)
             async with (
                 common.fronts(url, 1, f"list-{r}") as nodes,
-                acp_client(nodes[0].url) as client,
+                lean_acp_client(nodes[0].url) as client,
                 postgres_table() as pg,
             ):
                 systems = {
@@ -335,13 +346,20 @@ async def run(args: Any) -> None:
                     t = time.monotonic()
                     systems["postgres"] = await postgres_calls(*pg, n)
                     print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
+                served = [0]  # session/list requests the front answered (warm-ups too)
+                systems["broker"] = {
+                    cell: _counted(call, served) for cell, call in systems["broker"].items()
+                }
                 async with contextlib.AsyncExitStack() as profiling:
                     if args.profile:
                         from bench.profile import recording
 
                         out = common.RESULTS / "profile-list-broker.txt"
                         await profiling.enter_async_context(recording(nodes[0].pid, out))
+                    cpu = common.cpu_seconds(nodes[0].pid)
                     got = await interleaved(systems, samples, seconds)
+                    cpu = common.cpu_seconds(nodes[0].pid) - cpu
+                front_cpu.append(common.ratio(cpu * 1e6, served[0]))
             await store.aclose()
         got.setdefault("postgres", {})
         runs.append(got)
@@ -387,12 +405,22 @@ async def run(args: Any) -> None:
         ],
         rows,
     )
+    text += (
+        "\n\nThe front's CPU time (user + system) per session/list: "
+        f"{common.median(front_cpu):.0f} µs."
+    )
     if not runs[0]["postgres"]:
         text += f"\n\nPostgreSQL unavailable: {unavailable}"
     common.report(
         "list",
         [text],
-        {"quick": args.quick, "sessions": n, "summary": summary, "runs": runs},
+        {
+            "quick": args.quick,
+            "sessions": n,
+            "summary": summary,
+            "front_cpu_us_per_request": front_cpu,
+            "runs": runs,
+        },
         args.out,
     )
 
