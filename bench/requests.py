@@ -1,0 +1,152 @@
+"""What one request costs a front, and what one Redis call costs a Python process.
+
+Not one of the five workloads: a breakdown behind ``bench list``. Sequential requests
+from the lean client to one front (``serve --no-workers``):
+
+* **no-op**: an unknown method (answered -32601): the WebSocket round trip and dispatch;
+* **empty list**: ``session/list`` of a cwd with no sessions: plus one index read;
+* **50-row list**: a full page of 50 rows.
+
+For each: latency p50/p99 and the front's CPU time (user and system) per request. Then one
+Redis call (GET) from this process: through the store's client (redis-py, the blocking
+pool the broker uses) and over a bare asyncio connection with hiredis, CPU per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import hiredis
+
+from bench import common, listing
+from bench.acp import lean_acp_client
+
+
+def _times(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / common.CLK_TCK, int(fields[12]) / common.CLK_TCK
+
+
+async def _front_costs(url: str, pid: int, count: int) -> list[list[Any]]:
+    rows = []
+    async with lean_acp_client(url) as client:
+
+        async def noop() -> None:
+            with contextlib.suppress(RuntimeError):  # -32601, as expected
+                await client.request("nope/nope", {})
+
+        calls = {
+            "no-op (unknown method)": noop,
+            "empty session/list": lambda: client.request("session/list", {"cwd": "/nowhere"}),
+            "50-row session/list": lambda: client.request("session/list", {}),
+        }
+        for name, call in calls.items():
+            for _ in range(min(300, count)):
+                await call()
+            user, system = _times(pid)
+            latencies = []
+            for _ in range(count):
+                start = time.perf_counter()
+                await call()
+                latencies.append((time.perf_counter() - start) * 1000)
+            user2, system2 = _times(pid)
+            summary = common.latency_summary(latencies)
+            per = 1e6 / count
+            rows.append(
+                [
+                    name,
+                    summary["p50"],
+                    summary["p99"],
+                    (user2 - user) * per,
+                    (system2 - system) * per,
+                ]
+            )
+    return rows
+
+
+class _Bare(asyncio.Protocol):
+    """One Redis connection: commands packed and replies parsed by hiredis, nothing else."""
+
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader(encoding="utf-8")
+        self.waiting: list[asyncio.Future[Any]] = []
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            self.waiting.pop(0).set_result(reply)
+
+    def call(self, *args: str) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self.transport.write(hiredis.pack_command(args))  # type: ignore[arg-type]
+        return future
+
+
+async def _redis_costs(url: str, count: int) -> list[list[Any]]:
+    from broker.store.client import connect
+
+    store = connect(url)
+    await store.set("bench:k", "v")
+    host, _, port = url.split("//", 1)[1].split("/", 1)[0].partition(":")
+    _, bare = await asyncio.get_running_loop().create_connection(_Bare, host, int(port))
+    rows = []
+    for name, call in (
+        ("GET through the store's client (redis-py)", lambda: store.get("bench:k")),
+        ("GET over a bare hiredis connection", lambda: bare.call("GET", "bench:k")),
+    ):
+        for _ in range(min(300, count)):
+            await call()
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(count):
+            await call()
+        rows.append(
+            [
+                name,
+                (time.process_time() - cpu) / count * 1e6,
+                (time.perf_counter() - wall) / count * 1e6,
+            ]
+        )
+    bare.transport.close()
+    await store.aclose()
+    return rows
+
+
+async def run(args: Any) -> None:
+    count = 300 if args.quick else 5000
+    with common.private_redis() as url:
+        await listing.populate_redis(url, 1_000)
+        async with common.fronts(url, 1, "requests") as nodes:
+            front = await _front_costs(nodes[0].url, nodes[0].pid, count)
+        redis_rows = await _redis_costs(url, count)
+    tables = [
+        common.table(
+            f"What a front spends per request ({count:,} sequential requests each)",
+            ["request", "p50 ms", "p99 ms", "front user µs/req", "front system µs/req"],
+            front,
+        ),
+        common.table(
+            f"One Redis call from a Python process ({count:,} sequential GETs)",
+            ["path", "CPU µs/call", "wall µs/call"],
+            redis_rows,
+        ),
+    ]
+    data = {"quick": args.quick, "front": front, "redis": redis_rows}
+    common.report("requests", tables, data, args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = common.parser("requests", __doc__.splitlines()[0] if __doc__ else "")
+    asyncio.run(run(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
