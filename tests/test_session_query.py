@@ -330,3 +330,14 @@ def test_inputs_are_normalized() -> None:
     assert parse_query({"status": "", "kind": None, "limit": None}) == parse_query({})
     assert parse_query({}).limit == 20
     assert parse_query({"limit": 1}).limit == 1 and parse_query({"limit": 100}).limit == 100
+
+
+@pytest.mark.parametrize("limit", ["²", "١٢", "1e2", "-1", "0", "1001", "ten", " 5 5 "])
+def test_a_limit_that_is_not_a_plain_number_in_range_is_an_invalid_argument(limit: str) -> None:
+    with pytest.raises(ApiError) as raised:
+        parse_query({"limit": limit})
+    assert raised.value.code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_a_limit_may_come_with_spaces_around_it() -> None:
+    assert parse_query({"limit": " 25 "}).limit == 25

@@ -155,8 +155,8 @@ def _limit(value: Any) -> int:
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip())
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        number = int(value.strip())  # ASCII only: "²" is a digit to isdigit(), not to int()
     if number is None or not LIMIT_MIN <= number <= LIMIT_MAX:
         raise invalid_argument(
             f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}; got {value!r}"
