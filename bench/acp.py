@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,11 +12,37 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 
-class AcpClient:
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
+class _JsonRpc:
+    """Request ids and the futures their replies resolve; a subclass sends the frames."""
+
+    def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
+
+    async def _send(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+    def _resolve(self, message: dict[str, Any]) -> None:
+        future = self._waiting.pop(message.get("id"), None)
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    async def request(self, method: str, params: dict[str, Any], timeout: float = 60.0) -> Any:
+        msg_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[msg_id] = future
+        frame = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
+        await self._send(orjson.dumps(frame))
+        message = await asyncio.wait_for(future, timeout)
+        if "error" in message:
+            raise RuntimeError(f"{method}: {message['error']}")
+        return message["result"]
+
+
+class AcpClient(_JsonRpc):
+    def __init__(self, ws: ClientConnection) -> None:
+        super().__init__()
+        self.ws = ws
         self.on_notification: Callable[[str], None] | None = None
         self._reader = asyncio.create_task(self._read())
 
@@ -28,21 +53,10 @@ class AcpClient:
                 if self.on_notification is not None:
                     self.on_notification(text)
                 continue
-            message = orjson.loads(text)  # a lean client: the reply's decoding is not ours
-            future = self._waiting.pop(message.get("id"), None)
-            if future is not None and not future.done():
-                future.set_result(message)
+            self._resolve(orjson.loads(text))  # a lean client: the reply's decoding is not ours
 
-    async def request(self, method: str, params: dict[str, Any], timeout: float = 60.0) -> Any:
-        msg_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[msg_id] = future
-        frame = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
-        await self.ws.send(json.dumps(frame))
-        message = await asyncio.wait_for(future, timeout)
-        if "error" in message:
-            raise RuntimeError(f"{method}: {message['error']}")
-        return message["result"]
+    async def _send(self, frame: bytes) -> None:
+        await self.ws.send(frame.decode())
 
     async def initialize(self) -> Any:
         return await self.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
@@ -83,31 +97,19 @@ async def new_sessions(url: str, count: int, cwd: str, concurrency: int = 16) ->
     return ids
 
 
-class LeanAcpClient:
+class LeanAcpClient(_JsonRpc):
     """JSON-RPC requests over :mod:`bench.wsclient`, the lean client every other benchmark
     drives its systems with: for timing requests, without a WebSocket library's overhead."""
 
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self.ws: Any = None
+    ws: Any = None
 
     def _on_text(self, data: bytes) -> None:
         message = orjson.loads(data)
-        future = self._waiting.pop(message.get("id"), None) if "id" in message else None
-        if future is not None and not future.done():
-            future.set_result(message)
+        if "id" in message:
+            self._resolve(message)
 
-    async def request(self, method: str, params: dict[str, Any], timeout: float = 60.0) -> Any:
-        msg_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[msg_id] = future
-        frame = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}
-        self.ws.send_text(orjson.dumps(frame))
-        message = await asyncio.wait_for(future, timeout)
-        if "error" in message:
-            raise RuntimeError(f"{method}: {message['error']}")
-        return message["result"]
+    async def _send(self, frame: bytes) -> None:
+        self.ws.send_text(frame)
 
 
 @contextlib.asynccontextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from broker.front.server import Broker
+
 from .support.client import RawClient, acp_client, text, wait_for
 
 
@@ -12,6 +14,24 @@ def _info_updates(client: RawClient, session_id: str) -> list[dict]:
         if m.get("method") == "session/update"
         and m["params"]["sessionId"] == session_id
         and m["params"]["update"]["sessionUpdate"] == "session_info_update"
+    ]
+
+
+async def _a_session_checked_often(broker: Broker, url: str) -> tuple[RawClient, str]:
+    """A window with a new session, on a node whose hub checks positions every 0.1 s."""
+    client = await RawClient.connect(url)
+    await client.initialize()
+    created = await client.call("session/new", {"cwd": "/d", "mcpServers": []})
+    broker.hub.check_interval = 0.1
+    return client, created["result"]["sessionId"]
+
+
+def _chunk_texts(client: RawClient) -> list[str]:
+    return [
+        m["params"]["update"]["content"]["text"]
+        for m in client.inbox
+        if m.get("method") == "session/update"
+        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
     ]
 
 
@@ -154,26 +174,15 @@ async def test_every_update_carries_the_broker_position_and_resume_replays_after
 
 async def test_a_deaf_subscription_is_noticed_and_nothing_is_lost(broker, url: str) -> None:
     """Pub/sub that silently stops delivering: the probe resubscribes, the log fills the gap."""
-    client = await RawClient.connect(url)
-    await client.initialize()
-    session_id = (await client.call("session/new", {"cwd": "/d", "mcpServers": []}))["result"][
-        "sessionId"
-    ]
+    client, session_id = await _a_session_checked_often(broker, url)
     hub = broker.hub
-    hub.check_interval = 0.1
     # Make the subscription deaf: unsubscribe behind the hub's back.
     await hub._pubsub.sunsubscribe(*hub._feeds, hub.node_channel)
     reply = await client.call(
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 5")}
     )
     assert reply["result"]["stopReason"] == "end_turn"
-    chunks = [
-        m["params"]["update"]["content"]["text"]
-        for m in client.inbox
-        if m.get("method") == "session/update"
-        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
-    ]
-    assert chunks == [f"chunk {i}" for i in range(1, 6)]
+    assert _chunk_texts(client) == [f"chunk {i}" for i in range(1, 6)]
     # And live delivery works again afterwards.
     await wait_for(lambda: hub._probes_unanswered == 0, what="probe answered")
     await client.close()
@@ -185,13 +194,8 @@ async def test_a_session_whose_live_events_all_go_missing_is_served_from_its_log
     """Pub/sub drops every event of a session (the subscription stays up): the position
     check, which compares the sessions that heard nothing with their snapshots, reads the
     lost events from the log, and the window gets each of them, in order."""
-    watcher = await RawClient.connect(url)
-    await watcher.initialize()
-    session_id = (await watcher.call("session/new", {"cwd": "/d", "mcpServers": []}))["result"][
-        "sessionId"
-    ]
+    watcher, session_id = await _a_session_checked_often(broker, url)
     hub = broker.hub
-    hub.check_interval = 0.1
     handle = hub._on_message
 
     async def lossy(message: dict) -> None:
@@ -204,11 +208,5 @@ async def test_a_session_whose_live_events_all_go_missing_is_served_from_its_log
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 4")}
     )
     assert reply["result"]["stopReason"] == "end_turn"
-    chunks = [
-        m["params"]["update"]["content"]["text"]
-        for m in watcher.inbox
-        if m.get("method") == "session/update"
-        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
-    ]
-    assert chunks == [f"chunk {i}" for i in range(1, 5)]
+    assert _chunk_texts(watcher) == [f"chunk {i}" for i in range(1, 5)]
     await watcher.close()
