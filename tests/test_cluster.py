@@ -10,7 +10,7 @@ from typing import Any
 from broker.front.server import Broker
 from broker.store.client import connect
 from broker.store.keys import SessionKeys
-from broker.store.log import SessionLog
+from broker.store.log import SessionLog, new_session_id
 
 from .conftest import make_settings
 from .support.client import RawClient, text
@@ -130,3 +130,29 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
             await c.close()
     finally:
         await node.stop()
+
+
+async def test_an_agent_host_renews_its_leases_on_the_cluster(redis_cluster_info: Any) -> None:
+    """Sessions on several masters: one renewal keeps them all (redis-py refuses scripts in
+    a cluster pipeline, so renewals once failed there and every lease lapsed)."""
+    from workers.agent_host.leases import Leases
+
+    store = connect(redis_cluster_info.url)
+    try:
+        session_log = SessionLog(store)
+        ids = [new_session_id() for _ in range(8)]
+        for sid in ids:
+            created = {"type": "created", "cwd": "/l", "agent": "demo", "kind": "combined"}
+            await session_log.create("default", sid, created)
+        masters = {redis_cluster_info.master_of(SessionKeys("default", s).log) for s in ids}
+        assert len(masters) > 1
+        mine, theirs = Leases(store, "host-a"), Leases(store, "host-b")
+        for sid in ids[:6]:
+            await mine.acquire("default", sid)
+        for sid in ids[6:]:
+            await theirs.acquire("default", sid)
+        held = [("default", sid) for sid in ids]
+        assert await mine.renew(held[:6]) == []
+        assert await mine.renew(held) == held[6:]  # not this host's
+    finally:
+        await store.aclose()

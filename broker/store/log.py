@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .. import fastjson
 from .client import Store, is_cluster
@@ -122,8 +122,8 @@ class SessionLog:
     ) -> Position | Exception:
         try:
             return await self.append(tenant, session_id, body, fence=fence, call=call)
-        except (SessionMissing, Fenced, ResponseError) as exc:
-            return exc
+        except (SessionMissing, SessionExists, Fenced) as exc:
+            return exc  # this event's own outcome; anything else fails the batch (try again)
 
     def _call(
         self,
@@ -171,7 +171,13 @@ class SessionLog:
             tenant, session_id, body, mode=mode, epoch=epoch, fence=fence, call=call
         )
         try:
-            seq, got_epoch = await self._append(keys=keys, args=args)
+            try:
+                seq, got_epoch = await self._append(keys=keys, args=args)
+            except NoScriptError:
+                # A node that just became a master may not know the script, and redis-py's
+                # reload can go to the nodes it knew before the failover: EVAL goes by key.
+                script = self._append.script
+                seq, got_epoch = await self.redis.eval(script, len(keys), *keys, *args)
         except ResponseError as exc:
             raise _append_error(exc) from None
         return Position(int(seq), str(got_epoch))

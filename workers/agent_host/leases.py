@@ -12,13 +12,15 @@ is how surviving hosts find the sessions of a host that died.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.store.client import Store
+from broker.store.client import Store, is_cluster
 from broker.store.keys import SessionKeys, leases_key
 from broker.store.log import SessionMissing
 
@@ -77,18 +79,34 @@ class Leases:
         """Renew many leases at once; returns those this host no longer holds."""
         if not leases:
             return []
+        results = await self._renew_all(leases)
+        pairs = list(zip(leases, results, strict=True))
+        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok}
+        if kept:
+            await self.redis.zadd(leases_key(), kept)
+        return [lease for lease, ok in pairs if not ok]
+
+    async def _renew_all(self, leases: list[tuple[str, str]]) -> list[Any]:
+        if is_cluster(self.redis):
+            # redis-py refuses scripts in a cluster pipeline: one call each, all at once.
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._script(
+                            keys=[keys.lease, keys.snapshot],
+                            args=["renew", self.host_id, self.ttl_ms],
+                        )
+                        for keys in (SessionKeys(t, s) for t, s in leases)
+                    )
+                )
+            )
         # One round trip for all of them (the script is loaded first, so EVALSHA finds it).
         sha = await self.redis.script_load(self._source)
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, session_id in leases:
                 keys = SessionKeys(tenant, session_id)
                 pipe.evalsha(sha, 2, keys.lease, keys.snapshot, "renew", self.host_id, self.ttl_ms)
-            results = await pipe.execute()
-        pairs = list(zip(leases, results, strict=True))
-        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok}
-        if kept:
-            await self.redis.zadd(leases_key(), kept)
-        return [lease for lease, ok in pairs if not ok]
+            return list(await pipe.execute())
 
     async def release(self, tenant: str, session_id: str, *, hand_over: bool = False) -> None:
         """Give the lease up; ``hand_over`` lists it as expired so another host takes it now."""
