@@ -19,6 +19,7 @@ converge on the newest snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -27,9 +28,12 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .. import fastjson
 from .catalog import catalog_entries
 from .client import Store
+from .direct import direct_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .keys import TenantKeys
 
@@ -184,6 +188,7 @@ class SessionIndex:
         self.redis = redis
         self._project = redis.register_script(_script("project.lua"))
         self._page = redis.register_script(_script("page.lua"))
+        self._direct = direct_calls(redis)
 
     async def project(self, snapshot: SessionSnapshot, *, force: bool = False) -> bool:
         """Bring the index up to ``snapshot``; False if it already held this or a newer one.
@@ -231,12 +236,16 @@ class SessionIndex:
         """Up to ``limit`` rows of ``listing`` that sort after position ``after``."""
         keys = TenantKeys(tenant)
         low = f"({after}" if after else "-"
-        members, rows = await self._page(
-            keys=[keys.index(listing), keys.rows], args=[low, limit + 1]
-        )
+        members, rows = await self._read_page([keys.index(listing), keys.rows], [low, limit + 1])
         has_more = len(members) > limit
         members, rows = members[:limit], rows[:limit]
         return Page([row for row in rows if row], members[-1] if members else None, has_more)
+
+    async def _read_page(self, keys: list[str], args: list[Any]) -> Any:
+        if self._direct is not None:
+            with contextlib.suppress(RedisError):  # the client's way recovers from anything
+                return await self._direct.evalsha(self._page.sha, keys, args)
+        return await self._page(keys=keys, args=args)
 
     async def row(self, tenant: str, session_id: str) -> JsonObject | None:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)

@@ -1,0 +1,80 @@
+"""The index's direct read connection: same pages as the client's path, and it recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import fakeredis
+
+from broker.store.client import connect
+from broker.store.direct import DirectCalls, direct_calls
+from broker.store.events import SessionSnapshot
+from broker.store.index import ACP_LISTING, SessionIndex
+
+
+def _snapshot(i: int) -> SessionSnapshot:
+    return SessionSnapshot(
+        tenant="t",
+        session_id=f"sess_{i:04d}",
+        epoch="e",
+        seq=1,
+        cwd="/w",
+        created_ms=1_000 + i,
+        updated_ms=1_000 + i,
+    )
+
+
+async def _indexed(store: Any, count: int) -> SessionIndex:
+    index = SessionIndex(store)
+    for i in range(count):
+        await index.project(_snapshot(i))
+    return index
+
+
+def test_a_single_server_reads_directly_and_others_through_the_client(redis_url: str) -> None:
+    assert isinstance(direct_calls(connect(redis_url)), DirectCalls)
+    embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    assert direct_calls(embedded) is None
+
+
+async def test_pages_read_directly_are_the_pages_and_survive_a_cut_and_a_script_flush(
+    redis_url: str,
+) -> None:
+    store = connect(redis_url)
+    try:
+        index = await _indexed(store, 5)
+        first = await index.page("t", ACP_LISTING, None, 3)
+        assert [r["sessionId"] for r in first.rows] == ["sess_0004", "sess_0003", "sess_0002"]
+        assert first.has_more
+        # Redis forgets its scripts: the call goes through the client, which loads it again.
+        await store.script_flush()
+        assert await index.page("t", ACP_LISTING, first.last, 3) == await index.page(
+            "t", ACP_LISTING, first.last, 3
+        )
+        # The direct connection is cut: this page comes through the client, the next one
+        # through the connection opened again.
+        await store.client_kill_filter(_type="normal", skipme=True)
+        for _ in range(3):
+            again = await index.page("t", ACP_LISTING, None, 3)
+            assert again == first
+    finally:
+        await store.aclose()
+
+
+async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_url: str) -> None:
+    store = connect(redis_url)
+    try:
+        index = await _indexed(store, 40)
+        expected = await index.page("t", ACP_LISTING, None, 30)
+        for delay in (0, 0.0001, 0.0005):
+            task = asyncio.ensure_future(index.page("t", ACP_LISTING, None, 30))
+            await asyncio.sleep(delay)
+            task.cancel()  # before it is sent, while the reply is on its way, or too late
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert await index.page("t", ACP_LISTING, None, 30) == expected
+            assert await index.page("t", ACP_LISTING, expected.last, 5) != expected
+    finally:
+        await store.aclose()
