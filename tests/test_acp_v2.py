@@ -183,6 +183,39 @@ async def test_prompt_while_one_runs_is_refused_and_cancel_ends_the_turn_idle(ur
     await client.close()
 
 
+async def test_a_v2_window_joining_mid_turn_is_told_the_turn_is_running(url: str) -> None:
+    """Without a replay the window gets ``state_update: running`` first (the prompt that said
+    so came before what it is sent); one resuming from a position inside the turn saw it."""
+    typist = await CheckedClient.open(url, 2)
+    session_id = await typist.new()
+    assert (await typist.prompt(session_id, "/slow 8"))["result"] == {}
+    await typist.read_until(lambda: "agent_message_chunk" in typist.kinds(session_id), 20)
+    chunk = next(
+        u
+        for u in typist.updates(session_id)
+        if u["update"]["sessionUpdate"] == "agent_message_chunk"
+    )
+    late = await CheckedClient.open(url, 2)
+    _, replayed = await resume(late, session_id, "/tmp/v2")
+    assert [u["update"] for u in late.updates(session_id)][:1] == [
+        {"sessionUpdate": "state_update", "state": "running"}
+    ]
+    assert replayed[:1] == late.updates(session_id)[:1]
+    later = await CheckedClient.open(url, 2)
+    cursor = {"type": REPLAY_POSITION, **position(chunk)}
+    _, replayed = await resume(later, session_id, "/tmp/v2", replayFrom=cursor)
+    assert replayed[0] == chunk
+    for client in (typist, late, later):
+        await client.until_idle(session_id)
+        assert client.states(session_id)[-1] == "idle:end_turn"
+    # Once the turn is over, a window joining is told nothing about a turn.
+    idle = await CheckedClient.open(url, 2)
+    _, replayed = await resume(idle, session_id, "/tmp/v2")
+    assert replayed == []
+    for client in (typist, late, later, idle):
+        await client.close()
+
+
 # -- replay -----------------------------------------------------------------------------------
 
 

@@ -380,14 +380,14 @@ class ClientConnection:
             raise
         if replay_after is None or replay_after >= head:
             session.delivered = head
-            session.turn = await self._turn_at(tenant, session_id, head)
+            session.turn = await self._join_turn(session, head, announce=True)
             return
         events = await self.methods.log.read(tenant, session_id, after=replay_after, until=head)
         if not events or events[0].seq != replay_after + 1:
             await self.deactivate(session_id)
             raise jsonrpc.invalid_params("the position is no longer in the session's log")
         session.delivered = replay_after
-        session.turn = await self._turn_at(tenant, session_id, replay_after)
+        session.turn = await self._join_turn(session, replay_after, announce=False)
         if replay_now:
             for event in events:
                 self._emit(session, event, replay=True)
@@ -395,16 +395,27 @@ class ClientConnection:
             assert session.held is not None
             session.held[:0] = events
 
-    async def _turn_at(self, tenant: str, session_id: str, seq: int) -> int | None:
-        """The prompt turn open after event ``seq``, which a v2 viewer's message ids need."""
+    async def _join_turn(self, session: ActiveSession, seq: int, *, announce: bool) -> int | None:
+        """The prompt turn open after event ``seq``, which a v2 viewer's message ids need.
+
+        ``announce``: a viewer that joins within a turn with no replay is told the turn's
+        state first (``state_update`` ``running``, or ``requires_action``), since the event
+        that said so came before what it is sent. (One that resumes from a position saw it.)
+        """
         if self.protocol_version != v2.V2:
             return None
-        until = seq
+        until, state = seq, None
         while until > 0:
             after = max(0, until - _TURN_SCAN)
-            events = await self.methods.log.read(tenant, session_id, after=after, until=until)
-            found, turn = v2_render.open_turn(events)
+            events = await self.methods.log.read(
+                session.tenant, session.session_id, after=after, until=until
+            )
+            found, turn, state = v2_render.turn_state(events, state)
             if found:
+                if state is not None and announce:
+                    update = v2_render.state_update(state)
+                    params = {"sessionId": session.session_id, "update": update}
+                    self.send(jsonrpc.notification("session/update", params))
                 return turn
             until = after
         return None

@@ -132,7 +132,20 @@ def open_turn(events: Sequence[LogEvent]) -> tuple[bool, int | None]:
 
     Not found means the turn is decided by the events before these.
     """
+    found, turn, _ = turn_state(events)
+    return found, turn
+
+
+def turn_state(
+    events: Sequence[LogEvent], state: str | None = None
+) -> tuple[bool, int | None, str | None]:
+    """As :func:`open_turn`, with the open turn's state after the last event: ``running`` or
+    the latest ``state`` event's (``state``: what later events already said, when the scan
+    goes on from events that came after these); None when no turn is open."""
     for event in reversed(events):
-        if event.type in (EventType.PROMPT, EventType.PROMPT_END):
-            return True, next_turn(event, None)
-    return False, None
+        if event.type == EventType.STATE and state is None:
+            state = str(event.body.get("state"))
+        elif event.type in (EventType.PROMPT, EventType.PROMPT_END):
+            turn = next_turn(event, None)
+            return True, turn, (state or "running") if turn is not None else None
+    return False, None, state
