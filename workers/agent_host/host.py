@@ -339,29 +339,31 @@ class AgentHost(AgentEvents):
             # tried again after an unknown outcome lands each of its updates once.
             batch, self._updates = self._updates[:APPEND_BATCH], self._updates[APPEND_BATCH:]
             items = [(h.tenant, h.session_id, body, h.fence) for h, body in batch]
-            results = await self._append_retrying(items)
-            for (held, _), result in zip(batch, results or [], strict=False):
+            try:
+                results = await self._log_retrying(items)
+            except Exception:
+                log.exception("could not log %d agent updates", len(items))
+                continue
+            for (held, _), result in zip(batch, results, strict=True):
                 if isinstance(result, Fenced):
                     self.lose(held.session_id)
                 elif isinstance(result, Exception):
                     log.warning("update of %s not logged: %s", held.session_id, result)
 
-    async def _append_retrying(
+    async def _log_retrying(
         self, items: list[tuple[str, str, JsonObject, str]]
-    ) -> list[Position | Exception] | None:
+    ) -> list[Position | Exception]:
         """Append, trying again while the store is unreachable (a failover takes a second or
-        two): the same calls, so an append that did land the first time lands only once."""
+        two): the same calls, so an append that did land the first time lands only once.
+        Raises the last failure when the store stays out of reach."""
         calls = call_ids(len(items))
-        for pause in (*APPEND_RETRY_PAUSES, None):
+        for pause in APPEND_RETRY_PAUSES:
             try:
                 return await self.log.append_many(items, calls)
             except Exception:
-                if pause is None:
-                    log.exception("could not log %d agent updates", len(items))
-                    return None
-                log.warning("logging %d agent updates failed; trying again", len(items))
+                log.warning("logging %d events failed; trying again", len(items))
                 await asyncio.sleep(pause)
-        return None
+        return await self.log.append_many(items, calls)
 
     async def settle(self, agent: AgentProcess | None = None) -> None:
         """Return once every agent update received so far is in the log."""
@@ -528,11 +530,13 @@ class AgentHost(AgentEvents):
 
     async def _append(self, held: HeldSession, body: JsonObject) -> Position:
         await self.settle()  # the agent's updates so far go first: the log keeps their order
-        try:
-            return await self.log.append(held.tenant, held.session_id, body, fence=held.fence)
-        except Fenced:
+        [result] = await self._log_retrying([(held.tenant, held.session_id, body, held.fence)])
+        if isinstance(result, Fenced):
             self.lose(held.session_id)
-            raise RpcError(INTERNAL_ERROR, "the session moved to another agent host") from None
+            raise RpcError(INTERNAL_ERROR, "the session moved to another agent host")
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def _end_prompt(
         self,
