@@ -3,9 +3,10 @@
 orjson does the work where it accepts the value; where it refuses (a lone surrogate, a
 non-string key, anything else it does not take) the standard library does it, so every
 input gets the outcome it had before, only faster. The output is the same compact JSON
-(``separators=(",", ":")``, ``ensure_ascii=False``); the one difference, NaN and Infinity
-written as ``null`` rather than as the invalid ``NaN``, cannot arise: :mod:`broker.protocol.jsonrpc`
-refuses them on the way in. Client input is still parsed by :mod:`broker.protocol.jsonrpc`, with its
+(``separators=(",", ":")``, ``ensure_ascii=False``) but for how some floats are spelled
+(``1e-7`` where the standard library writes ``1e-07``: the same number); NaN and Infinity,
+which orjson would write as ``null``, cannot arise: :mod:`broker.protocol.jsonrpc` refuses
+them on the way in. Client input is still parsed by :mod:`broker.protocol.jsonrpc`, with its
 limits and checks.
 """
 
