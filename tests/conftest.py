@@ -10,12 +10,20 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings as hypothesis_settings
 
 from broker.config import AgentSpec, load_settings
 from broker.front.server import Broker
 from broker.store.client import connect
 
 from .support.redis_server import redis_server
+
+# The suite is the gate a change must pass: property tests draw the same examples on every
+# run, so a run fails for what changed, not for the draw (`HYPOTHESIS_PROFILE=explore`
+# draws afresh, to hunt). No per-example deadline: these machines are shared.
+hypothesis_settings.register_profile("gate", derandomize=True, deadline=None)
+hypothesis_settings.register_profile("explore", deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = Path(__file__).resolve().parent / "agents"
