@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import itertools
@@ -12,15 +13,16 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 
-class _JsonRpc:
+class _JsonRpc(abc.ABC):
     """Request ids and the futures their replies resolve; a subclass sends the frames."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
 
+    @abc.abstractmethod
     async def _send(self, frame: bytes) -> None:
-        raise NotImplementedError
+        """Put one JSON-RPC frame on the wire."""
 
     def _resolve(self, message: dict[str, Any]) -> None:
         future = self._waiting.pop(message.get("id"), None)

@@ -71,11 +71,16 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
 # -- readings ----------------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a process so far (``/proc/<pid>/stat``)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process so far, seconds (``/proc/<pid>/stat``)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a process so far."""
+    return sum(cpu_times(pid))
 
 
 def cpu_of(pids: Sequence[int]) -> float:

@@ -25,12 +25,6 @@ from bench import common, listing
 from bench.acp import lean_acp_client
 
 
-def _times(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / common.CLK_TCK, int(fields[12]) / common.CLK_TCK
-
-
 async def _front_costs(url: str, pid: int, count: int) -> list[list[Any]]:
     rows = []
     async with lean_acp_client(url) as client:
@@ -47,13 +41,13 @@ async def _front_costs(url: str, pid: int, count: int) -> list[list[Any]]:
         for name, call in calls.items():
             for _ in range(min(300, count)):
                 await call()
-            user, system = _times(pid)
+            user, system = common.cpu_times(pid)
             latencies = []
             for _ in range(count):
                 start = time.perf_counter()
                 await call()
                 latencies.append((time.perf_counter() - start) * 1000)
-            user2, system2 = _times(pid)
+            user2, system2 = common.cpu_times(pid)
             summary = common.latency_summary(latencies)
             per = 1e6 / count
             rows.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -100,6 +101,24 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+async def run_cli(*args: str, timeout: float = 60.0) -> tuple[int, str, str]:
+    """``python -m broker.cli ARGS`` as a user runs it (no ACP_BROKER_* settings inherited):
+    its exit code, standard output and standard error."""
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("ACP_BROKER_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "broker.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=str(ROOT),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
 
 
 @pytest.fixture(scope="session")

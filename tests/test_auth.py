@@ -17,8 +17,8 @@ import websockets
 from broker.auth.tokens import TokenStore
 from broker.front.server import Broker
 
-from .conftest import make_settings
-from .support.client import RawClient, text
+from .conftest import make_settings, run_cli
+from .support.client import RawClient, text, wait_for
 
 JWT_SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 
@@ -239,8 +239,11 @@ async def test_rate_limits_are_hit_and_recovered_from(store: Any) -> None:
         assert limited[0]["error"]["data"] == {"limit": "rate_per_connection"}
         # Another connection is not affected, and the limited one recovers.
         assert "result" in await other.call("session/list", {})
-        await asyncio.sleep(1.0)  # the bucket refills with time: waiting is the point
-        assert "result" in await client.call("session/list", {})
+
+        async def served() -> bool:  # a refused call takes no token: the bucket refills
+            return "result" in await client.call("session/list", {})
+
+        await wait_for(served, what="the bucket to refill")
         for c in (client, other):
             await c.close()
     finally:
@@ -304,22 +307,8 @@ async def test_a_slow_consumer_is_cut_off_and_others_keep_going(store: Any) -> N
 
 
 async def test_the_token_cli_creates_lists_and_revokes(redis_url: str) -> None:
-    import sys
-
     async def cli(*args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "token",
-            *args,
-            "--redis-url",
-            redis_url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        return proc.returncode or 0, out.decode(), err.decode()
+        return await run_cli("token", *args, "--redis-url", redis_url)
 
     code, out, err = await cli("create", "--tenant", "team-x", "--scope", "read", "--name", "ci")
     token = out.strip()
@@ -370,21 +359,19 @@ async def test_connections_per_credential_are_bounded(store: Any) -> None:
         assert await _refused(node, additional_headers=headers) == 429
         await first.close()
         # A freed place can be taken again.
-        await asyncio.wait_for(_until_accepted(node, headers), 10)
+        await wait_for(lambda: _accepted(node, headers), what="a freed place")
         await second.close()
     finally:
         await node.stop()
 
 
-async def _until_accepted(node: Broker, headers: dict[str, str]) -> None:
-    while True:
-        try:
-            ws = await websockets.connect(_url(node), additional_headers=headers)
-        except websockets.InvalidStatus:
-            await asyncio.sleep(0.05)
-            continue
-        await ws.close()
-        return
+async def _accepted(node: Broker, headers: dict[str, str]) -> bool:
+    try:
+        ws = await websockets.connect(_url(node), additional_headers=headers)
+    except websockets.InvalidStatus:
+        return False
+    await ws.close()
+    return True
 
 
 async def test_secrets_never_reach_the_log(

@@ -13,6 +13,8 @@ from broker.store.direct import DirectCalls, direct_calls
 from broker.store.events import SessionSnapshot
 from broker.store.index import ACP_LISTING, SessionIndex
 
+from .support.client import wait_for
+
 
 def _snapshot(i: int) -> SessionSnapshot:
     return SessionSnapshot(
@@ -68,12 +70,29 @@ async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_
     try:
         index = await _indexed(store, 40)
         expected = await index.page("t", ACP_LISTING, None, 30)
-        for delay in (0, 0.0001, 0.0005):
+        direct = index._direct
+        assert direct is not None and direct._connection is not None
+        connection = direct._connection
+        reading = connection.read_response
+        # Cancelled before it is sent, while its reply is on its way, and once it is done.
+        for moment in ("before", "in flight", "after"):
+            sent = asyncio.Event()
+            if moment == "in flight":
+
+                async def held(*args: Any, sent: asyncio.Event = sent, **kwargs: Any) -> Any:
+                    sent.set()
+                    await asyncio.Event().wait()  # the reply waits, unread, until cancelled
+
+                connection.read_response = held
             task = asyncio.ensure_future(index.page("t", ACP_LISTING, None, 30))
-            await asyncio.sleep(delay)
-            task.cancel()  # before it is sent, while the reply is on its way, or too late
+            if moment == "in flight":
+                await wait_for(sent.is_set, what="the read to be sent")
+            elif moment == "after":
+                await task
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            connection.read_response = reading
             assert await index.page("t", ACP_LISTING, None, 30) == expected
             assert await index.page("t", ACP_LISTING, expected.last, 5) != expected
     finally:

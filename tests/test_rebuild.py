@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +28,9 @@ from broker.store.keys import TenantKeys
 from broker.store.log import SessionLog
 from workers.projector.rebuild import rebuild_index
 
+from .conftest import run_cli
 from .support.client import AcpTestClient, acp_client
 
-ROOT = Path(__file__).resolve().parents[1]
 TENANT = "default"
 TIMEOUT = 30.0
 INDEX_PATTERN = "acpb:{t:default}:*"
@@ -194,38 +191,12 @@ async def test_rebuild_index_command(broker: Broker, url: str, redis_url: str) -
         # One more damage for the command to repair: a stray row of a session with no log.
         await broker.redis.hset(TenantKeys(TENANT).rows, "sess_ghost", "{}")
 
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        env = {k: v for k, v in env.items() if not k.startswith("ACP_BROKER_")}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "rebuild-index",
-            "--redis-url",
-            redis_url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=str(ROOT),
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 20)
-        assert proc.returncode == 0, err.decode()
-        assert out.decode().splitlines() == [f"{TENANT}: {len(made)} sessions re-indexed"]
+        code, out, err = await run_cli("rebuild-index", "--redis-url", redis_url, timeout=20)
+        assert code == 0, err
+        assert out.splitlines() == [f"{TENANT}: {len(made)} sessions re-indexed"]
         assert await SessionIndex(broker.redis).dump(TENANT) == live
 
         # Run again on an intact index: nothing changes.
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "rebuild-index",
-            "--redis-url",
-            redis_url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=str(ROOT),
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 20)
-        assert proc.returncode == 0, err.decode()
+        code, _, err = await run_cli("rebuild-index", "--redis-url", redis_url, timeout=20)
+        assert code == 0, err
         assert await SessionIndex(broker.redis).dump(TENANT) == live

@@ -31,6 +31,17 @@ async def _read_until(sub: Subscriber, count: int, kind: str = "smessage") -> li
     return got
 
 
+async def _hears_what_is_published(sub: Subscriber, store: Any) -> None:
+    """Subscribe, publish one message, read it; then close the subscriber."""
+    try:
+        await sub.ssubscribe("{a}:one")
+        await _read_until(sub, 1, kind="ssubscribe")
+        await store.spublish("{a}:one", "hello")
+        assert [m["data"] for m in await _read_until(sub, 1)] == ["hello"]
+    finally:
+        await sub.aclose()
+
+
 async def test_a_single_server_gets_the_batch_reader_and_others_redis_py(redis_url: str) -> None:
     store = connect(redis_url)
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
@@ -100,15 +111,8 @@ async def test_a_closed_subscriber_reads_nothing(redis_url: str) -> None:
 def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -> None:
     async def check(url: str) -> None:
         store = connect(url.replace("redis://", "redis://:s3cret@"))
-        sub = open_subscriber(store)
-        try:
-            await sub.ssubscribe("{a}:one")
-            await _read_until(sub, 1, kind="ssubscribe")
-            await store.spublish("{a}:one", "hello")
-            assert [m["data"] for m in await _read_until(sub, 1)] == ["hello"]
-        finally:
-            await sub.aclose()
-            await store.aclose()
+        await _hears_what_is_published(open_subscriber(store), store)
+        await store.aclose()
         wrong = open_subscriber(connect(url.replace("redis://", "redis://:wrong@")))
         with pytest.raises(ConnectionError, match="authentication failed"):
             await wrong.ssubscribe("{a}:one")
@@ -126,15 +130,8 @@ def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -
 
 async def test_the_redis_py_engine_reads_the_same_messages() -> None:
     embedded: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    sub = RedisPySubscriber(embedded.pubsub())
-    try:
-        await sub.ssubscribe("{a}:one")
-        await _read_until(sub, 1, kind="ssubscribe")
-        await embedded.spublish("{a}:one", "hello")
-        assert [m["data"] for m in await _read_until(sub, 1)] == ["hello"]
-    finally:
-        await sub.aclose()
-        await embedded.aclose()
+    await _hears_what_is_published(RedisPySubscriber(embedded.pubsub()), embedded)
+    await embedded.aclose()
 
 
 async def test_an_unreachable_server_is_a_connection_error() -> None:

@@ -79,6 +79,12 @@ def is_cluster(redis: Store) -> bool:
     return isinstance(redis, RedisCluster)
 
 
+def is_single_server(redis: Store) -> bool:
+    """Whether ``redis`` is a client of one real Redis server (not a cluster, not embedded):
+    what the front's own connections (``subscriber``, ``direct``) can talk to."""
+    return isinstance(redis, Redis) and not isinstance(redis, fakeredis.FakeAsyncRedis)
+
+
 def embedded_warning() -> str:
     """What ``serve`` says when it runs on the embedded store."""
     return (

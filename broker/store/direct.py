@@ -17,15 +17,16 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-import fakeredis
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+
+from .client import is_single_server
 
 
 def direct_calls(redis: Any) -> DirectCalls | None:
     """A :class:`DirectCalls` for a single Redis server; None for a cluster or the embedded
     store (which keep the client's path)."""
-    if isinstance(redis, Redis) and not isinstance(redis, fakeredis.FakeAsyncRedis):
+    if is_single_server(redis):
         return DirectCalls(redis)
     return None
 

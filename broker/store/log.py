@@ -71,7 +71,9 @@ class SessionLog:
         """Start a new log with its ``created`` event, under a fresh random epoch."""
         if body.get("type") != EventType.CREATED:
             raise ValueError("a log starts with a 'created' event")
-        return await self._run(tenant, session_id, body, mode="create", epoch=_new_epoch())
+        return await self._run(
+            *self._call(tenant, session_id, body, mode="create", epoch=_new_epoch())
+        )
 
     async def append(
         self, tenant: str, session_id: str, body: JsonObject, *, fence: str = "", call: str = ""
@@ -83,7 +85,9 @@ class SessionLog:
         appends nothing more and returns the session's position, at or past the one it
         got. A session knows its last 16 calls.
         """
-        return await self._run(tenant, session_id, body, mode="append", fence=fence, call=call)
+        return await self._run(
+            *self._call(tenant, session_id, body, mode="append", fence=fence, call=call)
+        )
 
     async def append_many(
         self,
@@ -156,20 +160,8 @@ class SessionLog:
             args.extend(op)
         return [keys.log, keys.snapshot, keys.meta, keys.feed, keys.channel], args
 
-    async def _run(
-        self,
-        tenant: str,
-        session_id: str,
-        body: JsonObject,
-        *,
-        mode: str,
-        epoch: str = "",
-        fence: str = "",
-        call: str = "",
-    ) -> Position:
-        keys, args = self._call(
-            tenant, session_id, body, mode=mode, epoch=epoch, fence=fence, call=call
-        )
+    async def _run(self, keys: list[str], args: list[Any]) -> Position:
+        """One call of the append script (keys and arguments from :meth:`_call`)."""
         try:
             try:
                 seq, got_epoch = await self._append(keys=keys, args=args)

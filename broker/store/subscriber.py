@@ -22,10 +22,10 @@ import contextlib
 import logging
 from typing import Any, Protocol, cast
 
-import fakeredis
 import hiredis
-from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+
+from .client import is_single_server
 
 Message = dict[str, Any]
 
@@ -57,7 +57,7 @@ class Subscriber(Protocol):
 
 def open_subscriber(redis: Any) -> Subscriber:
     """The fastest engine that can reach ``redis`` (a single server, not a cluster)."""
-    if isinstance(redis, Redis) and not isinstance(redis, fakeredis.FakeAsyncRedis):
+    if is_single_server(redis):
         pool = redis.connection_pool
         kind = pool.connection_class
         plain = issubclass(kind, Connection | UnixDomainSocketConnection)

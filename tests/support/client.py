@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,10 +17,13 @@ from acp.ws import create_websocket_stream
 
 
 async def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    """Poll ``condition`` until it is truthy (bounded); returns its value."""
+    """Poll ``condition`` until it is truthy (bounded); returns its value. ``condition`` may
+    return an awaitable (a probe that asks the broker), which is awaited."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
