@@ -68,6 +68,17 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def add_baseline(p: argparse.ArgumentParser) -> None:
+    """``--baseline REV``: also run the broker's fronts as of a git revision, side by side."""
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="also run the broker's fronts as of git revision REV, side by side (before/after)",
+    )
+
+
 # -- readings ----------------------------------------------------------------------------------
 
 

@@ -470,13 +470,7 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("fanout", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--systems", nargs="*", choices=SYSTEMS)
-    p.add_argument(
-        "--baseline",
-        action="append",
-        default=[],
-        metavar="REV",
-        help="also run the broker's fronts as of git revision REV, side by side (before/after)",
-    )
+    common.add_baseline(p)
     p.add_argument("--shape", nargs="*", help="e.g. S=1/W=1000")
     p.add_argument("--rounds", type=int, default=0, help="alternating rounds (default 3)")
     p.add_argument(

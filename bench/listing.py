@@ -11,10 +11,15 @@
 * **index read**: the broker's own store read of a page as ``session/list`` makes it
   (``SessionIndex.page``: page.lua, then each row's ``SessionInfo`` JSON text, ready to
   splice) from a client process: the like of the PostgreSQL query below.
-* **postgres** (the peer): a table with an index over (tenant, updated_at desc, id) (and one
-  with cwd), a keyset query per page through asyncpg, fetching each row's JSON text (a
-  PostgreSQL-backed broker would splice it as this one does). Skipped (reported as such)
-  when PostgreSQL is not reachable.
+* **pg query**: PostgreSQL, a table with an index over (tenant, updated_at desc, id) (and
+  one with cwd), a keyset query per page through asyncpg, fetching each row's
+  ``SessionInfo`` JSON text (a PostgreSQL-backed broker would splice it as this one does).
+* **pg server** (the peer as a system): the same query behind a WebSocket
+  (:mod:`bench.peers.pg_server`): ``session/list`` with the same cursors, from the same lean
+  client. It crosses the two hops a ``session/list`` crosses (client → server → store),
+  where the floor, the index read and the pg query cross one.
+
+The PostgreSQL systems are skipped (reported as such) when PostgreSQL is not reachable.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bench import common
@@ -69,6 +74,13 @@ def row_json(i: int) -> str:
     )
 
 
+def session_info(i: int) -> str:
+    """Session ``i`` as ``session/list`` shows it (what the broker splices from its rows)."""
+    from broker.store.index import encode_row
+
+    return encode_row(json.loads(row_json(i))).partition("\n")[0]
+
+
 async def populate_redis(url: str, n: int) -> None:
     from broker.store.client import connect
     from broker.store.index import ACP_LISTING, cwd_listing, encode_row, member
@@ -106,9 +118,23 @@ def position_rank(rank: int | None, cwd: int | None) -> int | None:
     return rank if cwd is None else rank * CWDS + cwd
 
 
-async def broker_calls(client: Any, n: int) -> dict[str, Any]:
-    from broker.store.cursors import CursorCodec, fingerprint
+def broker_position(i: int) -> str:
+    """The keyset position the broker's cursors carry for session ``i`` (an index member)."""
     from broker.store.index import member
+
+    return member(updated_ms(i), sid(i))
+
+
+def pg_position(i: int) -> str:
+    """The keyset position :mod:`bench.peers.pg_server`'s cursors carry."""
+    return f"{updated_ms(i)}:{sid(i)}"
+
+
+async def list_calls(
+    client: Any, n: int, position: Callable[[int], str] = broker_position
+) -> dict[str, Any]:
+    """``session/list`` over a WebSocket, a page at each depth, checked once."""
+    from broker.store.cursors import CursorCodec, fingerprint
 
     codec = CursorCodec([common.CURSOR_SECRET.encode()])
     out: dict[str, Any] = {}
@@ -121,7 +147,7 @@ async def broker_calls(client: Any, n: int) -> dict[str, Any]:
             params: dict[str, Any] = dict(filters)
             i = position_rank(rank, cwd)
             if i is not None:
-                params["cursor"] = codec.encode(member(updated_ms(i), sid(i)), mark)
+                params["cursor"] = codec.encode(position(i), mark)
             result = await client.request("session/list", params)
             expected_first = position_rank(0 if rank is None else rank + 1, cwd)
             assert result["sessions"][0]["sessionId"] == sid(expected_first or 0), result
@@ -198,7 +224,7 @@ async def postgres_calls(conn: Any, table: str, n: int) -> dict[str, Any]:
         batch = 50_000
         for start in range(0, n, batch):
             records = [
-                (TENANT, sid(i), updated_ms(i), cwd_of(i), row_json(i))
+                (TENANT, sid(i), updated_ms(i), cwd_of(i), session_info(i))
                 for i in range(start, min(n, start + batch))
             ]
             await conn.copy_records_to_table(table, records=records)
@@ -314,6 +340,16 @@ async def postgres_table() -> AsyncIterator[tuple[Any, str] | str]:
         await conn.close()
 
 
+@contextlib.asynccontextmanager
+async def pg_server(table: str, tag: str) -> AsyncIterator[Any]:
+    """:mod:`bench.peers.pg_server` on ``table``, and a lean client connected to it."""
+    args = (PG_DSN, table, common.CURSOR_SECRET)
+    async with common.child("bench.peers.pg_server", *args, name=f"{tag}-pg") as node:
+        port = await node.expect("ready")
+        async with lean_acp_client(f"ws://127.0.0.1:{port}/") as client:
+            yield client
+
+
 async def run(args: Any) -> None:
     n = 5_000 if args.quick else 1_000_000
     samples = 20 if args.quick else 1000
@@ -334,9 +370,10 @@ async def run(args: Any) -> None:
                 common.fronts(url, 1, f"list-{r}") as nodes,
                 lean_acp_client(nodes[0].url) as client,
                 postgres_table() as pg,
+                contextlib.AsyncExitStack() as stack,
             ):
                 systems = {
-                    "broker": await broker_calls(client, n),
+                    "broker": await list_calls(client, n),
                     "floor": await floor_calls(store, n),
                     "index": await index_calls(store, n),
                 }
@@ -346,6 +383,15 @@ async def run(args: Any) -> None:
                     t = time.monotonic()
                     systems["postgres"] = await postgres_calls(*pg, n)
                     print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
+                    peer = await stack.enter_async_context(pg_server(pg[1], f"list-{r}"))
+                    systems["pg_ws"] = await list_calls(peer, n, pg_position)
+                for rev in args.baseline:
+                    tree = common.baseline_tree(rev)
+                    pairs = await stack.enter_async_context(
+                        common.fronts_at(tree, url, 1, f"list-{r}-{rev}")
+                    )
+                    old = await stack.enter_async_context(lean_acp_client(pairs[0][0]))
+                    systems[f"broker@{rev}"] = await list_calls(old, n)
                 served = [0]  # session/list requests the front answered (warm-ups too)
                 systems["broker"] = {
                     cell: _counted(call, served) for cell, call in systems["broker"].items()
@@ -362,6 +408,7 @@ async def run(args: Any) -> None:
                 front_cpu.append(common.ratio(cpu * 1e6, served[0]))
             await store.aclose()
         got.setdefault("postgres", {})
+        got.setdefault("pg_ws", {})
         runs.append(got)
     cells = [k for k in runs[0]["broker"]]
     rows = []
@@ -376,32 +423,37 @@ async def run(args: Any) -> None:
         b50, b99 = med("broker", "p50"), med("broker", "p99")
         f50, f99 = med("floor", "p50"), med("floor", "p99")
         p50, p99 = med("postgres", "p50"), med("postgres", "p99")
+        w50, w99 = med("pg_ws", "p50"), med("pg_ws", "p99")
         i50, i99 = med("index", "p50"), med("index", "p99")
         summary[cell] = {
             "broker": [b50, b99],
             "floor": [f50, f99],
             "postgres": [p50, p99],
+            "postgres_server": [w50, w99],
             "index": [i50, i99],
             "broker_p99_over_floor": b99 / f99,
-            "broker_p99_over_postgres": b99 / p99,
+            "broker_p99_over_postgres_server": b99 / w99,
             "index_p99_over_postgres": i99 / p99,
+            "broker_p99_over_postgres": b99 / p99,
         }
-        rows.append([cell, b50, b99, i50, i99, f50, f99, p50, p99, b99 / f99, b99 / p99, i99 / p99])
+        rows.append(
+            [cell, b50, b99, w50, w99, f99, i99, p99, b99 / f99, b99 / w99, i99 / p99, b99 / p99]
+        )
     text = common.table(
         f"session/list, {n:,} sessions, {PAGE} per page (ms; cwd: 1 of {CWDS} cwds)",
         [
             "listing/depth",
             "broker p50",
             "broker p99",
-            "index read p50",
-            "index read p99",
-            "floor p50",
+            "pg server p50",
+            "pg server p99",
             "floor p99",
-            "postgres p50",
-            "postgres p99",
+            "index read p99",
+            "pg query p99",
             "broker ÷ floor p99 (≤2)",
-            "broker ÷ postgres p99 (≤1)",
-            "index read ÷ postgres p99",
+            "broker ÷ pg server p99 (≤1)",
+            "index read ÷ pg query p99 (≤1)",
+            "broker ÷ pg query p99",
         ],
         rows,
     )
@@ -409,6 +461,22 @@ async def run(args: Any) -> None:
         "\n\nThe front's CPU time (user + system) per session/list: "
         f"{common.median(front_cpu):.0f} µs."
     )
+    for rev in args.baseline:
+        name = f"broker@{rev}"
+        before = [
+            [cell]
+            + [
+                common.median([r[system][cell][stat] for r in runs])
+                for system in (name, "broker")
+                for stat in ("p50", "p99")
+            ]
+            for cell in cells
+        ]
+        text += "\n\n" + common.table(
+            f"session/list: this tree beside {name} (same run, ms)",
+            ["listing/depth", "before p50", "before p99", "after p50", "after p99"],
+            before,
+        )
     if not runs[0]["postgres"]:
         text += f"\n\nPostgreSQL unavailable: {unavailable}"
     common.report(
@@ -428,6 +496,7 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("list", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--profile", action="store_true", help="py-spy the front node")
+    common.add_baseline(p)
     asyncio.run(run(p.parse_args(argv)))
 
 

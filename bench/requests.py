@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import hiredis
@@ -24,41 +25,56 @@ import hiredis
 from bench import common, listing
 from bench.acp import lean_acp_client
 
+_BLOCK = 250
+"""Requests sent to one front before the next system's turn (systems alternate in blocks,
+so that the machine's drift hits them alike)."""
 
-async def _front_costs(url: str, pid: int, count: int) -> list[list[Any]]:
+
+def _calls(client: Any) -> dict[str, Callable[[], Awaitable[Any]]]:
+    async def noop() -> None:
+        with contextlib.suppress(RuntimeError):  # -32601, as expected
+            await client.request("nope/nope", {})
+
+    return {
+        "no-op (unknown method)": noop,
+        "empty session/list": lambda: client.request("session/list", {"cwd": "/nowhere"}),
+        "50-row session/list": lambda: client.request("session/list", {}),
+    }
+
+
+async def _front_costs(fronts: dict[str, tuple[str, int]], count: int) -> list[list[Any]]:
+    """Each request kind, ``count`` times to every front (name: (url, pid)), interleaved."""
     rows = []
-    async with lean_acp_client(url) as client:
-
-        async def noop() -> None:
-            with contextlib.suppress(RuntimeError):  # -32601, as expected
-                await client.request("nope/nope", {})
-
-        calls = {
-            "no-op (unknown method)": noop,
-            "empty session/list": lambda: client.request("session/list", {"cwd": "/nowhere"}),
-            "50-row session/list": lambda: client.request("session/list", {}),
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            name: await stack.enter_async_context(lean_acp_client(url))
+            for name, (url, _) in fronts.items()
         }
-        for name, call in calls.items():
-            for _ in range(min(300, count)):
-                await call()
-            user, system = common.cpu_times(pid)
-            latencies = []
-            for _ in range(count):
-                start = time.perf_counter()
-                await call()
-                latencies.append((time.perf_counter() - start) * 1000)
-            user2, system2 = common.cpu_times(pid)
-            summary = common.latency_summary(latencies)
-            per = 1e6 / count
-            rows.append(
-                [
-                    name,
-                    summary["p50"],
-                    summary["p99"],
-                    (user2 - user) * per,
-                    (system2 - system) * per,
-                ]
-            )
+        for kind in _calls(None):
+            latencies: dict[str, list[float]] = {name: [] for name in fronts}
+            cpu = {name: [0.0, 0.0] for name in fronts}
+            for client in clients.values():  # warm-up
+                call = _calls(client)[kind]
+                for _ in range(min(300, count)):
+                    await call()
+            for start in range(0, count, _BLOCK):
+                for name, client in clients.items():
+                    call, pid = _calls(client)[kind], fronts[name][1]
+                    user, system = common.cpu_times(pid)
+                    for _ in range(min(_BLOCK, count - start)):
+                        began = time.perf_counter()
+                        await call()
+                        latencies[name].append((time.perf_counter() - began) * 1000)
+                    user2, system2 = common.cpu_times(pid)
+                    cpu[name][0] += user2 - user
+                    cpu[name][1] += system2 - system
+            for name in fronts:
+                summary = common.latency_summary(latencies[name])
+                per = 1e6 / count
+                label = kind if name == "broker" else f"{kind} ({name})"
+                rows.append(
+                    [label, summary["p50"], summary["p99"], cpu[name][0] * per, cpu[name][1] * per]
+                )
     return rows
 
 
@@ -118,8 +134,14 @@ async def run(args: Any) -> None:
     count = 300 if args.quick else 5000
     with common.private_redis() as url:
         await listing.populate_redis(url, 1_000)
-        async with common.fronts(url, 1, "requests") as nodes:
-            front = await _front_costs(nodes[0].url, nodes[0].pid, count)
+        async with contextlib.AsyncExitStack() as stack:
+            nodes = await stack.enter_async_context(common.fronts(url, 1, "requests"))
+            fronts = {"broker": (nodes[0].url, nodes[0].pid)}
+            for rev in args.baseline:
+                tree = common.baseline_tree(rev)
+                pairs = await stack.enter_async_context(common.fronts_at(tree, url, 1, rev))
+                fronts[f"broker@{rev}"] = pairs[0]
+            front = await _front_costs(fronts, count)
         redis_rows = await _redis_costs(url, count)
     tables = [
         common.table(
@@ -139,6 +161,7 @@ async def run(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("requests", __doc__.splitlines()[0] if __doc__ else "")
+    common.add_baseline(p)
     asyncio.run(run(p.parse_args(argv)))
 
 

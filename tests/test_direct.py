@@ -7,6 +7,9 @@ import contextlib
 from typing import Any
 
 import fakeredis
+import pytest
+import redis.asyncio as redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.store.client import connect
 from broker.store.direct import DirectCalls, direct_calls
@@ -14,6 +17,7 @@ from broker.store.events import SessionSnapshot
 from broker.store.index import ACP_LISTING, SessionIndex
 
 from .support.client import wait_for
+from .support.redis_server import redis_server
 
 
 def _snapshot(i: int) -> SessionSnapshot:
@@ -72,28 +76,65 @@ async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_
         expected = await index.page("t", ACP_LISTING, None, 30)
         direct = index._direct
         assert direct is not None and direct._connection is not None
-        connection = direct._connection
-        reading = connection.read_response
-        # Cancelled before it is sent, while its reply is on its way, and once it is done.
+        transport = direct._connection._transport
+        assert transport is not None
+        # Cancelled before it is sent, while its reply waits unread, and once it is done.
         for moment in ("before", "in flight", "after"):
-            sent = asyncio.Event()
             if moment == "in flight":
-
-                async def held(*args: Any, sent: asyncio.Event = sent, **kwargs: Any) -> Any:
-                    sent.set()
-                    await asyncio.Event().wait()  # the reply waits, unread, until cancelled
-
-                connection.read_response = held
+                transport.pause_reading()
             task = asyncio.ensure_future(index.page("t", ACP_LISTING, None, 30))
             if moment == "in flight":
-                await wait_for(sent.is_set, what="the read to be sent")
+                await wait_for(lambda: direct._connection._waiting, what="the read to be sent")
             elif moment == "after":
                 await task
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            connection.read_response = reading
+            transport.resume_reading()
             assert await index.page("t", ACP_LISTING, None, 30) == expected
             assert await index.page("t", ACP_LISTING, expected.last, 5) != expected
     finally:
+        index.close()
         await store.aclose()
+
+
+async def test_overlapping_page_reads_each_get_their_own_page(redis_url: str) -> None:
+    store = connect(redis_url)
+    try:
+        index = await _indexed(store, 60)
+        positions = [None] + [(await index.page("t", ACP_LISTING, None, k)).last for k in (1, 7)]
+        expected = [await index.page("t", ACP_LISTING, after, 5) for after in positions]
+        pages = await asyncio.gather(
+            *(index.page("t", ACP_LISTING, after, 5) for after in positions * 20)
+        )
+        assert pages == expected * 20
+    finally:
+        index.close()
+        await store.aclose()
+
+
+def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
+    async def check(url: str) -> None:
+        store = connect(url.replace("redis://", "redis://:s3cret@") + "/3")
+        try:
+            index = await _indexed(store, 5)
+            page = await index.page("t", ACP_LISTING, None, 3)
+            assert [r["sessionId"] for r in page.rows] == ["sess_0004", "sess_0003", "sess_0002"]
+            assert index._direct is not None and index._direct._connection is not None
+            assert not index._direct._connection.lost  # read directly, not through the client
+        finally:
+            index.close()
+            await store.aclose()
+        wrong = direct_calls(connect(url.replace("redis://", "redis://:wrong@")))
+        assert wrong is not None
+        with pytest.raises(RedisConnectionError, match="WRONGPASS"):
+            await wrong.evalsha("0" * 40, [], [])
+
+    async def protect(url: str) -> None:
+        admin = redis.Redis.from_url(url)
+        await admin.config_set("requirepass", "s3cret")
+        await admin.aclose()
+
+    with redis_server() as url:  # a password from the start would keep it from looking ready
+        asyncio.run(protect(url))
+        asyncio.run(check(url))

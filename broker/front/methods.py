@@ -8,6 +8,7 @@ return :data:`DEFERRED`.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -297,11 +298,10 @@ class AcpMethods:
         params = request.params
         cwd = params.get("cwd")
         listing = ACP_LISTING
-        filters: JsonObject = {}
         if cwd is not None:
             cwd = normalize_cwd(_absolute(cwd, "cwd"))
-            listing, filters = cwd_listing(cwd), {"cwd": cwd}
-        mark = fingerprint(conn.tenant, "acp", filters)
+            listing = cwd_listing(cwd)
+        mark = _acp_fingerprint(conn.tenant, cwd)
         after = None
         cursor = params.get("cursor")
         if cursor is not None:
@@ -341,6 +341,12 @@ class AcpMethods:
     async def project(self, tenant: str, session_id: str) -> None:
         """Bring the index up to date now, so the caller's next list sees its change."""
         await self.index.project(await self.log.snapshot(tenant, session_id))
+
+
+@functools.lru_cache(maxsize=4096)
+def _acp_fingerprint(tenant: str, cwd: str | None) -> str:
+    """The cursor fingerprint of a tenant's ACP listing (of one cwd), computed once."""
+    return fingerprint(tenant, "acp", {"cwd": cwd} if cwd is not None else {})
 
 
 def _session_id(params: JsonObject) -> str:

@@ -153,6 +153,7 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._projector
         await self.hub.stop()
+        self.index.close()
         if self._owns_redis:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()

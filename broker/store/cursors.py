@@ -69,7 +69,7 @@ class CursorCodec:
 
     @staticmethod
     def _tag(key: bytes, payload: str) -> bytes:
-        return hmac.new(key, payload.encode(), hashlib.sha256).digest()[:_TAG_BYTES]
+        return hmac.digest(key, payload.encode(), "sha256")[:_TAG_BYTES]
 
 
 def _b64(data: bytes) -> str:

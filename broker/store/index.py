@@ -247,6 +247,12 @@ class SessionIndex:
                 return await self._direct.evalsha(self._page.sha, keys, args)
         return await self._page(keys=keys, args=args)
 
+    def close(self) -> None:
+        """Close the connection pages are read on, if one was opened (the next page opens
+        it again)."""
+        if self._direct is not None:
+            self._direct.close()
+
     async def row(self, tenant: str, session_id: str) -> JsonObject | None:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
         return decode_row(raw) if raw else None

@@ -20,19 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import hiredis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
-from .client import is_single_server
+from .raw import CONNECT_TIMEOUT, bare_options, command, handshake
 
 Message = dict[str, Any]
 
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 1 << 16
-_CONNECT_TIMEOUT = 5.0
 
 
 class Subscriber(Protocol):
@@ -57,12 +55,9 @@ class Subscriber(Protocol):
 
 def open_subscriber(redis: Any) -> Subscriber:
     """The fastest engine that can reach ``redis`` (a single server, not a cluster)."""
-    if is_single_server(redis):
-        pool = redis.connection_pool
-        kind = pool.connection_class
-        plain = issubclass(kind, Connection | UnixDomainSocketConnection)
-        if plain and not issubclass(kind, SSLConnection):
-            return BatchSubscriber(dict(pool.connection_kwargs))
+    options = bare_options(redis)
+    if options is not None:
+        return BatchSubscriber(options)
     return RedisPySubscriber(redis.pubsub())
 
 
@@ -153,7 +148,7 @@ class BatchSubscriber:
 
     def _send(self, *args: str) -> None:
         assert self._stream is not None
-        self._stream[1].write(_command(*args))
+        self._stream[1].write(command(*args))
 
     async def _connect(self) -> None:
         async with self._connecting:
@@ -162,7 +157,7 @@ class BatchSubscriber:
             if self._closed:
                 raise ConnectionError("the subscriber is closed")
             try:
-                stream = await asyncio.wait_for(self._open(), _CONNECT_TIMEOUT)
+                stream = await asyncio.wait_for(self._open(), CONNECT_TIMEOUT)
             except (OSError, TimeoutError) as exc:
                 raise ConnectionError(f"pub/sub could not connect: {exc}") from exc
             self._parser = hiredis.Reader(encoding="utf-8", errors="replace")
@@ -177,11 +172,8 @@ class BatchSubscriber:
         else:
             host, port = options.get("host", "localhost"), int(options.get("port", 6379))
             reader, writer = await asyncio.open_connection(host, port)
-        password = options.get("password")
-        if password:
-            username = options.get("username")
-            auth = ("AUTH", username, password) if username else ("AUTH", password)
-            writer.write(_command(*auth))
+        for step in handshake(options):
+            writer.write(command(*step))
             await _expect_ok(reader, writer)
         return reader, writer
 
@@ -190,11 +182,6 @@ class BatchSubscriber:
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream[1].close()
-
-
-def _command(*args: Any) -> bytes:
-    """A command in RESP (hiredis's stubs take a one-element tuple; any length works)."""
-    return hiredis.pack_command(cast(Any, args))
 
 
 async def _expect_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -210,6 +197,6 @@ async def _expect_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
             if reply == "OK":
                 return
             writer.close()
-            raise ConnectionError(f"pub/sub authentication failed: {reply}")
+            raise ConnectionError(f"pub/sub handshake refused: {reply}")
     writer.close()
-    raise ConnectionError("pub/sub connection closed during authentication")
+    raise ConnectionError("pub/sub connection closed during its handshake")

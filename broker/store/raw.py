@@ -1,0 +1,122 @@
+"""Bare connections to one Redis server: hiredis packs and parses, asyncio carries.
+
+A front's two hottest conversations with Redis skip redis-py's client layers: the pub/sub
+reader (:mod:`.subscriber`) and the ``session/list`` page reads (:mod:`.direct`). They
+reach the server the store's client reaches, with its credentials and database, over plain
+TCP or a Unix socket; anything else (TLS, a cluster, the embedded store) keeps redis-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, cast
+
+import hiredis
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from .client import Store, is_single_server
+
+CONNECT_TIMEOUT = 5.0
+
+
+def bare_options(redis: Store) -> dict[str, Any] | None:
+    """redis-py's connection options of ``redis`` when a bare connection can stand in for
+    its own (one server, plain TCP or a Unix socket); None otherwise."""
+    if not is_single_server(redis):
+        return None
+    pool = redis.connection_pool
+    kind = pool.connection_class
+    if issubclass(kind, SSLConnection) or not issubclass(
+        kind, Connection | UnixDomainSocketConnection
+    ):
+        return None
+    return dict(pool.connection_kwargs)
+
+
+def command(*args: Any) -> bytes:
+    """A command in RESP (hiredis's stubs take a one-element tuple; any length works)."""
+    return hiredis.pack_command(cast(Any, args))
+
+
+def handshake(options: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The commands a new connection sends first, each answered ``OK``: AUTH, SELECT."""
+    commands: list[tuple[Any, ...]] = []
+    password = options.get("password")
+    if password:
+        username = options.get("username")
+        commands.append(("AUTH", username, password) if username else ("AUTH", password))
+    if int(options.get("db") or 0):
+        commands.append(("SELECT", int(options["db"])))
+    return commands
+
+
+class RawConnection(asyncio.Protocol):
+    """Commands and their replies on one connection, pipelined: calls may overlap, and
+    Redis answers them in order. A reply whose caller stopped waiting is dropped."""
+
+    def __init__(self) -> None:
+        self._reader = hiredis.Reader(encoding="utf-8")
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._transport: asyncio.Transport | None = None
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        try:
+            while (reply := self._reader.gets()) is not False:
+                future = self._waiting.popleft()
+                if not future.done():
+                    future.set_result(reply)
+        except (hiredis.ProtocolError, IndexError):  # not Redis, or a reply nobody asked for
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(RedisConnectionError(f"connection lost: {exc}"))
+
+    async def call(self, *args: Any) -> Any:
+        """The reply to one command; an error reply raises ``ResponseError``, a lost
+        connection redis-py's ``ConnectionError``."""
+        if self.lost or self._transport is None:
+            raise RedisConnectionError("connection lost")
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        self._transport.write(command(*args))
+        reply = await future
+        if isinstance(reply, hiredis.ReplyError):
+            raise ResponseError(str(reply))
+        return reply
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+async def open_raw(options: dict[str, Any]) -> RawConnection:
+    """A :class:`RawConnection` to the server ``options`` name, authenticated, its database
+    selected; raises redis-py's ``ConnectionError`` when it cannot be had."""
+    loop = asyncio.get_running_loop()
+    raw: RawConnection | None = None
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            if options.get("path"):
+                _, raw = await loop.create_unix_connection(RawConnection, options["path"])
+            else:
+                host, port = options.get("host", "localhost"), int(options.get("port", 6379))
+                _, raw = await loop.create_connection(RawConnection, host, port)
+            for step in handshake(options):
+                await raw.call(*step)
+    except (OSError, TimeoutError, ResponseError) as exc:
+        if raw is not None:
+            raw.close()
+        raise RedisConnectionError(f"could not connect: {exc}") from exc
+    return raw
