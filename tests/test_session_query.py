@@ -244,7 +244,7 @@ async def test_deleted_sessions_stay_listed_and_status_changes_move_sessions(sto
     assert set(await ids()) == {one.session_id, two.session_id}
     # ACP session/list's listing leaves the deleted one out.
     acp = await index.page("default", ACP_LISTING, None, 10)
-    assert [row["sessionId"] for row in acp.rows] == [one.session_id]
+    assert [row["sessionId"] for row in acp.sessions()] == [one.session_id]
     page = await source.page("default", parse_query({"status": "deleted"}))
     assert page.rows[0]["status"] == "DELETED" and page.rows[0]["createdAt"].endswith("Z")
 

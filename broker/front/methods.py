@@ -314,7 +314,7 @@ class AcpMethods:
         page = await self.index.page(conn.tenant, listing, after, self.settings.list_page_size)
         # The reply is spliced from the rows' SessionInfo texts as stored (one fragment,
         # not one per row: each one costs the encoder a call back into Python).
-        text = '{"sessions":[' + ",".join(page.session_infos()) + "]"
+        text = '{"sessions":[' + page.infos + "]"
         if page.has_more and page.last is not None:
             text += ',"nextCursor":' + fastjson.dumps(self.cursors.encode(page.last, mark))
         return fastjson.Fragment(text + "}")

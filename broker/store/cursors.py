@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import fastjson
+
 _TAG_BYTES = 16
 
 
@@ -41,9 +43,7 @@ class CursorCodec:
         self._keys = list(keys)
 
     def encode(self, position: str, fingerprint: str) -> str:
-        payload = _b64(
-            json.dumps({"p": position, "f": fingerprint}, separators=(",", ":")).encode()
-        )
+        payload = _b64(fastjson.dumps({"p": position, "f": fingerprint}).encode())
         return f"{payload}.{_b64(self._tag(self._keys[0], payload))}"
 
     def decode(self, cursor: str, fingerprint: str) -> str:
