@@ -35,6 +35,7 @@ from typing import Any
 from bench import common
 from bench.acp import lean_acp_client
 
+SYSTEMS = ("broker", "floor", "index", "postgres", "pg_ws")
 TENANT = "default"
 PAGE = 50
 CWDS = 10
@@ -351,7 +352,7 @@ async def pg_server(table: str, tag: str) -> AsyncIterator[Any]:
 
 
 async def run(args: Any) -> None:
-    n = 5_000 if args.quick else 1_000_000
+    n = args.sessions or (5_000 if args.quick else 1_000_000)
     samples = 20 if args.quick else 1000
     seconds = 1.0 if args.quick else 20.0
     runs: list[dict[str, Any]] = []
@@ -403,12 +404,17 @@ async def run(args: Any) -> None:
                         out = common.RESULTS / "profile-list-broker.txt"
                         await profiling.enter_async_context(recording(nodes[0].pid, out))
                     cpu = common.cpu_seconds(nodes[0].pid)
-                    got = await interleaved(systems, samples, seconds)
+                    chosen = {
+                        k: v
+                        for k, v in systems.items()
+                        if k in args.systems or k == "broker" or "@" in k
+                    }
+                    got = await interleaved(chosen, samples, seconds)
                     cpu = common.cpu_seconds(nodes[0].pid) - cpu
                 front_cpu.append(common.ratio(cpu * 1e6, served[0]))
             await store.aclose()
-        got.setdefault("postgres", {})
-        got.setdefault("pg_ws", {})
+        for system in SYSTEMS:
+            got.setdefault(system, {})
         runs.append(got)
     cells = [k for k in runs[0]["broker"]]
     rows = []
@@ -497,6 +503,8 @@ def main(argv: list[str] | None = None) -> None:
     p = common.parser("list", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--profile", action="store_true", help="py-spy the front node")
     common.add_baseline(p)
+    p.add_argument("--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--sessions", type=int, default=0, help="how many (default 1,000,000)")
     asyncio.run(run(p.parse_args(argv)))
 
 
