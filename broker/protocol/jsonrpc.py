@@ -120,7 +120,7 @@ def _decode(text: str | bytes, max_depth: int) -> _Decoded | Invalid:
             encode(data).encode()
     except (ValueError, RecursionError):
         return Invalid(error_reply(None, RpcError(PARSE_ERROR, "Parse error: not valid JSON")))
-    if _depth_exceeds(data, max_depth):
+    if _openers(text) > max_depth and _depth_exceeds(data, max_depth):
         return Invalid(error_reply(None, RpcError(INVALID_REQUEST, "message nested too deeply")))
     return _Decoded(data)
 
@@ -219,6 +219,14 @@ def _valid_id(value: Any) -> bool:
         or isinstance(value, str)
         or (isinstance(value, int) and not isinstance(value, bool))
     )
+
+
+def _openers(text: str | bytes) -> int:
+    """How many ``[`` and ``{`` the text holds: no value in it nests deeper (a frame with
+    fewer than the limit needs no walk)."""
+    if isinstance(text, str):
+        return text.count("[") + text.count("{")
+    return text.count(b"[") + text.count(b"{")
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:

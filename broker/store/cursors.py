@@ -40,11 +40,12 @@ class CursorCodec:
     def __init__(self, keys: Sequence[bytes]) -> None:
         if not keys:
             raise ValueError("a cursor codec needs at least one key")
-        self._keys = list(keys)
+        # Keyed once: a copy of a keyed HMAC signs in half the time of keying it anew.
+        self._macs = [hmac.new(key, digestmod=hashlib.sha256) for key in keys]
 
     def encode(self, position: str, fingerprint: str) -> str:
         payload = _b64(fastjson.dumps({"p": position, "f": fingerprint}).encode())
-        return f"{payload}.{_b64(self._tag(self._keys[0], payload))}"
+        return f"{payload}.{_b64(_tag(self._macs[0], payload))}"
 
     def decode(self, cursor: str, fingerprint: str) -> str:
         """The position a cursor holds; :class:`InvalidCursor` unless it is genuine and ours."""
@@ -57,7 +58,7 @@ class CursorCodec:
             raise InvalidCursor("malformed cursor") from None
         if _b64(given) != tag:  # only the one spelling we issue, not equivalent variants
             raise InvalidCursor("malformed cursor")
-        if not any(hmac.compare_digest(given, self._tag(key, payload)) for key in self._keys):
+        if not any(hmac.compare_digest(given, _tag(mac, payload)) for mac in self._macs):
             raise InvalidCursor("cursor signature does not match")
         data = json.loads(_unb64(payload))
         if data.get("f") != fingerprint:
@@ -67,9 +68,11 @@ class CursorCodec:
             raise InvalidCursor("malformed cursor")
         return position
 
-    @staticmethod
-    def _tag(key: bytes, payload: str) -> bytes:
-        return hmac.digest(key, payload.encode(), "sha256")[:_TAG_BYTES]
+
+def _tag(mac: hmac.HMAC, payload: str) -> bytes:
+    signer = mac.copy()
+    signer.update(payload.encode())
+    return signer.digest()[:_TAG_BYTES]
 
 
 def _b64(data: bytes) -> str:
