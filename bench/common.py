@@ -17,7 +17,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,23 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=1, help="repeat and report the median of each cell")
     p.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/)")
     return p
+
+
+def run_server(main: Coroutine[Any, Any, None]) -> None:
+    """Run a peer's or a ceiling's server process on the event loop the broker's fronts
+    run on (``ACP_BROKER_EVENT_LOOP``, default auto: uvloop where installed), so that
+    servers are compared, not event loops."""
+    from broker import loops
+
+    loops.run(main, event_loop())
+
+
+def event_loop() -> Any:
+    """The event loop choice the benchmark's servers run on (``ACP_BROKER_EVENT_LOOP``)."""
+    choice = os.environ.get("ACP_BROKER_EVENT_LOOP", "auto")
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise SystemExit(f"ACP_BROKER_EVENT_LOOP={choice!r}: auto, uvloop or asyncio")
+    return choice
 
 
 def add_baseline(p: argparse.ArgumentParser) -> None:
@@ -191,6 +208,7 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "event_loop": event_loop(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

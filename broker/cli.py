@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import loops
 from .config import AgentSpec, Settings, load_settings
 
 log = logging.getLogger("acp-broker")
@@ -156,7 +157,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         allowed_origins=args.allowed_origin or None,
     )
-    asyncio.run(run_broker(settings))
+    loops.run(run_broker(settings), settings.event_loop)
     return 0
 
 
@@ -170,7 +171,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             "acp-broker worker: --redis-url is required (workers share Redis with nodes)"
         )
     role = run_agent_host if args.role == "agent-host" else run_projector_role
-    asyncio.run(role(settings))
+    loops.run(role(settings), settings.event_loop)
     return 0
 
 

@@ -21,6 +21,7 @@ import asyncpg
 import orjson
 from websockets.asyncio.server import ServerConnection, serve
 
+from bench.common import run_server
 from broker.store.cursors import CursorCodec, InvalidCursor, fingerprint
 
 TENANT = "default"
@@ -90,4 +91,4 @@ async def main(dsn: str, table: str, secret: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    run_server(main(*sys.argv[1:4]))

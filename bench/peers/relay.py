@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio as redis
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 
-from bench.common import raise_nofile
+from bench.common import raise_nofile, run_server
 
 
 async def main(url: str) -> None:
@@ -68,4 +68,4 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    run_server(main(sys.argv[1]))

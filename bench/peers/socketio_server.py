@@ -14,7 +14,7 @@ import sys
 import socketio
 from aiohttp import web
 
-from bench.common import raise_nofile
+from bench.common import raise_nofile, run_server
 
 
 async def main(url: str) -> None:
@@ -41,4 +41,4 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    run_server(main(sys.argv[1]))
