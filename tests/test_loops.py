@@ -1,0 +1,51 @@
+"""The event loop a broker process runs on: uvloop where installed, or the one asked for."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import uvloop
+
+from broker import loops
+
+from .support.broker_process import broker_process
+from .support.client import acp_client
+
+
+def test_auto_is_uvloop_where_installed_and_asyncio_is_the_standard_loop() -> None:
+    assert loops.loop_factory("auto") is uvloop.new_event_loop
+    assert loops.loop_factory("uvloop") is uvloop.new_event_loop
+    assert loops.loop_factory("asyncio") is None
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    assert loops.loop_factory("auto") is None
+    with pytest.raises(SystemExit, match="uvloop is not installed"):
+        loops.loop_factory("uvloop")
+
+
+async def _serves_a_session(url: str) -> None:
+    client = await acp_client(url)
+    try:
+        session_id = await client.new("/loop")
+        reply = await client.prompt(session_id, "hello")
+        assert reply.stop_reason == "end_turn"
+        listed = await client.request("session/list", {})
+        assert [s["sessionId"] for s in listed["sessions"]] == [session_id]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("choice", ["auto", "asyncio"])
+async def test_serve_runs_on_the_loop_it_is_given(choice: str, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    env = {"ACP_BROKER_EVENT_LOOP": choice}
+    async with broker_process(None, log_path=log, env=env) as node:
+        await _serves_a_session(node.url)
+    expected = "uvloop" if choice == "auto" else "asyncio"
+    assert f"event loop: {expected}" in log.read_text()
