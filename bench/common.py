@@ -54,6 +54,9 @@ BENCH_ENV = {
     "ACP_BROKER_RATE_PER_CONNECTION": "1000000",
     "ACP_BROKER_RATE_PER_TOKEN": "1000000",
     "ACP_BROKER_MAX_SESSIONS_PER_CONNECTION": "1000000",
+    # The test harness keeps the caller's ACP_BROKER_* out of its processes; this one goes
+    # through, so that one variable sets the loop of every server in a run.
+    "ACP_BROKER_EVENT_LOOP": os.environ.get("ACP_BROKER_EVENT_LOOP", "asyncio"),
 }
 
 
@@ -79,9 +82,9 @@ def run_server(main: Coroutine[Any, Any, None]) -> None:
 
 def event_loop() -> Any:
     """The event loop choice the benchmark's servers run on (``ACP_BROKER_EVENT_LOOP``)."""
-    choice = os.environ.get("ACP_BROKER_EVENT_LOOP", "auto")
-    if choice not in ("auto", "uvloop", "asyncio"):
-        raise SystemExit(f"ACP_BROKER_EVENT_LOOP={choice!r}: auto, uvloop or asyncio")
+    choice = os.environ.get("ACP_BROKER_EVENT_LOOP", "asyncio")
+    if choice not in ("uvloop", "asyncio"):
+        raise SystemExit(f"ACP_BROKER_EVENT_LOOP={choice!r}: asyncio or uvloop")
     return choice
 
 
@@ -358,7 +361,8 @@ async def _drain_lines(stream: asyncio.StreamReader) -> None:
 
 @contextlib.asynccontextmanager
 async def agent_host(redis_url: str, tag: str) -> AsyncIterator[RoleProcess]:
-    async with role_process("agent-host", redis_url, LOGS / f"{tag}-agent-host.log") as host:
+    log = LOGS / f"{tag}-agent-host.log"
+    async with role_process("agent-host", redis_url, log, env=BENCH_ENV) as host:
         yield host
 
 

@@ -1,9 +1,11 @@
-"""The event loop a broker process runs on.
+"""The event loop a broker process runs on: the standard library's, or uvloop.
 
-uvloop (libuv, in C) runs the same asyncio code with less CPU per wake-up, per socket read
-and per write than the standard library's loop: a front answering ``session/list`` spends
-a fifth less CPU a request (``python -m bench requests``). It is a dependency wherever it
-builds; ``event_loop = "asyncio"`` (``ACP_BROKER_EVENT_LOOP``) keeps the standard loop.
+uvloop (libuv, in C; ``pip install 'acp-broker[uvloop]'``, ``event_loop = "uvloop"``) runs
+the same code with less CPU per wake-up, socket read and write: a front answering
+``session/list`` spends a fifth less CPU a request (``python -m bench requests``). It is
+not the default because a burst of new connections went slower on it: 10,000 clients
+connecting at once were admitted at 358 a second instead of 507, and 44 of them gave up
+(``python -m bench connections``, both loops in one sitting).
 """
 
 from __future__ import annotations
@@ -14,28 +16,25 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
-LoopChoice = Literal["auto", "uvloop", "asyncio"]
+LoopChoice = Literal["asyncio", "uvloop"]
 
 log = logging.getLogger(__name__)
 
 
 def loop_factory(choice: LoopChoice) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """What makes the event loop ``choice`` names (None: the standard library's).
-
-    ``uvloop`` when it is not installed is an error; ``auto`` then falls back quietly.
-    """
+    """What makes the event loop ``choice`` names (None: the standard library's)."""
     if choice == "asyncio":
         return None
     try:
         import uvloop
     except ImportError:
-        if choice == "uvloop":
-            raise SystemExit("event_loop is uvloop, but uvloop is not installed") from None
-        return None
+        raise SystemExit(
+            "event_loop is uvloop, but uvloop is not installed: pip install 'acp-broker[uvloop]'"
+        ) from None
     return uvloop.new_event_loop
 
 
-def run(main: Coroutine[Any, Any, T], choice: LoopChoice = "auto") -> T:
+def run(main: Coroutine[Any, Any, T], choice: LoopChoice = "asyncio") -> T:
     """``asyncio.run(main)`` on the chosen event loop."""
     with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
         loop = runner.get_loop()

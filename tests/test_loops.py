@@ -1,4 +1,4 @@
-"""The event loop a broker process runs on: uvloop where installed, or the one asked for."""
+"""The event loop a broker process runs on: the standard library's, or uvloop when asked."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ from .support.broker_process import broker_process
 from .support.client import acp_client
 
 
-def test_auto_is_uvloop_where_installed_and_asyncio_is_the_standard_loop() -> None:
-    assert loops.loop_factory("auto") is uvloop.new_event_loop
-    assert loops.loop_factory("uvloop") is uvloop.new_event_loop
+def test_asyncio_is_the_standard_loop_and_uvloop_is_uvloop() -> None:
     assert loops.loop_factory("asyncio") is None
+    assert loops.loop_factory("uvloop") is uvloop.new_event_loop
 
 
-def test_without_uvloop_auto_falls_back_and_uvloop_is_refused(
+def test_uvloop_asked_for_but_not_installed_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
-    assert loops.loop_factory("auto") is None
     with pytest.raises(SystemExit, match="uvloop is not installed"):
         loops.loop_factory("uvloop")
 
@@ -41,11 +39,10 @@ async def _serves_a_session(url: str) -> None:
         await client.close()
 
 
-@pytest.mark.parametrize("choice", ["auto", "asyncio"])
+@pytest.mark.parametrize("choice", ["asyncio", "uvloop"])
 async def test_serve_runs_on_the_loop_it_is_given(choice: str, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     env = {"ACP_BROKER_EVENT_LOOP": choice}
     async with broker_process(None, log_path=log, env=env) as node:
         await _serves_a_session(node.url)
-    expected = "uvloop" if choice == "auto" else "asyncio"
-    assert f"event loop: {expected}" in log.read_text()
+    assert f"event loop: {choice}" in log.read_text()
