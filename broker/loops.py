@@ -2,7 +2,7 @@
 
 uvloop (libuv, in C; ``pip install 'acp-broker[uvloop]'``, ``event_loop = "uvloop"``) runs
 the same code with less CPU per wake-up, socket read and write: a front answering
-``session/list`` spends a fifth less CPU a request (``python -m bench requests``). It is
+``session/list`` spends a quarter less CPU a request (``python -m bench requests``). It is
 not the default because a burst of new connections went slower on it: 10,000 clients
 connecting at once were admitted at 358 a second instead of 507, and 44 of them gave up
 (``python -m bench connections``, both loops in one sitting).
