@@ -9,7 +9,6 @@ from typing import Any
 
 import fakeredis
 import pytest
-import redis.asyncio as redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.store.client import connect
@@ -19,7 +18,7 @@ from broker.store.index import ACP_LISTING, SessionIndex, decode_row
 from broker.store.keys import TenantKeys
 
 from .support.client import wait_for
-from .support.redis_server import redis_server
+from .support.redis_server import password_server
 
 
 def _snapshot(i: int) -> SessionSnapshot:
@@ -156,11 +155,5 @@ def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
         with pytest.raises(RedisConnectionError, match="WRONGPASS"):
             await wrong.evalsha("0" * 40, [], [])
 
-    async def protect(url: str) -> None:
-        admin = redis.Redis.from_url(url)
-        await admin.config_set("requirepass", "s3cret")
-        await admin.aclose()
-
-    with redis_server() as url:  # a password from the start would keep it from looking ready
-        asyncio.run(protect(url))
+    with password_server("s3cret") as url:
         asyncio.run(check(url))

@@ -17,7 +17,7 @@ from broker.store.subscriber import (
     Subscriber,
     open_subscriber,
 )
-from tests.support.redis_server import redis_server
+from tests.support.redis_server import password_server
 
 TIMEOUT = 10.0
 
@@ -118,13 +118,7 @@ def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -
             await wrong.ssubscribe("{a}:one")
         await wrong.aclose()
 
-    async def protect(url: str) -> None:
-        admin = redis.Redis.from_url(url)
-        await admin.config_set("requirepass", "s3cret")
-        await admin.aclose()
-
-    with redis_server() as url:  # a password from the start would keep it from looking ready
-        asyncio.run(protect(url))
+    with password_server("s3cret") as url:
         asyncio.run(check(url))
 
 

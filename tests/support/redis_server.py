@@ -85,3 +85,14 @@ def redis_server(*extra: str) -> Iterator[str]:
     finally:
         stop_redis(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def password_server(password: str) -> Iterator[str]:
+    """A redis-server of our own that requires ``password``; yields its URL (without the
+    password). It is set once the server is up: from the start it would keep the readiness
+    check out."""
+    with redis_server() as url:
+        with redis.Redis.from_url(url) as admin:
+            admin.config_set("requirepass", password)
+        yield url
