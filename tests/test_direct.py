@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
@@ -40,6 +41,21 @@ async def _indexed(store: Any, count: int) -> SessionIndex:
     return index
 
 
+@contextlib.asynccontextmanager
+async def _indexed_store(url: str, count: int) -> AsyncIterator[tuple[Any, SessionIndex]]:
+    """A store at ``url`` holding ``count`` indexed sessions, and its index; both closed
+    afterwards."""
+    store = connect(url)
+    try:
+        index = await _indexed(store, count)
+        try:
+            yield store, index
+        finally:
+            index.close()
+    finally:
+        await store.aclose()
+
+
 def test_a_single_server_reads_directly_and_others_through_the_client(redis_url: str) -> None:
     assert isinstance(direct_calls(connect(redis_url)), DirectCalls)
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
@@ -49,9 +65,7 @@ def test_a_single_server_reads_directly_and_others_through_the_client(redis_url:
 async def test_pages_read_directly_are_the_pages_and_survive_a_cut_and_a_script_flush(
     redis_url: str,
 ) -> None:
-    store = connect(redis_url)
-    try:
-        index = await _indexed(store, 5)
+    async with _indexed_store(redis_url, 5) as (store, index):
         first = await index.page("t", ACP_LISTING, None, 3)
         assert [r["sessionId"] for r in first.sessions()] == ["sess_0004", "sess_0003", "sess_0002"]
         assert first.has_more
@@ -66,16 +80,12 @@ async def test_pages_read_directly_are_the_pages_and_survive_a_cut_and_a_script_
         for _ in range(3):
             again = await index.page("t", ACP_LISTING, None, 3)
             assert again == first
-    finally:
-        await store.aclose()
 
 
 async def test_an_entry_whose_row_is_gone_is_left_out_in_either_row_format(
     redis_url: str,
 ) -> None:
-    store = connect(redis_url)
-    try:
-        index = await _indexed(store, 4)
+    async with _indexed_store(redis_url, 4) as (store, index):
         rows = TenantKeys("t").rows
         await store.hdel(rows, "sess_0002")
         page = await index.page("t", ACP_LISTING, None, 3)
@@ -85,15 +95,10 @@ async def test_an_entry_whose_row_is_gone_is_left_out_in_either_row_format(
         old = json.dumps(decode_row(await store.hget(rows, "sess_0003")))
         await store.hset(rows, "sess_0003", old)
         assert (await index.page("t", ACP_LISTING, None, 3)).sessions() == page.sessions()
-    finally:
-        index.close()
-        await store.aclose()
 
 
 async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_url: str) -> None:
-    store = connect(redis_url)
-    try:
-        index = await _indexed(store, 40)
+    async with _indexed_store(redis_url, 40) as (_, index):
         expected = await index.page("t", ACP_LISTING, None, 30)
         direct = index._direct
         assert direct is not None and direct._connection is not None
@@ -114,31 +119,22 @@ async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_
             transport.resume_reading()
             assert await index.page("t", ACP_LISTING, None, 30) == expected
             assert await index.page("t", ACP_LISTING, expected.last, 5) != expected
-    finally:
-        index.close()
-        await store.aclose()
 
 
 async def test_overlapping_page_reads_each_get_their_own_page(redis_url: str) -> None:
-    store = connect(redis_url)
-    try:
-        index = await _indexed(store, 60)
+    async with _indexed_store(redis_url, 60) as (_, index):
         positions = [None] + [(await index.page("t", ACP_LISTING, None, k)).last for k in (1, 7)]
         expected = [await index.page("t", ACP_LISTING, after, 5) for after in positions]
         pages = await asyncio.gather(
             *(index.page("t", ACP_LISTING, after, 5) for after in positions * 20)
         )
         assert pages == expected * 20
-    finally:
-        index.close()
-        await store.aclose()
 
 
 def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
     async def check(url: str) -> None:
-        store = connect(url.replace("redis://", "redis://:s3cret@") + "/3")
-        try:
-            index = await _indexed(store, 5)
+        on_db3 = url.replace("redis://", "redis://:s3cret@").removesuffix("/0") + "/3"
+        async with _indexed_store(on_db3, 5) as (_, index):
             page = await index.page("t", ACP_LISTING, None, 3)
             assert [r["sessionId"] for r in page.sessions()] == [
                 "sess_0004",
@@ -147,9 +143,6 @@ def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
             ]
             assert index._direct is not None and index._direct._connection is not None
             assert not index._direct._connection.lost  # read directly, not through the client
-        finally:
-            index.close()
-            await store.aclose()
         wrong = direct_calls(connect(url.replace("redis://", "redis://:wrong@")))
         assert wrong is not None
         with pytest.raises(RedisConnectionError, match="WRONGPASS"):
