@@ -6,10 +6,10 @@
   filtered listing holds 100,000 sessions). The index is written straight into Redis in the
   projector's format (rows hash + lex-ordered listings), pipelined, which is what the
   projector would leave after projecting these sessions.
-* **floor**: the raw Redis reads that one page needs, pipelined in one round trip
-  (``ZRANGE … BYLEX LIMIT`` and ``HMGET`` of the rows), from a redis-py client.
+* **floor**: the raw Redis read that one page needs (``ZRANGE … BYLEX LIMIT``; the ACP
+  listings' members carry each session's ``SessionInfo`` text), from a redis-py client.
 * **index read**: the broker's own store read of a page as ``session/list`` makes it
-  (``SessionIndex.page``: page.lua, then each row's ``SessionInfo`` JSON text, ready to
+  (``SessionIndex.page``: that ``ZRANGE``, its ``SessionInfo`` texts joined, ready to
   splice) from a client process: the like of the PostgreSQL query below.
 * **pg query**: PostgreSQL, a table with an index over (tenant, updated_at desc, id) (and
   one with cwd), a keyset query per page through asyncpg, fetching each row's
@@ -84,7 +84,7 @@ def session_info(i: int) -> str:
 
 async def populate_redis(url: str, n: int) -> None:
     from broker.store.client import connect
-    from broker.store.index import ACP_LISTING, cwd_listing, encode_row, member
+    from broker.store.index import ACP_LISTING, cwd_listing, encode_row, member, stored_member
     from broker.store.keys import TenantKeys
 
     keys = TenantKeys(TENANT)
@@ -94,10 +94,11 @@ async def populate_redis(url: str, n: int) -> None:
         rows, acp = {}, {}
         by_cwd: dict[str, dict[str, int]] = {}
         for i in range(start, min(n, start + batch)):
-            rows[sid(i)] = encode_row(json.loads(row_json(i)))
-            m = member(updated_ms(i), sid(i))
-            acp[m] = 0
-            by_cwd.setdefault(cwd_listing(cwd_of(i)), {})[m] = 0
+            rows[sid(i)] = row = encode_row(json.loads(row_json(i)))
+            at, info = member(updated_ms(i), sid(i)), row.partition("\n")[0]
+            acp[stored_member(ACP_LISTING, at, info)] = 0
+            listing = cwd_listing(cwd_of(i))
+            by_cwd.setdefault(listing, {})[stored_member(listing, at, info)] = 0
         async with store.pipeline(transaction=False) as pipe:
             pipe.hset(keys.rows, mapping=rows)
             pipe.zadd(keys.index(ACP_LISTING), acp)
@@ -163,7 +164,9 @@ async def list_calls(
 
 
 async def floor_calls(store: Any, n: int) -> dict[str, Any]:
-    from broker.store.index import ACP_LISTING, cwd_listing, member
+    """The one Redis read a page needs (its listing's members carry the ``SessionInfo``
+    texts), from a redis-py client: no cursor, no splitting, no joining."""
+    from broker.store.index import ACP_LISTING, cwd_listing, lower_bound, member
     from broker.store.keys import TenantKeys
 
     keys = TenantKeys(TENANT)
@@ -174,16 +177,11 @@ async def floor_calls(store: Any, n: int) -> dict[str, Any]:
         listing = keys.index(cwd_listing(cwd_of(cwd)) if cwd is not None else ACP_LISTING)
         for depth, rank in depths(count).items():
             i = position_rank(rank, cwd)
-            low = "-" if i is None else "(" + member(updated_ms(i), sid(i))
-            first = 0 if rank is None else rank + 1
-            ids = [sid(position_rank(first + k, cwd) or 0) for k in range(PAGE + 1)]
+            low = lower_bound(None if i is None else member(updated_ms(i), sid(i)))
 
-            async def call(low: str = low, ids: list[str] = ids, listing: str = listing) -> None:
-                async with store.pipeline(transaction=False) as pipe:
-                    pipe.zrange(listing, low, "+", bylex=True, offset=0, num=PAGE + 1)
-                    pipe.hmget(keys.rows, ids)
-                    members, rows = await pipe.execute()
-                assert len(members) >= PAGE and rows[0]
+            async def call(low: str = low, listing: str = listing) -> None:
+                members = await store.zrange(listing, low, "+", bylex=True, offset=0, num=PAGE + 1)
+                assert len(members) >= PAGE
 
             await call()
             out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
@@ -191,8 +189,8 @@ async def floor_calls(store: Any, n: int) -> dict[str, Any]:
 
 
 async def index_calls(store: Any, n: int) -> dict[str, Any]:
-    """The broker's own index read as session/list makes it (page.lua, then the rows'
-    SessionInfo texts), in-process: the like of the PostgreSQL query, without the WebSocket
+    """The broker's own index read as session/list makes it (one ZRANGE, its SessionInfo
+    texts joined), in-process: the like of the PostgreSQL query, without the WebSocket
     hop."""
     from broker.store.index import ACP_LISTING, SessionIndex, cwd_listing, member
 
@@ -342,13 +340,13 @@ async def postgres_table() -> AsyncIterator[tuple[Any, str] | str]:
 
 
 @contextlib.asynccontextmanager
-async def pg_server(table: str, tag: str) -> AsyncIterator[Any]:
-    """:mod:`bench.peers.pg_server` on ``table``, and a lean client connected to it."""
+async def pg_server(table: str, tag: str) -> AsyncIterator[tuple[Any, int]]:
+    """:mod:`bench.peers.pg_server` on ``table``: a lean client connected to it, and its pid."""
     args = (PG_DSN, table, common.CURSOR_SECRET)
     async with common.child("bench.peers.pg_server", *args, name=f"{tag}-pg") as node:
         port = await node.expect("ready")
         async with lean_acp_client(f"ws://127.0.0.1:{port}/") as client:
-            yield client
+            yield client, node.pid
 
 
 async def run(args: Any) -> None:
@@ -356,7 +354,9 @@ async def run(args: Any) -> None:
     samples = 20 if args.quick else 1000
     seconds = 1.0 if args.quick else 20.0
     runs: list[dict[str, Any]] = []
-    front_cpu: list[float] = []  # the front's CPU time per session/list, µs, per run
+    # CPU time per session/list of each server process (µs, one figure per run), over the
+    # same window: the front node, and the PostgreSQL peer's server.
+    server_cpu: dict[str, list[float]] = {"broker": [], "pg_ws": []}
     unavailable = ""
     for r in range(args.runs):
         print(f"list: {n:,} sessions (run {r + 1}/{args.runs})", flush=True)
@@ -373,6 +373,7 @@ async def run(args: Any) -> None:
                 postgres_table() as pg,
                 contextlib.AsyncExitStack() as stack,
             ):
+                pids = {"broker": nodes[0].pid}
                 systems = {
                     "broker": await list_calls(client, n),
                     "floor": await floor_calls(store, n),
@@ -384,7 +385,9 @@ async def run(args: Any) -> None:
                     t = time.monotonic()
                     systems["postgres"] = await postgres_calls(*pg, n)
                     print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
-                    peer = await stack.enter_async_context(pg_server(pg[1], f"list-{r}"))
+                    peer, pids["pg_ws"] = await stack.enter_async_context(
+                        pg_server(pg[1], f"list-{r}")
+                    )
                     systems["pg_ws"] = await list_calls(peer, n, pg_position)
                 for rev in args.baseline:
                     tree = common.baseline_tree(rev)
@@ -393,25 +396,28 @@ async def run(args: Any) -> None:
                     )
                     old = await stack.enter_async_context(lean_acp_client(pairs[0][0]))
                     systems[f"broker@{rev}"] = await list_calls(old, n)
-                served = [0]  # session/list requests the front answered (warm-ups too)
-                systems["broker"] = {
-                    cell: _counted(call, served) for cell, call in systems["broker"].items()
+                chosen = {
+                    k: v
+                    for k, v in systems.items()
+                    if k in args.systems or k == "broker" or "@" in k
                 }
+                # session/list requests each server answered (warm-ups too)
+                served = {name: [0] for name in pids if name in chosen}
+                for name, count in served.items():
+                    chosen[name] = {
+                        cell: _counted(call, count) for cell, call in chosen[name].items()
+                    }
                 async with contextlib.AsyncExitStack() as profiling:
                     if args.profile:
                         from bench.profile import recording
 
                         out = common.RESULTS / "profile-list-broker.txt"
                         await profiling.enter_async_context(recording(nodes[0].pid, out))
-                    cpu = common.cpu_seconds(nodes[0].pid)
-                    chosen = {
-                        k: v
-                        for k, v in systems.items()
-                        if k in args.systems or k == "broker" or "@" in k
-                    }
+                    cpu = {name: common.cpu_seconds(pids[name]) for name in served}
                     got = await interleaved(chosen, samples, seconds)
-                    cpu = common.cpu_seconds(nodes[0].pid) - cpu
-                front_cpu.append(common.ratio(cpu * 1e6, served[0]))
+                    for name, count in served.items():
+                        used = common.cpu_seconds(pids[name]) - cpu[name]
+                        server_cpu[name].append(common.ratio(used * 1e6, count[0]))
             await store.aclose()
         for system in SYSTEMS:
             got.setdefault(system, {})
@@ -463,9 +469,10 @@ async def run(args: Any) -> None:
         ],
         rows,
     )
-    text += (
-        "\n\nThe front's CPU time (user + system) per session/list: "
-        f"{common.median(front_cpu):.0f} µs."
+    text += "\n\nServer CPU time (user + system) per session/list: " + ", ".join(
+        f"{label} {common.median(server_cpu[name]):.0f} µs"
+        for name, label in (("broker", "front node"), ("pg_ws", "pg server"))
+        if server_cpu[name]
     )
     for rev in args.baseline:
         name = f"broker@{rev}"
@@ -492,7 +499,8 @@ async def run(args: Any) -> None:
             "quick": args.quick,
             "sessions": n,
             "summary": summary,
-            "front_cpu_us_per_request": front_cpu,
+            "front_cpu_us_per_request": server_cpu["broker"],
+            "pg_server_cpu_us_per_request": server_cpu["pg_ws"],
             "runs": runs,
         },
         args.out,

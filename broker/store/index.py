@@ -1,15 +1,19 @@
 """The materialized session index: per-tenant rows and ordered listings.
 
 Each listing is a sorted set whose members all score 0 and sort by their text,
-``<inverted time>:<session id>``, so newest first with ties broken by session
-id, and a page after a keyset position is one ``ZRANGE … BYLEX LIMIT``:
-O(log N + page size) at any depth. The row a page shows is kept beside it in a
-hash, so one round trip (``lua/page.lua``) serves a page.
+which starts with the session's keyset position ``<inverted time>:<session id>``,
+so newest first with ties broken by session id, and a page after a position is
+one ``ZRANGE … BYLEX LIMIT``: O(log N + page size) at any depth.
 
 A stored row is two JSON texts on two lines: the session as ACP's
 ``session/list`` shows it (a ``SessionInfo``, rendered once, when projected,
 and spliced into replies as it is), then what the other listings add (see
-:func:`encode_row`).
+:func:`encode_row`). The ACP listings' members carry that ``SessionInfo`` too,
+after the position (:func:`stored_member`), so a ``session/list`` page is that
+one native command and nothing else: no script, no row lookups (a script that
+fetched the rows cost Redis 90 µs a page, the bare ``ZRANGE`` 5; see
+``docs/architecture.md``). The price is a second copy of each ``SessionInfo``
+per ACP listing it is in.
 
 Projection is idempotent: a session's row and entries are a function of its
 snapshot, written with compare-and-set on a per-session version that records
@@ -39,6 +43,13 @@ from .keys import TenantKeys
 
 _TIME_CEILING = 10**13 - 1  # ms; keeps inverted times at 13 digits until the year 2286
 ACP_LISTING = "acp"  # every session not deleted, by updatedAt
+# In an ACP listing's member, between the position and the SessionInfo JSON. Neither JSON
+# text nor a session id (``sess_<hex>``) holds a control character, so the first one splits
+# the two, and members sort by position as before.
+_INFO_MARK = "\x01"
+# A range bound of ``(<position><_PAST>`` falls after every member stored at that position
+# (the bare position of the earlier format too) and before the next position's.
+_PAST = "\x02"
 
 
 def rfc3339(ms: int) -> str:
@@ -50,6 +61,23 @@ def rfc3339(ms: int) -> str:
 def member(ms: int, session_id: str) -> str:
     """The index member that sorts a session newest-first by ``ms``, then by id."""
     return f"{_TIME_CEILING - ms:013d}:{session_id}"
+
+
+def is_acp_listing(listing: str) -> bool:
+    """Whether ``listing`` is one ACP's ``session/list`` reads (every session, or one cwd's)."""
+    return listing == ACP_LISTING or listing.startswith(ACP_LISTING + ":")
+
+
+def stored_member(listing: str, position: str, info: str) -> str:
+    """The member a session is stored under in ``listing``: its position, and in an ACP
+    listing also the ``SessionInfo`` JSON text a page shows of it."""
+    return f"{position}{_INFO_MARK}{info}" if is_acp_listing(listing) else position
+
+
+def lower_bound(after: str | None) -> str:
+    """The ``ZRANGE … BYLEX`` lower bound of the members past position ``after`` (all of
+    them when None)."""
+    return f"({after}{_PAST}" if after else "-"
 
 
 def normalize_cwd(cwd: str) -> str:
@@ -137,6 +165,18 @@ def entries_of(snapshot: SessionSnapshot) -> dict[str, str]:
     return {ACP_LISTING: by_updated, acp_cwd: by_updated, **entries}
 
 
+def stored_entries(entries: Mapping[str, str], row: str) -> dict[str, str]:
+    """The member each of a session's ``entries`` (listing: position) is stored under, its
+    stored ``row`` (:func:`encode_row`) given."""
+    info = row.partition("\n")[0]
+    return {listing: stored_member(listing, at, info) for listing, at in entries.items()}
+
+
+def members_of(snapshot: SessionSnapshot) -> dict[str, str]:
+    """The listings a session is stored in, each with its member there."""
+    return stored_entries(entries_of(snapshot), encode_row(row_of(snapshot)))
+
+
 @dataclass(frozen=True, slots=True)
 class Version:
     """What the index holds for a session: the snapshot seq and the entries written."""
@@ -183,7 +223,6 @@ class SessionIndex:
     def __init__(self, redis: Store) -> None:
         self.redis = redis
         self._project = redis.register_script(_script("project.lua"))
-        self._page = redis.register_script(_script("page.lua"))
         self._direct = direct_calls(redis)
 
     async def project(self, snapshot: SessionSnapshot, *, force: bool = False) -> bool:
@@ -225,26 +264,48 @@ class SessionIndex:
         script_keys += [keys.index(name) for name in old_entries]
         script_keys += [keys.index(name) for name in new.entries]
         args: list[Any] = [session_id, raw, new.encode(), row, len(old_entries)]
-        args += list(old_entries.values()) + list(new.entries.values())
+        args += list(old_entries.values())
+        args += list(stored_entries(new.entries, row).values())
         return bool(await self._project(keys=script_keys, args=args))
 
     async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
-        """Up to ``limit`` rows of ``listing`` that sort after position ``after``, as ACP's
-        ``session/list`` shows them: joined in the store (``lua/page.lua``), so that a page
-        costs this process one string, not two per row."""
+        """Up to ``limit`` sessions of the ACP listing ``listing`` that sort after position
+        ``after``, as ``session/list`` shows them: one ``ZRANGE``, whose members carry the
+        ``SessionInfo`` texts, joined here into one string."""
         keys = TenantKeys(tenant)
-        low = f"({after}" if after else "-"
-        reply = await self._read_page([keys.index(listing), keys.rows], [low, limit])
-        text, last, more = reply[0], reply[1], bool(reply[2])
-        if text is None:  # a row in the earlier format: rendered here
-            text = ",".join(session_info_json(row) for row in reply[3] if row)
-        return Page(text, last or None, more)
+        low = lower_bound(after)
+        query = ("ZRANGE", keys.index(listing), low, "+", "BYLEX", "LIMIT", 0, limit + 1)
+        members: list[str] = await self._read(*query)
+        shown = members[:limit]
+        if not shown:
+            return Page("", None, False)
+        split = [m.partition(_INFO_MARK) for m in shown]
+        if all(mark for _, mark, _ in split):
+            text = ",".join([info for _, _, info in split])
+        else:  # members in the earlier format, without their SessionInfo: from the rows
+            text = await self._render_bare(keys, split)
+        return Page(text, split[-1][0], len(members) > limit)
 
-    async def _read_page(self, keys: list[str], args: list[Any]) -> Any:
+    async def _read(self, *command: Any) -> Any:
         if self._direct is not None:
             with contextlib.suppress(RedisError):  # the client's way recovers from anything
-                return await self._direct.evalsha(self._page.sha, keys, args)
-        return await self._page(keys=keys, args=args)
+                return await self._direct.call(*command)
+        return await self.redis.execute_command(*command)
+
+    async def _render_bare(self, keys: TenantKeys, split: list[tuple[str, str, str]]) -> str:
+        """A page's ``SessionInfo`` texts where some members are bare positions (written
+        before members carried them): those come from the rows, and a gone row is left out."""
+        bare = [at.partition(":")[2] for at, mark, _ in split if not mark]
+        rows = iter(await self._read("HMGET", keys.rows, *bare))
+        infos = []
+        for _, mark, info in split:
+            if not mark:
+                row = next(rows)
+                if not row:
+                    continue
+                info = session_info_json(row)
+            infos.append(info)
+        return ",".join(infos)
 
     def close(self) -> None:
         """Close the connection pages are read on, if one was opened (the next page opens

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from broker.store.client import Store
 from broker.store.events import fold
-from broker.store.index import SessionIndex, entries_of
+from broker.store.index import SessionIndex, members_of
 from broker.store.keys import PREFIX, TenantKeys
 from broker.store.log import SessionLog
 
@@ -43,7 +43,7 @@ async def rebuild_index(redis: Store) -> dict[str, int]:
             snapshot = fold(tenant, session_id, events)
             if snapshot is not None:
                 await index.project(snapshot, force=True)
-                for name, member in entries_of(snapshot).items():
+                for name, member in members_of(snapshot).items():
                     expected[keys.index(name)].add(member)
         await _remove_orphans(redis, index, tenant, sessions)
         await _sweep_listings(redis, keys, expected)
