@@ -490,7 +490,7 @@ async def run(args: Any) -> None:
             ["listing/depth", "before p50", "before p99", "after p50", "after p99"],
             before,
         )
-    if not runs[0]["postgres"]:
+    if unavailable:
         text += f"\n\nPostgreSQL unavailable: {unavailable}"
     common.report(
         "list",
