@@ -11,7 +11,7 @@ and spliced into replies as it is), then what the other listings add (see
 :func:`encode_row`). The ACP listings' members carry that ``SessionInfo`` too,
 after the position (:func:`stored_member`), so a ``session/list`` page is that
 one native command and nothing else: no script, no row lookups (a script that
-fetched the rows cost Redis 90 µs a page, the bare ``ZRANGE`` 5; see
+fetched the rows cost Redis 90 µs a page, the bare ``ZRANGE`` 3; see
 ``docs/architecture.md``). The price is a second copy of each ``SessionInfo``
 per ACP listing it is in.
 
