@@ -42,6 +42,13 @@ def _calls(client: Any) -> dict[str, Callable[[], Awaitable[Any]]]:
     }
 
 
+def _check_page(front: str, kind: str, reply: Any) -> None:
+    """A 50-row page must hold 50 rows: a front of an earlier revision may not read the
+    index as this tree writes it (its layout changed at 83d8570), and would time nothing."""
+    if kind.startswith("50-row") and len(reply["sessions"]) != 50:
+        raise SystemExit(f"{front} does not read this tree's index: its page held no rows")
+
+
 async def _front_costs(fronts: dict[str, tuple[str, int]], count: int) -> list[list[Any]]:
     """Each request kind, ``count`` times to every front (name: (url, pid)), interleaved."""
     rows = []
@@ -53,8 +60,9 @@ async def _front_costs(fronts: dict[str, tuple[str, int]], count: int) -> list[l
         for kind in _calls(None):
             latencies: dict[str, list[float]] = {name: [] for name in fronts}
             cpu = {name: [0.0, 0.0] for name in fronts}
-            for client in clients.values():  # warm-up
+            for name, client in clients.items():  # warm-up
                 call = _calls(client)[kind]
+                _check_page(name, kind, await call())
                 for _ in range(min(300, count)):
                     await call()
             for start in range(0, count, _BLOCK):

@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 from broker.front.server import Broker
 from broker.store.cursors import fingerprint
 from broker.store.events import EventType
-from broker.store.index import decode_row, encode_row, session_info, session_info_json
+from broker.store.index import (
+    ACP_LISTING,
+    decode_row,
+    encode_row,
+    lower_bound,
+    member,
+    session_info,
+    session_info_json,
+    stored_member,
+)
 from broker.store.log import new_session_id
 
 from .support.client import RawClient
@@ -169,7 +178,38 @@ ROW_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
 def test_a_stored_row_reads_back_whole_and_lists_as_its_session_info(row: dict) -> None:
     stored = encode_row(row)
     assert decode_row(stored) == row
+    # The SessionInfo line holds no control character: an ACP listing's member splits at
+    # the first \x01 (see index.stored_member).
+    assert not any(ord(c) < 0x20 for c in stored.partition("\n")[0])
     assert json.loads(session_info_json(stored)) == session_info(row)
     # A row stored as one JSON object (the earlier format) reads the same way.
     assert decode_row(json.dumps(row)) == row
     assert json.loads(session_info_json(json.dumps(row))) == session_info(row)
+
+
+POSITIONS = st.lists(
+    st.tuples(
+        st.integers(1_790_000_000_000, 1_790_000_000_004),  # few times: many ties
+        st.text("0123456789abcdef", min_size=1, max_size=4).map(lambda h: "sess_" + h),
+    ),
+    min_size=1,
+    max_size=30,
+    unique_by=lambda p: p[1],
+)
+
+
+@given(POSITIONS, st.text(max_size=20))
+def test_members_carrying_their_info_sort_by_position_and_pages_resume_past_them(
+    positions: list[tuple[int, str]], title: str
+) -> None:
+    """What ZRANGE BYLEX does with an ACP listing, in Python (Redis compares bytes, which
+    for UTF-8 is the order of code points)."""
+    info = json.dumps({"title": title})
+    at = {sid: member(ms, sid) for ms, sid in positions}
+    stored = {sid: stored_member(ACP_LISTING, at[sid], info) for sid in at}
+    by_position = sorted(at, key=at.__getitem__)
+    assert sorted(at, key=stored.__getitem__) == by_position
+    for k, sid in enumerate(by_position):
+        bound = lower_bound(at[sid])[1:]  # "(" dropped: exclusive
+        past = [other for other in by_position if stored[other] > bound]
+        assert past == by_position[k + 1 :]
