@@ -113,7 +113,7 @@ class FrontHttp:
         """Bind ``host``:``http_port`` and serve until :meth:`stop`."""
         family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
         address = (self.settings.host, self.settings.http_listen_port())
-        sock = socket.create_server(address, family=family)
+        sock = socket.create_server(address, family=family, backlog=socket.SOMAXCONN)
         self._port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             self.asgi_app(),

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import http
 import logging
+import socket
 import ssl
 from collections.abc import Sequence
 from typing import Any
@@ -122,6 +123,10 @@ class Broker:
             ping_interval=self.settings.ping_interval,
             ping_timeout=self.settings.ping_interval,
             compression=None,
+            # Clients of a node that went away all reconnect at once: a short accept queue
+            # (asyncio's default is 100) overflows, and the kernel drops or resets them.
+            # As Go's listeners do, ask for the most the kernel allows (net.core.somaxconn).
+            backlog=socket.SOMAXCONN,
         )
         log.info(
             "acp-broker listening on ws://%s:%d%s",
