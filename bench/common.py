@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -56,7 +56,7 @@ BENCH_ENV = {
     "ACP_BROKER_MAX_SESSIONS_PER_CONNECTION": "1000000",
     # The test harness keeps the caller's ACP_BROKER_* out of its processes; this one goes
     # through, so that one variable sets the loop of every server in a run.
-    "ACP_BROKER_EVENT_LOOP": os.environ.get("ACP_BROKER_EVENT_LOOP", "asyncio"),
+    "ACP_BROKER_EVENT_LOOP": os.environ.get("ACP_BROKER_EVENT_LOOP", "auto"),
 }
 
 
@@ -73,19 +73,22 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
 
 def run_server(main: Coroutine[Any, Any, None]) -> None:
     """Run a peer's or a ceiling's server process on the event loop the broker's fronts
-    run on (``ACP_BROKER_EVENT_LOOP``, default auto: uvloop where installed), so that
+    run on (``ACP_BROKER_EVENT_LOOP``, default ``auto``: uvloop where installed), so that
     servers are compared, not event loops."""
     from broker import loops
 
     loops.run(main, event_loop())
 
 
-def event_loop() -> Any:
-    """The event loop choice the benchmark's servers run on (``ACP_BROKER_EVENT_LOOP``)."""
-    choice = os.environ.get("ACP_BROKER_EVENT_LOOP", "asyncio")
-    if choice not in ("uvloop", "asyncio"):
-        raise SystemExit(f"ACP_BROKER_EVENT_LOOP={choice!r}: asyncio or uvloop")
-    return choice
+def event_loop() -> str:
+    """The event loop the benchmark's servers run on (``ACP_BROKER_EVENT_LOOP``, default
+    ``auto``), as it resolves here: ``asyncio`` or ``uvloop``."""
+    from broker import loops
+
+    choice = os.environ.get("ACP_BROKER_EVENT_LOOP", "auto")
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise SystemExit(f"ACP_BROKER_EVENT_LOOP={choice!r}: auto, asyncio or uvloop")
+    return loops.resolve(cast(loops.LoopChoice, choice))
 
 
 def add_baseline(p: argparse.ArgumentParser) -> None:

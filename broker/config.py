@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     agent_request_timeout: float = Field(default=60.0, gt=0)
     cancel_grace: float = Field(default=10.0, gt=0)
     feed_maxlen: int = Field(default=100_000, ge=1000)
-    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop ``serve`` and the workers run on (see :mod:`broker.loops`)."""
 
     @classmethod

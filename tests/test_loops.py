@@ -1,4 +1,5 @@
-"""The event loop a broker process runs on: the standard library's, or uvloop when asked."""
+"""The event loop a broker process runs on: uvloop where installed (``auto``, the default),
+or the one the settings name."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ from .support.broker_process import broker_process
 from .support.client import acp_client
 
 
-def test_asyncio_is_the_standard_loop_and_uvloop_is_uvloop() -> None:
+def test_asyncio_is_the_standard_loop_and_uvloop_and_auto_are_uvloop() -> None:
     assert loops.loop_factory("asyncio") is None
     assert loops.loop_factory("uvloop") is uvloop.new_event_loop
+    assert loops.loop_factory("auto") is uvloop.new_event_loop
+
+
+def test_auto_without_uvloop_is_the_standard_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loops.importlib.util, "find_spec", lambda name: None)
+    assert loops.resolve("auto") == "asyncio"
+    assert loops.loop_factory("auto") is None
 
 
 def test_uvloop_asked_for_but_not_installed_is_a_clear_error(
@@ -39,10 +47,14 @@ async def _serves_a_session(url: str) -> None:
         await client.close()
 
 
-@pytest.mark.parametrize("choice", ["asyncio", "uvloop"])
-async def test_serve_runs_on_the_loop_it_is_given(choice: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("choice", "loop"), [(None, "uvloop"), ("asyncio", "asyncio"), ("uvloop", "uvloop")]
+)
+async def test_serve_runs_on_the_loop_it_is_given(
+    choice: str | None, loop: str, tmp_path: Path
+) -> None:
     log = tmp_path / "serve.log"
-    env = {"ACP_BROKER_EVENT_LOOP": choice}
+    env = {"ACP_BROKER_EVENT_LOOP": choice} if choice else {}
     async with broker_process(None, log_path=log, env=env) as node:
         await _serves_a_session(node.url)
-    assert f"event loop: {choice}" in log.read_text()
+    assert f"event loop: {loop}" in log.read_text()
