@@ -4,8 +4,8 @@ library's.
 uvloop (libuv, in C; installed with acp-broker wherever it has wheels, not on Windows) runs
 the same code with less CPU per wake-up, socket read and write. Measured side by side with
 the standard loop (``ACP_BROKER_EVENT_LOOP=asyncio`` and ``=uvloop``): a front answering
-``session/list`` spends a quarter less CPU a request (``python -m bench requests``: 142 → 108
-µs), admits a burst of 10,000 new connections at 801-864 a second instead of 692-704
+``session/list`` spends a fifth less CPU a request (``python -m bench requests``: 134 → 108
+µs of user CPU), admits a burst of 10,000 new connections at 801-864 a second instead of 692-704
 (``bench connections``), and spends less CPU per delivered event in 5 of the 6 fan-out cells
 (``bench fanout``). ``event_loop = "asyncio"`` keeps the standard loop; ``"uvloop"`` insists
 on uvloop (an error where it is missing); ``"auto"``, the default, takes uvloop when it can.

@@ -6,7 +6,7 @@ dispatcher and a stream reader on its way out and back: 73 µs of CPU a call, wh
 connection spends 30 (``python -m bench requests``). :class:`DirectCalls` keeps one
 :class:`~.raw.RawConnection` to the store's server (its credentials, its database), on
 which calls overlap as Redis pipelines them. When anything goes wrong (a cut connection,
-a script Redis does not know yet) the caller makes the call again through the client,
+an error reply) the caller makes the call again through the client,
 which knows how to recover; the connection is opened afresh on the next call.
 
 (The 73 and 30 µs were measured on a script call, when a page was one.)
