@@ -67,10 +67,12 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def store(store_kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """A store client: a real Redis server, or the embedded store."""
+    """A store client: a real Redis server, the embedded store, or (where a module asks for
+    ``cluster`` in its own ``store_kind``) a real Redis Cluster."""
     if store_kind == "redis":
-        url = request.getfixturevalue("redis_url")
-        client = connect(url)
+        client = connect(request.getfixturevalue("redis_url"))
+    elif store_kind == "cluster":
+        client = connect(request.getfixturevalue("redis_cluster_info").url)
     else:
         client = connect(None)
     yield client

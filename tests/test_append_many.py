@@ -17,6 +17,12 @@ from broker.store.log import (
 )
 
 
+@pytest.fixture(params=["redis", "embedded", "cluster"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """On a cluster a batch is one call per partition: run everything there too."""
+    return str(request.param)
+
+
 def _chunk(text: str) -> dict[str, Any]:
     update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
     return {"type": "update", "update": update}
@@ -84,3 +90,20 @@ async def test_an_append_made_again_after_an_unknown_outcome_lands_once(store: A
     # A call long past is taken for a new one.
     older = await log.append("t", "s", _chunk("0"), call=calls[0])
     assert older.seq == 42 and (await log.snapshot("t", "s")).seq == 42
+
+
+async def test_a_batch_over_many_sessions_lands_each_in_order(store: Any) -> None:
+    """Events of 12 sessions interleaved (on a cluster: spread over its partitions)."""
+    log = SessionLog(store)
+    created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+    sessions = [f"s{k}" for k in range(12)]
+    for session_id in sessions:
+        await log.create("t", session_id, created)
+    items = [("t", s, _chunk(f"{s}-{n}"), "") for n in range(5) for s in sessions]
+    got = await log.append_many(items)
+    assert [p.seq for p in got if isinstance(p, Position)] == [
+        n + 2 for n in range(5) for _ in sessions
+    ]
+    for session_id in sessions:
+        bodies = [e.body for e in await log.read("t", session_id)][1:]
+        assert bodies == [_chunk(f"{session_id}-{n}") for n in range(5)]

@@ -6,6 +6,7 @@ script (``lua/append.lua``) is the only writer. Reads are plain ``XRANGE``.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from .. import fastjson
@@ -26,7 +28,7 @@ from .events import (
     is_activity,
     snapshot_ops,
 )
-from .keys import SessionKeys
+from .keys import SessionKeys, partition_of
 
 
 class SessionMissing(LookupError):
@@ -97,14 +99,39 @@ class SessionLog:
         """Append several events (``(tenant, session id, body, fence)``, in this order) in one
         round trip and one script call (``lua/append_batch.lua``): each one is what
         :meth:`append` does, ``calls[i]`` naming the i-th. Returns each one's position, or
-        the exception :meth:`append` would have raised for it."""
+        the exception :meth:`append` would have raised for it.
+
+        On a cluster one call may not span slots: it is one call per partition (every key of
+        a session carries its partition's tag), the partitions' calls side by side. A
+        session's events stay in order in its partition's call, and each partition's feed
+        gets its events in order, which is all the order anyone can see."""
         ids = list(calls) if calls is not None else call_ids(len(items))
-        if is_cluster(self.redis):  # one call may not span slots
-            return [
-                await self._one(t, s, b, f, c) for (t, s, b, f), c in zip(items, ids, strict=True)
-            ]
         if not items:
             return []
+        if not is_cluster(self.redis):
+            return await self._append_batch_call(items, ids)
+        by_partition: dict[int, list[int]] = {}
+        for i, (_, session_id, _, _) in enumerate(items):
+            by_partition.setdefault(partition_of(session_id), []).append(i)
+        groups = list(by_partition.values())
+        outcomes = await asyncio.gather(
+            *(
+                self._append_batch_call([items[i] for i in group], [ids[i] for i in group])
+                for group in groups
+            ),
+            return_exceptions=True,  # every call ends before the batch fails; all retry as one
+        )
+        found: dict[int, Position | Exception] = {}
+        for group, outcome in zip(groups, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            found.update(zip(group, outcome, strict=True))
+        return [found[i] for i in range(len(items))]
+
+    async def _append_batch_call(
+        self, items: Sequence[tuple[str, str, JsonObject, str]], ids: Sequence[str]
+    ) -> list[Position | Exception]:
+        """One ``append_batch.lua`` call for ``items`` (all in one slot on a cluster)."""
         keys: list[str] = []
         counts: list[int] = []
         args: list[Any] = []
@@ -115,19 +142,11 @@ class SessionLog:
             keys += one_keys
             counts.append(len(one_args))
             args += one_args
-        replies = await self._append_batch(keys=keys, args=[len(items), *counts, *args])
+        replies = await self._script(self._append_batch, keys, [len(items), *counts, *args])
         return [
             _append_error(r) if isinstance(r, ResponseError) else Position(int(r[0]), str(r[1]))
             for r in replies
         ]
-
-    async def _one(
-        self, tenant: str, session_id: str, body: JsonObject, fence: str, call: str
-    ) -> Position | Exception:
-        try:
-            return await self.append(tenant, session_id, body, fence=fence, call=call)
-        except (SessionMissing, SessionExists, Fenced) as exc:
-            return exc  # this event's own outcome; anything else fails the batch (try again)
 
     def _call(
         self,
@@ -163,16 +182,19 @@ class SessionLog:
     async def _run(self, keys: list[str], args: list[Any]) -> Position:
         """One call of the append script (keys and arguments from :meth:`_call`)."""
         try:
-            try:
-                seq, got_epoch = await self._append(keys=keys, args=args)
-            except NoScriptError:
-                # A node that just became a master may not know the script, and redis-py's
-                # reload can go to the nodes it knew before the failover: EVAL goes by key.
-                script = self._append.script
-                seq, got_epoch = await self.redis.eval(script, len(keys), *keys, *args)
+            seq, got_epoch = await self._script(self._append, keys, args)
         except ResponseError as exc:
             raise _append_error(exc) from None
         return Position(int(seq), str(got_epoch))
+
+    async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """Call one of the log's scripts."""
+        try:
+            return await script(keys=keys, args=args)
+        except NoScriptError:
+            # A node that just became a master may not know the script, and redis-py's
+            # reload can go to the nodes it knew before the failover: EVAL goes by key.
+            return await self.redis.eval(script.script, len(keys), *keys, *args)
 
     async def read(
         self,
