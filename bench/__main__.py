@@ -1,7 +1,8 @@
 """``python -m bench [fanout|list|append|connections|replay] [--quick] …``: run the benchmarks.
 
 With no name, runs them all in turn (each with the options given). ``python -m bench
-requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs.
+requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs;
+``python -m bench cluster`` times logging batches of events on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ BENCHMARKS = {
     "connections": "bench.connections",
     "replay": "bench.replay",
 }
-BREAKDOWNS = {"requests": "bench.requests"}
+BREAKDOWNS = {"requests": "bench.requests", "cluster": "bench.cluster"}
 """Run by name only, not with the five."""
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("socketio")
 pytest.importorskip("aiohttp")
 pytest.importorskip("asyncpg")
 
-BENCHMARKS = ("fanout", "list", "append", "connections", "replay", "requests")
+BENCHMARKS = ("fanout", "list", "append", "connections", "replay", "requests", "cluster")
 
 
 async def _run(name: str, out: Path) -> tuple[str, int, str]:
