@@ -7,8 +7,9 @@ partition a batch touches, the calls side by side. Beside it, in the same run, o
 
 * **one call per event**: ``SessionLog.append`` for each event in turn (what a batch cost
   on a cluster before it was grouped by partition);
-* **raw XADD** (the ceiling): the batch's events as bare ``XADD``\\ s to the same sessions'
-  logs, through one cluster pipeline (no snapshot, feed, fan-out or exactly-once).
+* **raw XADD** (the ceiling): the batch's events as bare ``XADD`` commands to streams
+  beside the same sessions' logs, through one cluster pipeline (no snapshot, feed, fan-out
+  or exactly-once).
 
 Batches of 64 events spread over 1, 8 and 64 sessions (more sessions: more partitions,
 more calls per batch). Rounds alternate the three ways; each figure is the median.
