@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(mcp)
     mcp.add_argument("--cursor-secret", help="secret that signs list cursors")
 
+    sub.add_parser(
+        "demo-agent", help="run the demo ACP agent on stdio (an agent command for --agent)"
+    )
+
     rebuild = sub.add_parser("rebuild-index", help="rebuild the session index from the logs")
     _common(rebuild)
 
@@ -141,7 +145,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .front.server import run_broker
+    from .serve import run_broker
 
     agents = [AgentSpec.parse(text) for text in args.agent] or None
     settings = _settings(
@@ -176,7 +180,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_connect(args: argparse.Namespace) -> int:
-    from .bridge import main_connect
+    from .clients.bridge import main_connect
 
     return main_connect(args.url, args.header, args.token)
 
@@ -190,8 +194,16 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
     return asyncio.run(print_sessions(settings, inputs, cwd=args.cwd))
 
 
+def _cmd_demo_agent(args: argparse.Namespace) -> int:
+    from .demo.agent import main as run_demo_agent
+
+    logging.getLogger().setLevel(logging.WARNING)  # stdout is the ACP stream; stderr stays quiet
+    run_demo_agent()
+    return 0
+
+
 def _cmd_mcp(args: argparse.Namespace) -> int:
-    from .front.mcp import serve_stdio
+    from .front.http.mcp import serve_stdio
 
     settings = _settings(args, cursor_secret=args.cursor_secret)
     if settings.redis_url is None:
@@ -268,6 +280,7 @@ _COMMANDS = {
     "connect": _cmd_connect,
     "sessions": _cmd_sessions,
     "mcp": _cmd_mcp,
+    "demo-agent": _cmd_demo_agent,
     "rebuild-index": _cmd_rebuild,
     "token": _cmd_token,
 }

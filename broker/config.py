@@ -31,6 +31,8 @@ KIND_META_KEY = "acpBroker/kind"
 """``_meta`` key of ``session/new`` that overrides the session's kind."""
 
 SESSION_KINDS = ("browser", "shell", "combined")
+BROKER_COMMAND = "acp-broker"
+"""An agent command that starts with this runs this installation's ``acp-broker``."""
 
 
 class AgentSpec(BaseModel):
@@ -51,6 +53,10 @@ class AgentSpec(BaseModel):
     def _not_empty(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError("an agent needs a command")
+        if value[0] == BROKER_COMMAND:
+            # This installation's own command, whatever PATH holds (a virtual environment
+            # need not be activated for ``acp-broker demo-agent`` to start).
+            return [sys.executable, "-m", "broker.cli", *value[1:]]
         return value
 
     @field_validator("kind")
@@ -71,7 +77,7 @@ class AgentSpec(BaseModel):
 
 def demo_agent() -> AgentSpec:
     """The demo agent shipped in the package; used when no agent is configured."""
-    return AgentSpec(name="demo", command=[sys.executable, "-m", "workers.agent_host.demo_agent"])
+    return AgentSpec(name="demo", command=[BROKER_COMMAND, "demo-agent"])
 
 
 class Settings(BaseSettings):

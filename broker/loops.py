@@ -12,7 +12,7 @@ on uvloop (an error where it is missing); ``"auto"``, the default, takes uvloop 
 
 uvloop once admitted bursts of connections slower, and some clients gave up: the listening
 socket's accept queue (asyncio's default of 100) overflowed. Fronts now listen with the
-kernel's largest backlog (:mod:`broker.front.server`), on either loop.
+kernel's largest backlog (:mod:`broker.front.node`), on either loop.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import redis
 from hypothesis import settings as hypothesis_settings
 
 from broker.config import AgentSpec, load_settings
-from broker.front.server import Broker
+from broker.serve import Broker
 from broker.store.client import connect
 
 from .support.redis_server import redis_server
@@ -35,7 +35,7 @@ DEMO_ENV = {"ACP_DEMO_TEST_COMMANDS": "1", "ACP_DEMO_CHUNK_DELAY": "0"}
 def demo_agent(name: str = "demo", **env: str) -> AgentSpec:
     return AgentSpec(
         name=name,
-        command=[sys.executable, "-m", "workers.agent_host.demo_agent"],
+        command=[sys.executable, "-m", "broker.demo.agent"],
         env={**DEMO_ENV, **env},
     )
 

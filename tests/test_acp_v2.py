@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import websockets
 
-from broker.front.server import Broker
 from broker.protocol.v2 import REPLAY_POSITION
+from broker.serve import Broker
 from broker.store.keys import SessionKeys
 
 from .support.client import text

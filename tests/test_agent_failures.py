@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.front.server import Broker
+from broker.serve import Broker
 
 from .conftest import demo_agent, make_settings, plain_agent
 from .support.client import RawClient, text, wait_for

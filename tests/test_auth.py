@@ -15,7 +15,7 @@ import pytest
 import websockets
 
 from broker.auth.tokens import TokenStore
-from broker.front.server import Broker
+from broker.serve import Broker
 
 from .conftest import make_settings, run_cli
 from .support.client import RawClient, text, wait_for

@@ -23,7 +23,7 @@ from acp import PROTOCOL_VERSION, Client, RequestError, spawn_agent_process
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from broker.bridge import HeaderError, build_headers, main_connect, run_bridge
+from broker.clients.bridge import HeaderError, build_headers, main_connect, run_bridge
 
 ROOT = Path(__file__).resolve().parents[1]
 BRIDGE_CODE = (

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from broker.front.server import Broker
+from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.keys import SessionKeys
 from broker.store.log import SessionLog, new_session_id

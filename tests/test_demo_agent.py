@@ -27,8 +27,10 @@ from acp.schema import (
     UserMessageChunk,
 )
 
+from broker.config import AgentSpec
+
 REPO = Path(__file__).resolve().parents[1]
-DEMO = ("-m", "workers.agent_host.demo_agent")
+DEMO = ("-m", "broker.demo.agent")
 PLAIN = (str(REPO / "tests" / "agents" / "plain_agent.py"),)
 TIMEOUT = 5.0
 # Starting Python and importing acp (its pydantic schema) alone takes about a second.
@@ -129,6 +131,19 @@ async def test_initialize_advertises_capabilities() -> None:
     assert response.agent_info is not None
     assert (response.agent_info.name, response.agent_info.version) == ("acp-broker-demo", "0.1.0")
     assert response.agent_info.title
+
+
+async def test_the_configured_command_acp_broker_demo_agent_runs_without_a_venv_on_path() -> None:
+    """``acp-broker demo-agent`` as an agent command runs this installation's broker, so it
+    starts even where PATH holds no ``acp-broker`` (a virtual environment not activated)."""
+    spec = AgentSpec.parse("demo=acp-broker demo-agent")
+    assert spec.command[:3] == [sys.executable, "-m", "broker.cli"]
+    client = RecordingClient()
+    env = {"PATH": "/nonexistent", **TEST_ENV}
+    async with running(client, *spec.command[1:], env=env) as (conn, _):
+        session_id = await new_session(conn)
+        assert await prompt(conn, session_id, "hello") == "end_turn"
+    assert "hello" in client.text(session_id).lower()
 
 
 async def test_new_session_returns_modes_config_and_commands() -> None:

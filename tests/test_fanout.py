@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.front.server import Broker
+from broker.serve import Broker
 
 from .support.client import RawClient, acp_client, text, wait_for
 

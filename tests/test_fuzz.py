@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-from broker.front.server import Broker
+from broker.serve import Broker
 from broker.store.client import connect as store_connect
 
 from .conftest import make_settings

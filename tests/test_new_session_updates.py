@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.front.server import Broker
+from broker.serve import Broker
 
 from .support.client import acp_client
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from broker.front.server import Broker
+from broker.serve import Broker
 from broker.store.index import (
     ACP_LISTING,
     SessionIndex,

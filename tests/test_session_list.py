@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.front.server import Broker
+from broker.serve import Broker
 from broker.store.cursors import fingerprint
 from broker.store.events import EventType
 from broker.store.index import (

@@ -13,8 +13,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from broker.front.auth import Credentials, unauthorized
-from broker.front.server import Broker
+from broker.auth.credentials import Credentials, unauthorized
+from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import ROOT, make_settings, subprocess_env
@@ -31,8 +31,8 @@ KINDS = ("browser", "shell", "combined")
 
 
 def rest_bases(broker: Broker) -> list[str]:
-    """The REST API on the WebSocket port and on the HTTP port."""
-    return [f"http://127.0.0.1:{broker.port}", f"http://127.0.0.1:{broker.http_port}"]
+    """Where the REST API is served: the HTTP port (only)."""
+    return [f"http://127.0.0.1:{broker.http_port}"]
 
 
 def mcp_url(broker: Broker) -> str:
@@ -164,11 +164,23 @@ async def test_rest_unknown_paths_and_methods(broker: Broker, http: httpx2.Async
     assert response.headers["allow"] == "GET"
 
 
+async def test_the_websocket_port_points_http_requests_to_the_http_port(
+    broker: Broker, http: httpx2.AsyncClient
+) -> None:
+    ws_base = f"http://127.0.0.1:{broker.port}"
+    health = await http.get(f"{ws_base}/healthz")
+    assert health.status_code == 200 and health.text == "ok\n"
+    for path in ("/v1/sessions", "/v1/openapi.json", "/mcp"):
+        response = await http.get(f"{ws_base}{path}")
+        assert response.status_code == 404, path
+        assert f"http://127.0.0.1:{broker.http_port}{path}" in response.text
+
+
 async def test_a_cursor_from_one_filter_is_refused_by_another(
     broker: Broker, http: httpx2.AsyncClient
 ) -> None:
     await seed_many(broker.redis, 4, lambda i: {"created_ms": BASE_MS + i, "kind": "shell"})
-    base = rest_bases(broker)[1]
+    base = rest_bases(broker)[0]
     cursor = (await http.get(f"{base}/v1/sessions?limit=1&kind=shell")).json()["next_cursor"]
     ok = await http.get(f"{base}/v1/sessions?limit=2&kind=shell&after={cursor}")
     assert ok.status_code == 200 and len(ok.json()["data"]) == 2
@@ -180,9 +192,7 @@ async def test_openapi_document_describes_what_the_endpoint_returns(
     broker: Broker, http: httpx2.AsyncClient
 ) -> None:
     await seed_session(broker.redis, meta={"a": 1})
-    documents = [(await http.get(f"{b}/v1/openapi.json")).json() for b in rest_bases(broker)]
-    assert documents[0] == documents[1]
-    doc = documents[0]
+    doc = (await http.get(f"{rest_bases(broker)[0]}/v1/openapi.json")).json()
     assert doc["openapi"].startswith("3.1")
     operation = doc["paths"]["/v1/sessions"]["get"]
     params = {p["name"]: p["schema"] for p in operation["parameters"]}
@@ -195,7 +205,7 @@ async def test_openapi_document_describes_what_the_endpoint_returns(
     def schema(name: str) -> dict[str, Any]:
         return {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
 
-    base = rest_bases(broker)[1]
+    base = rest_bases(broker)[0]
     listing = await http.get(f"{base}/v1/sessions?limit=1")
     jsonschema.Draft202012Validator(schema("SessionList")).validate(listing.json())
     problem = await http.get(f"{base}/v1/sessions?limit=0")
@@ -415,7 +425,7 @@ async def test_rest_and_mcp_agree_with_acp_session_list(
             row["kind"],
             row["createdAt"],
         )
-    found = await rest_walk(http, rest_bases(broker)[1], "q=acme")
+    found = await rest_walk(http, rest_bases(broker)[0], "q=acme")
     assert [s["id"] for s in found] == [demo]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from acp.exceptions import RequestError
 
-from broker.front.server import Broker
+from broker.serve import Broker
 
 from .support.client import acp_client, wait_for
 

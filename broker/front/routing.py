@@ -1,6 +1,6 @@
 """What reaches a front node from the agent side, and where it goes.
 
-Replies to this node's commands go to the :class:`~.gateway.RemoteAgents`.
+Replies to this node's commands go to the :class:`~.agents.RemoteAgents`.
 Agent-to-client requests arrive on a session's channel, on every node where
 the session is active: this node asks one of its connections — the one that
 sent the running prompt when it is here, else (when no preference is given)
@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
 
+from ..protocol import commands
+from ..protocol.commands import SessionMessage
 from ..protocol.jsonrpc import JsonObject, RpcError
 from ..store.client import Store
 from ..store.events import LogEvent
-from ..store.keys import SessionKeys
-from .connection import ClientConnection
-from .gateway import RemoteAgents
-from .hub import FanoutHub, HubListener
+from ..store.keys import INBOX_MAXLEN, SessionKeys
+from .acp.connection import ClientConnection
+from .agents import RemoteAgents
+from .fanout import FanoutHub, HubListener
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,11 @@ class NodeRouter(HubListener):
 
     def on_session_message(self, keys: SessionKeys, message: dict[str, Any]) -> None:
         kind, rid = message.get("kind"), str(message.get("rid"))
-        if kind == "creq":
+        if kind == SessionMessage.CLIENT_REQUEST:
             task = asyncio.ensure_future(self._ask(keys, message))
             self._asking[rid] = task
             task.add_done_callback(lambda _: self._asking.pop(rid, None))
-        elif kind == "csettled" and rid in self._asking:
+        elif kind == SessionMessage.CLIENT_SETTLED and rid in self._asking:
             self._asking[rid].cancel()
 
     async def _ask(self, keys: SessionKeys, message: JsonObject) -> None:
@@ -92,6 +93,8 @@ class NodeRouter(HubListener):
         await self._answer(message, answer)
 
     async def _answer(self, message: JsonObject, answer: JsonObject) -> None:
-        reply = {"op": "creply", "rid": message["rid"], "node": self.hub.node_id, **answer}
+        reply = commands.client_reply(message["rid"], self.hub.node_id, answer)
         with contextlib.suppress(Exception):
-            await self.redis.xadd(str(message["reply"]), {"m": json.dumps(reply)}, maxlen=10_000)
+            await self.redis.xadd(
+                str(message["reply"]), {"m": commands.encode(reply)}, maxlen=INBOX_MAXLEN
+            )

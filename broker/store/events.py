@@ -45,6 +45,14 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Position:
+    """Where an append landed: ``seq`` within log ``epoch``."""
+
+    seq: int
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
 class LogEvent:
     """One entry of a session's log, at position ``seq`` of log ``epoch``."""
 

@@ -16,305 +16,33 @@ from __future__ import annotations
 import hashlib
 from functools import cache
 
+from redis import crc
+
 PARTITIONS = 256
 """How many partitions sessions are spread over (fixed for a deployment)."""
 
-SLOTS = 16384
+SLOTS = crc.REDIS_CLUSTER_HASH_SLOTS
 PREFIX = "acpb"
 
 
-def _crc16(data: bytes) -> int:
-    """CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
 def key_slot(key: str) -> int:
-    """The cluster slot of ``key``, honouring ``{hash tags}``."""
-    raw = key.encode()
-    start = raw.find(b"{")
-    if start != -1:
-        end = raw.find(b"}", start + 1)
-        if end > start + 1:
-            raw = raw[start + 1 : end]
-    return _crc16(raw) % SLOTS
-
-
-# The first suffix ``n`` for which tag ``p<partition>.<n>`` hashes into the
-# partition's slot range; computed once by ``_find_tag_suffix`` and checked by a test.
-_TAG_SUFFIXES = (
-    239,
-    441,
-    174,
-    39,
-    244,
-    220,
-    76,
-    1,
-    78,
-    441,
-    452,
-    436,
-    53,
-    76,
-    233,
-    257,
-    154,
-    1,
-    103,
-    167,
-    312,
-    376,
-    202,
-    266,
-    17,
-    32,
-    110,
-    174,
-    48,
-    376,
-    165,
-    101,
-    463,
-    25,
-    147,
-    123,
-    202,
-    3,
-    255,
-    231,
-    79,
-    134,
-    401,
-    279,
-    13,
-    36,
-    260,
-    204,
-    401,
-    279,
-    237,
-    6,
-    79,
-    116,
-    456,
-    432,
-    260,
-    204,
-    15,
-    30,
-    75,
-    50,
-    136,
-    152,
-    41,
-    64,
-    115,
-    171,
-    317,
-    373,
-    160,
-    5,
-    317,
-    373,
-    272,
-    216,
-    137,
-    153,
-    65,
-    40,
-    164,
-    100,
-    229,
-    26,
-    119,
-    320,
-    69,
-    230,
-    67,
-    42,
-    313,
-    377,
-    70,
-    55,
-    133,
-    157,
-    45,
-    60,
-    462,
-    406,
-    76,
-    53,
-    401,
-    279,
-    242,
-    226,
-    352,
-    68,
-    150,
-    134,
-    327,
-    28,
-    401,
-    279,
-    45,
-    60,
-    260,
-    204,
-    237,
-    253,
-    114,
-    170,
-    259,
-    421,
-    169,
-    0,
-    41,
-    64,
-    153,
-    137,
-    179,
-    340,
-    420,
-    258,
-    104,
-    160,
-    373,
-    317,
-    73,
-    56,
-    66,
-    43,
-    442,
-    426,
-    311,
-    128,
-    201,
-    265,
-    71,
-    54,
-    0,
-    210,
-    442,
-    426,
-    55,
-    70,
-    223,
-    247,
-    274,
-    210,
-    35,
-    10,
-    377,
-    313,
-    406,
-    462,
-    157,
-    133,
-    267,
-    203,
-    451,
-    229,
-    108,
-    331,
-    24,
-    254,
-    157,
-    133,
-    59,
-    164,
-    126,
-    142,
-    477,
-    38,
-    26,
-    250,
-    0,
-    340,
-    79,
-    142,
-    351,
-    168,
-    30,
-    15,
-    372,
-    316,
-    476,
-    412,
-    421,
-    259,
-    144,
-    120,
-    209,
-    471,
-    139,
-    300,
-    61,
-    44,
-    209,
-    471,
-    223,
-    26,
-    166,
-    102,
-    69,
-    426,
-    30,
-    15,
-    223,
-    247,
-    473,
-    417,
-    122,
-    22,
-    451,
-    229,
-    32,
-    17,
-    302,
-    366,
-    72,
-    57,
-    302,
-    366,
-    267,
-    203,
-    41,
-    64,
-    175,
-    111,
-    360,
-    159,
-    21,
-    214,
-    140,
-    124,
-    411,
-    269,
-    45,
-    60,
-    117,
-    173,
-    52,
-    77,
-    337,
-    353,
-)
+    """The cluster slot of ``key``, honouring ``{hash tags}`` (as redis-py computes it)."""
+    return crc.key_slot(key.encode())
 
 
 def _find_tag_suffix(partition: int) -> int:
-    """Search for the tag suffix of ``partition`` (how ``_TAG_SUFFIXES`` was made)."""
+    """The first suffix ``n`` for which tag ``p<partition>.<n>`` hashes into the
+    partition's slot range (a few hundred CRCs at most)."""
     width = SLOTS // PARTITIONS
     low = partition * width
     suffix = 0
-    while not low <= _crc16(f"p{partition}.{suffix}".encode()) % SLOTS < low + width:
+    while not low <= key_slot(f"p{partition}.{suffix}") < low + width:
         suffix += 1
     return suffix
+
+
+_TAG_SUFFIXES = tuple(_find_tag_suffix(partition) for partition in range(PARTITIONS))
+"""Computed at import (some 65,000 CRCs, tens of ms); a test checks every tag's range."""
 
 
 @cache
@@ -397,6 +125,13 @@ def leases_key() -> str:
 def host_inbox(host_id: str) -> str:
     """The command stream of one agent host."""
     return f"{PREFIX}:host:{host_id}:inbox"
+
+
+INBOX_MAXLEN = 10_000
+"""How many commands a host's inbox (and the shared queue) keeps, approximately."""
+
+CAPABILITIES_KEY = f"{PREFIX}:agents:capabilities"
+"""Hash: agent name -> its ``agentCapabilities`` (JSON), written by hosts as agents start."""
 
 
 def host_queue() -> str:

@@ -10,7 +10,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -23,6 +22,7 @@ from .events import (
     EventType,
     JsonObject,
     LogEvent,
+    Position,
     SessionSnapshot,
     dumps,
     is_activity,
@@ -41,14 +41,6 @@ class SessionExists(Exception):
 
 class Fenced(Exception):
     """The appender's fencing token is stale: another agent host holds the session."""
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where an append landed: ``seq`` within log ``epoch``."""
-
-    seq: int
-    epoch: str
 
 
 def _script(name: str) -> str:

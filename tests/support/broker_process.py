@@ -29,7 +29,7 @@ READY = re.compile(r"acp-broker ready on (ws://(?P<host>[^:/\s]+):(?P<port>\d+)(
 START_TIMEOUT = 20.0
 STOP_GRACE = 10.0
 
-DEMO_AGENT = f"demo={shlex.quote(sys.executable)} -m workers.agent_host.demo_agent"
+DEMO_AGENT = f"demo={shlex.quote(sys.executable)} -m broker.demo.agent"
 PLAIN_AGENT = f"plain={shlex.quote(sys.executable)} {shlex.quote(str(AGENTS / 'plain_agent.py'))}"
 
 

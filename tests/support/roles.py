@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .broker_process import ROOT, broker_env
 
-DEMO = f"demo={sys.executable} -m workers.agent_host.demo_agent"
+DEMO = f"demo={sys.executable} -m broker.demo.agent"
 
 
 class RoleProcess:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import AgentSpec
-from broker.front.gateway import PromptOutcome
+from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,

@@ -27,10 +27,11 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from broker.config import Settings
-from broker.front.gateway import CAPABILITIES_KEY
+from broker.protocol import commands
+from broker.protocol.commands import Op
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
 from broker.store.client import Store
-from broker.store.keys import SessionKeys, host_inbox, host_queue
+from broker.store.keys import CAPABILITIES_KEY, SessionKeys, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
 
 from .host import AgentHost
@@ -58,15 +59,8 @@ class RemoteClients:
         for target in (prefer, None) if prefer else (None,):
             rid = f"{self.inbox}#{next(self._ids)}"
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            message = {
-                "kind": "creq",
-                "rid": rid,
-                "reply": self.inbox,
-                "method": method,
-                "params": params,
-                "prefer": target,
-            }
-            receivers = await self.redis.spublish(channel, json.dumps(message))
+            message = commands.client_request(rid, self.inbox, method, params, target)
+            receivers = await self.redis.spublish(channel, commands.encode(message))
             if not receivers:
                 break
             self._waiting[rid] = (future, int(receivers), set())
@@ -77,7 +71,9 @@ class RemoteClients:
             finally:
                 self._waiting.pop(rid, None)
                 with contextlib.suppress(Exception):
-                    await self.redis.spublish(channel, json.dumps({"kind": "csettled", "rid": rid}))
+                    await self.redis.spublish(
+                        channel, commands.encode(commands.client_settled(rid))
+                    )
         raise RpcError(
             INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
         )
@@ -95,14 +91,7 @@ class RemoteClients:
             if len(declined) >= receivers:
                 future.set_exception(_NobodyAnswered())
         elif "error" in message:
-            error = message["error"]
-            future.set_exception(
-                RpcError(
-                    int(error.get("code", INTERNAL_ERROR)),
-                    str(error.get("message", "")),
-                    error.get("data"),
-                )
-            )
+            future.set_exception(commands.rpc_error(message["error"]))
         else:
             future.set_result(message.get("result"))
 
@@ -200,7 +189,7 @@ class HostWorker:
             return None
 
     def _take(self, command: JsonObject) -> None:
-        if command.get("op") == "creply":
+        if command.get("op") == Op.CLIENT_REPLY:
             self.clients.on_reply(command)
             return
         task = asyncio.ensure_future(self._execute(command))
@@ -211,30 +200,30 @@ class HostWorker:
 
     async def _execute(self, command: JsonObject) -> None:
         reply_to, rid = str(command["reply"]), command["rid"]
-        await self._send(reply_to, {"t": "ack", "rid": rid})
+        await self._send(reply_to, commands.ack(rid))
         try:
             result = await self._dispatch(command)
         except HeldElsewhere as exc:
-            await self._send(reply_to, {"t": "moved", "rid": rid, "holder": exc.holder})
+            await self._send(reply_to, commands.moved(rid, exc.holder))
             return
         except RpcError as exc:
-            await self._send(reply_to, {"t": "error", "rid": rid, "error": exc.to_json()})
+            await self._send(reply_to, commands.error(rid, exc))
             return
         except SessionMissing:
-            error = {"code": -32002, "message": "session not found"}
-            await self._send(reply_to, {"t": "error", "rid": rid, "error": error})
+            missing = RpcError(commands.SESSION_NOT_FOUND, "session not found")
+            await self._send(reply_to, commands.error(rid, missing))
             return
         except Exception:
             log.exception("command %s failed", command.get("op"))
-            error = {"code": INTERNAL_ERROR, "message": "internal error"}
-            await self._send(reply_to, {"t": "error", "rid": rid, "error": error})
+            internal = RpcError(INTERNAL_ERROR, "internal error")
+            await self._send(reply_to, commands.error(rid, internal))
             return
-        await self._send(reply_to, {"t": "reply", "rid": rid, "result": result})
+        await self._send(reply_to, commands.result(rid, result))
 
     async def _dispatch(self, command: JsonObject) -> Any:
         op, tenant, sid = command["op"], str(command["tenant"]), str(command.get("sid") or "")
         host = self.host
-        if op == "new":
+        if op == Op.NEW:
             session_id, reply = await host.new_session(
                 tenant,
                 command["params"],
@@ -244,27 +233,26 @@ class HostWorker:
                 origin=command["origin"],
             )
             return {"sessionId": session_id, "reply": reply}
-        if op == "attach":
+        if op == Op.ATTACH:
             return await host.attach(tenant, sid, command["params"])
-        if op == "prompt":
+        if op == Op.PROMPT:
             outcome = await host.prompt(
                 tenant, sid, command["params"], command["origin"], command.get("promptId")
             )
-            position = outcome.position
-            return {"result": outcome.result, "seq": position.seq, "epoch": position.epoch}
-        if op == "cancel":
+            return commands.prompt_reply(outcome)
+        if op == Op.CANCEL:
             return await host.cancel(tenant, sid)
-        if op == "close":
+        if op == Op.CLOSE:
             return await host.close(tenant, sid, command["origin"])
-        if op == "forward":
+        if op == Op.FORWARD:
             return await host.forward(tenant, sid, command["method"], command["params"])
-        if op == "release":
+        if op == Op.RELEASE:
             return await host.release(tenant, sid)
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
 
     async def _send(self, channel: str, message: JsonObject) -> None:
         with contextlib.suppress(Exception):
-            await self.redis.spublish(channel, json.dumps(message, separators=(",", ":")))
+            await self.redis.spublish(channel, commands.encode(message))
 
     async def _publish_capabilities(self, name: str, capabilities: JsonObject) -> None:
         with contextlib.suppress(Exception):

@@ -1,9 +1,9 @@
 """The broker's REST surface: ``GET /v1/sessions``, its OpenAPI document, and health.
 
-Transport-neutral: :meth:`RestApi.answer` takes a method, a request target and the
-headers and returns an :class:`HttpAnswer`, which the WebSocket port
-(:mod:`.server`) and the HTTP port (:mod:`.http`) both send as they are. Errors
-are RFC 9457 problem documents (``application/problem+json``) with a ``code`` member.
+:meth:`RestApi.answer` takes a method, a request target and the headers and
+returns an :class:`HttpAnswer`, which the HTTP port's app (:mod:`.app`) sends as
+it is. Errors are RFC 9457 problem documents (``application/problem+json``) with
+a ``code`` member.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode
 
-from ..errors import ApiError, ErrorCode
-from ..store.query import session_object
-from .auth import Credentials
+from ...auth.credentials import Credentials
+from ...errors import ApiError, ErrorCode
+from ...store.query import session_object
 from .openapi import openapi_document
 from .sessions import SessionsService
 

@@ -3,8 +3,9 @@
 MCP's streamable HTTP transport needs POST, which the WebSocket server cannot take,
 so a node runs a second listener (setting ``http_port``): an ASGI app from the
 ``mcp`` SDK, served by uvicorn in the node's event loop. It also answers
-``/v1/sessions``, ``/v1/openapi.json`` and ``/healthz`` through the same
-:class:`~.rest.RestApi` that the WebSocket port uses, so the two ports agree.
+``/v1/sessions``, ``/v1/openapi.json`` and ``/healthz`` (:class:`~.rest.RestApi`).
+This is the only HTTP path: the WebSocket port answers ``/acp`` and health, and
+points a request for anything else here (:func:`broker.front.node.FrontNode`).
 
 The MCP endpoint is stateless (no MCP session is kept between requests), so any node
 can answer any request, like every other part of the front.
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import http
 import logging
 import socket
 from collections.abc import Iterator
@@ -26,13 +25,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from websockets.datastructures import Headers
-from websockets.http11 import Request as WsRequest
-from websockets.http11 import Response as WsResponse
 
-from ..config import Settings
+from ...config import Settings
 from .mcp import mcp_server
-from .rest import PATHS, HttpAnswer, RestApi
+from .rest import PATHS, RestApi
 from .sessions import SessionsService
 
 log = logging.getLogger(__name__)
@@ -42,22 +38,8 @@ START_TIMEOUT = 10.0
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-def websockets_response(answer: HttpAnswer) -> WsResponse:
-    """An answer as the WebSocket server sends a plain HTTP response."""
-    status = http.HTTPStatus(answer.status)
-    headers = Headers(
-        [
-            ("Date", email.utils.formatdate(usegmt=True)),
-            ("Connection", "close"),
-            ("Content-Length", str(len(answer.body))),
-            *answer.headers,
-        ]
-    )
-    return WsResponse(status.value, status.phrase, headers, answer.body)
-
-
 class FrontHttp:
-    """REST on both ports; MCP and REST on the HTTP port."""
+    """The HTTP port: MCP, REST, OpenAPI and health, all through one Starlette app."""
 
     def __init__(self, settings: Settings, sessions: SessionsService) -> None:
         self.settings = settings
@@ -72,10 +54,6 @@ class FrontHttp:
         """The HTTP port actually bound (``http_port`` 0 picks a free one)."""
         assert self._port is not None, "the HTTP listener is not started"
         return self._port
-
-    async def answer_websocket_request(self, request: WsRequest) -> WsResponse:
-        """A plain GET that reached the WebSocket port (anything but the ACP endpoint)."""
-        return websockets_response(await self.rest.answer("GET", request.path, request.headers))
 
     def asgi_app(self) -> Starlette:
         """The HTTP port's app: the SDK's streamable HTTP app plus the REST routes."""

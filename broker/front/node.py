@@ -1,29 +1,27 @@
-"""The front node: the WebSocket endpoint, health, and the roles it runs beside it.
+"""A front node: the WebSocket endpoint and the HTTP listener, wired to the store.
 
-:class:`Broker` wires the parts together. ``serve`` runs the front and, unless
-told otherwise, the agent host and the projector in the same process, so one
-node works out of the box.
+:class:`FrontNode` assembles the parts of a front (fan-out, the path to agent
+hosts, the ACP methods, HTTP). It knows no other role: roles that run in the
+same process (``serve`` runs an agent host and a projector beside the front,
+see :mod:`broker.serve`) are handed to it as :class:`Colocated` and started and
+stopped with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import http
 import logging
 import socket
 import ssl
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 from websockets.typing import Subprotocol
-
-from workers.agent_host.worker import HostWorker
-from workers.projector.worker import Projector
 
 from ..auth.authenticator import (
     SUBPROTOCOL_PREFIX,
@@ -33,27 +31,37 @@ from ..auth.authenticator import (
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
 from ..logs import install_redaction
-from ..signals import until_stopped
+from ..protocol import v2
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
-from .access import Access
-from .connection import CLOSE_GOING_AWAY, ClientConnection
-from .gateway import RemoteAgents
-from .http import FrontHttp, http_url
-from .hub import FanoutHub
-from .methods import AcpMethods
+from .acp.access import Access
+from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
+from .acp.methods_v1 import V1_HANDLERS, AcpMethods
+from .acp.methods_v2 import V2_HANDLERS
+from .agents import RemoteAgents
+from .fanout import FanoutHub
+from .http.app import FrontHttp, http_url
+from .http.rest import HEALTH_PATH
+from .http.sessions import sessions_service
 from .routing import NodeRouter
-from .sessions import sessions_service
 
 log = logging.getLogger(__name__)
 
 CONNECTION_ID_HEADER = "Acp-Connection-Id"
 
 
-class Broker:
-    """One broker process: front node plus, by default, an agent host and a projector."""
+class Colocated(Protocol):
+    """A role run in the front's process, started after its fan-out and stopped before it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, *, hand_over: bool = False) -> None: ...
+
+
+class FrontNode:
+    """One front node: connections, the ACP surface, fan-out, REST and MCP."""
 
     def __init__(self, settings: Settings, *, redis: Store | None = None) -> None:
         self.settings = settings
@@ -72,7 +80,6 @@ class Broker:
             ack_timeout=settings.ack_timeout,
         )
         self.hub.listener = NodeRouter(self.redis, self.hub, self.agents)
-        self.worker = HostWorker(self.redis, settings) if settings.workers else None
         self.authenticator = Authenticator(settings, self.redis)
         if not self.authenticator.enabled and not _loopback_only(settings):
             log.warning(
@@ -89,12 +96,14 @@ class Broker:
             self.agents,
             CursorCodec(settings.cursor_keys()),
             self.access,
+            surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
         )
         self.http = FrontHttp(settings, sessions_service(settings, self.redis, self.authenticator))
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
         self._server: Server | None = None
-        self._projector: asyncio.Task[Any] | None = None
+        self.colocated: list[Colocated] = []
+        """Roles started and stopped with this node (``serve``: agent host, projector)."""
 
     @property
     def port(self) -> int:
@@ -108,9 +117,8 @@ class Broker:
 
     async def start(self) -> None:
         await self.hub.start()
-        if self.worker is not None:
-            self._projector = asyncio.create_task(Projector(self.redis).run(), name="projector")
-            await self.worker.start()
+        for role in self.colocated:
+            await role.start()
         self._server = await serve(
             self._handle,
             self.settings.host,
@@ -151,12 +159,8 @@ class Broker:
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
         await self.http.stop()
-        if self.worker is not None:
-            await self.worker.stop(hand_over=hand_over)
-        if self._projector is not None:
-            self._projector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._projector
+        for role in reversed(self.colocated):
+            await role.stop(hand_over=hand_over)
         await self.hub.stop()
         self.index.close()
         if self._owns_redis:
@@ -180,7 +184,15 @@ class Broker:
         path = request.path.split("?", 1)[0]
         if path == self.settings.path:
             return await self._admit(ws, request)
-        return await self.http.answer_websocket_request(request)  # /healthz, /v1/…
+        if path == HEALTH_PATH:
+            return ws.respond(http.HTTPStatus.OK, "ok\n")
+        # One HTTP path: REST, OpenAPI and MCP are the HTTP port's (its app answers them).
+        elsewhere = f"{http_url(self.settings, self.http_port)}{path}"
+        return ws.respond(
+            http.HTTPStatus.NOT_FOUND,
+            f"{path} is not served on the WebSocket port (ACP at {self.settings.path});"
+            f" REST, OpenAPI and MCP are on the HTTP port: {elsewhere}\n",
+        )
 
     async def _admit(self, ws: ServerConnection, request: HttpRequest) -> HttpResponse | None:
         """Origin, credentials and connection limits of a WebSocket upgrade."""
@@ -255,20 +267,3 @@ def _forget_handshake(ws: ServerConnection) -> None:
     for message in (ws.request, ws.response):
         if message is not None:
             message.headers.clear()
-
-
-async def run_broker(settings: Settings) -> None:
-    """Run a broker until SIGINT or SIGTERM."""
-    broker = Broker(settings)
-    await broker.start()
-    # What start-up made (modules, settings, the app) lives as long as the process: keep it
-    # out of the collector's way, so that a full collection, which bursts of events set off,
-    # walks only what the traffic made (a 10,000-event replay: 24k -> 37k events/s).
-    gc.freeze()
-    print(
-        f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}"
-        f" and {http_url(settings, broker.http_port)} (MCP /mcp, REST /v1/sessions)",
-        flush=True,
-    )
-    await until_stopped()
-    await broker.stop(hand_over=True)

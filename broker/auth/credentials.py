@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ..auth.authenticator import Authenticator as BrokerAuthenticator
-from ..auth.authenticator import bearer
-from ..auth.principal import AuthError, Scope
 from ..errors import ApiError, ErrorCode
+from .authenticator import Authenticator as BrokerAuthenticator
+from .authenticator import bearer
+from .principal import AuthError, Scope
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,73 +21,17 @@ import json
 import logging
 import secrets
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..config import AgentSpec
+from ..protocol import commands
+from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
 from ..store.client import Store
 from ..store.events import LogEvent
-from ..store.keys import PREFIX, host_inbox, host_queue, lease_key
-from ..store.log import Position
+from ..store.keys import CAPABILITIES_KEY, INBOX_MAXLEN, host_inbox, host_queue, lease_key
 
 log = logging.getLogger(__name__)
-
-CAPABILITIES_KEY = f"{PREFIX}:agents:capabilities"
-"""Hash: agent name -> its ``agentCapabilities`` (JSON), written by hosts as agents start."""
-INBOX_MAXLEN = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class PromptOutcome:
-    """A finished prompt turn: the agent's result and where its end landed in the log."""
-
-    result: JsonObject
-    position: Position
-
-
-class AgentGateway(Protocol):
-    """What the ACP methods need from the agent side."""
-
-    default_agent: str
-
-    def kind_of(self, agent: str) -> str: ...
-
-    def prompt_capabilities(self) -> JsonObject: ...
-
-    async def refresh_capabilities(self) -> None: ...
-
-    async def new_session(
-        self,
-        tenant: str,
-        params: JsonObject,
-        *,
-        agent: str,
-        kind: str,
-        meta: JsonObject,
-        origin: str,
-    ) -> tuple[str, JsonObject]: ...
-
-    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject: ...
-
-    async def prompt(
-        self,
-        tenant: str,
-        session_id: str,
-        params: JsonObject,
-        origin: str,
-        prompt_id: str | None = None,
-    ) -> PromptOutcome: ...
-
-    async def cancel(self, tenant: str, session_id: str) -> None: ...
-
-    async def close(self, tenant: str, session_id: str, origin: str) -> None: ...
-
-    async def forward(
-        self, tenant: str, session_id: str, method: str, params: JsonObject
-    ) -> Any: ...
-
-    async def release(self, tenant: str, session_id: str) -> None: ...
 
 
 class RemoteAgents(AgentGateway):
@@ -148,7 +92,7 @@ class RemoteAgents(AgentGateway):
     ) -> tuple[str, JsonObject]:
         self.kind_of(agent)
         reply = await self._call(
-            "new",
+            Op.NEW,
             tenant,
             None,
             {"params": params, "agent": agent, "kind": kind, "meta": meta, "origin": origin},
@@ -156,7 +100,7 @@ class RemoteAgents(AgentGateway):
         return str(reply["sessionId"]), dict(reply["reply"])
 
     async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
-        return dict(await self._call("attach", tenant, session_id, {"params": params}))
+        return dict(await self._call(Op.ATTACH, tenant, session_id, {"params": params}))
 
     async def prompt(
         self,
@@ -172,7 +116,7 @@ class RemoteAgents(AgentGateway):
         self._prompts[prompt_id] = ended
         call = asyncio.ensure_future(
             self._call(
-                "prompt",
+                Op.PROMPT,
                 tenant,
                 session_id,
                 {"params": params, "origin": origin, "promptId": prompt_id},
@@ -181,24 +125,25 @@ class RemoteAgents(AgentGateway):
         try:
             done, _ = await asyncio.wait({call, ended}, return_when=asyncio.FIRST_COMPLETED)
             if call in done:
-                reply = call.result()
-                return PromptOutcome(reply["result"], Position(reply["seq"], reply["epoch"]))
-            return _outcome_from_event(ended.result())
+                return commands.prompt_outcome(call.result())
+            return commands.outcome_from_event(ended.result())
         finally:
             self._prompts.pop(prompt_id, None)
             call.cancel()
 
     async def cancel(self, tenant: str, session_id: str) -> None:
-        await self._call("cancel", tenant, session_id, {}, holder_only=True)
+        await self._call(Op.CANCEL, tenant, session_id, {}, holder_only=True)
 
     async def close(self, tenant: str, session_id: str, origin: str) -> None:
-        await self._call("close", tenant, session_id, {"origin": origin}, holder_only=True)
+        await self._call(Op.CLOSE, tenant, session_id, {"origin": origin}, holder_only=True)
 
     async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
-        return await self._call("forward", tenant, session_id, {"method": method, "params": params})
+        return await self._call(
+            Op.FORWARD, tenant, session_id, {"method": method, "params": params}
+        )
 
     async def release(self, tenant: str, session_id: str) -> None:
-        await self._call("release", tenant, session_id, {}, holder_only=True)
+        await self._call(Op.RELEASE, tenant, session_id, {}, holder_only=True)
 
     # -- events from the hub ------------------------------------------------------------------
 
@@ -219,7 +164,7 @@ class RemoteAgents(AgentGateway):
 
     async def _call(
         self,
-        op: str,
+        op: Op,
         tenant: str,
         session_id: str | None,
         fields: JsonObject,
@@ -229,15 +174,9 @@ class RemoteAgents(AgentGateway):
         rid = f"{self.reply_channel}#{next(self._ids)}"
         call = _Call()
         self._calls[rid] = call
-        command = {
-            "op": op,
-            "rid": rid,
-            "reply": self.reply_channel,
-            "tenant": tenant,
-            "sid": session_id,
-            **fields,
-        }
-        data = json.dumps(command, separators=(",", ":"))
+        data = commands.encode(
+            commands.command(op, rid, self.reply_channel, tenant, session_id, fields)
+        )
         deadline = time.monotonic() + self.route_deadline
         try:
             target: str | None = None
@@ -281,24 +220,17 @@ class _Call:
 
     def receive(self, message: JsonObject) -> None:
         kind = message.get("t")
-        if kind == "ack":
+        if kind == Reply.ACK:
             _settle(self._ack, "ack")
-        elif kind == "moved":
+        elif kind == Reply.MOVED:
             _settle(self._ack, f"moved:{message.get('holder')}")
-        elif kind == "reply":
+        elif kind == Reply.REPLY:
             _settle(self._ack, "ack")
             _settle(self._reply, message.get("result"))
-        elif kind == "error":
+        elif kind == Reply.ERROR:
             _settle(self._ack, "ack")
-            error = message.get("error") or {}
             if not self._reply.done():
-                self._reply.set_exception(
-                    RpcError(
-                        int(error.get("code", INTERNAL_ERROR)),
-                        str(error.get("message", "")),
-                        error.get("data"),
-                    )
-                )
+                self._reply.set_exception(commands.rpc_error(message.get("error")))
 
     async def wait_ack(self, timeout: float) -> str | None:
         with contextlib.suppress(TimeoutError):
@@ -312,12 +244,3 @@ class _Call:
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
-
-
-def _outcome_from_event(event: LogEvent) -> PromptOutcome:
-    body = event.body
-    position = Position(event.seq, event.epoch)
-    if "error" in body:
-        error = body["error"]
-        raise RpcError(int(error.get("code", INTERNAL_ERROR)), str(error.get("message", "")))
-    return PromptOutcome(body.get("result") or {"stopReason": body.get("stopReason")}, position)

@@ -5,7 +5,7 @@ input schema and annotations are exactly what :func:`session_list_tool` says and
 input is validated by the one list path (a bad input is a tool result marked
 ``isError``, never a protocol error). ``acp-broker mcp`` serves it over stdio
 (:func:`serve_stdio`); a broker node serves it over streamable HTTP at ``/mcp`` on its
-HTTP port (:mod:`.http`).
+HTTP port (:mod:`.app`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
-from ..config import Settings
-from ..errors import ApiError
-from ..store.client import connect
-from ..store.query import SessionPage
-from .auth import Credentials
+from ...auth.credentials import Credentials
+from ...config import Settings
+from ...errors import ApiError
+from ...store.client import connect
+from ...store.query import SessionPage
 from .sessions import TOOL_DESCRIPTION, SessionsService, input_properties, sessions_service
 
 log = logging.getLogger(__name__)

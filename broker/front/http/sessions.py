@@ -14,13 +14,14 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..auth.authenticator import Authenticator as BrokerAuthenticator
-from ..config import Settings
-from ..errors import ApiError, ErrorCode
-from ..store.client import Store
-from ..store.cursors import CursorCodec
-from ..store.events import JsonObject
-from ..store.query import (
+from ...auth.authenticator import Authenticator as BrokerAuthenticator
+from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
+from ...config import Settings
+from ...errors import ApiError, ErrorCode
+from ...store.client import Store
+from ...store.cursors import CursorCodec
+from ...store.events import JsonObject
+from ...store.query import (
     KIND_VALUES,
     LIMIT_DEFAULT,
     LIMIT_MAX,
@@ -31,7 +32,6 @@ from ..store.query import (
     SessionPage,
     parse_query,
 )
-from .auth import Authenticator, Credentials, bearer_access, open_access
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import posixpath
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .. import fastjson
-from ..config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
-from ..protocol import v2
-from ..protocol.jsonrpc import (
+from ... import fastjson
+from ...config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
+from ...protocol import v2
+from ...protocol.commands import AgentGateway
+from ...protocol.jsonrpc import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     JsonObject,
@@ -26,15 +27,15 @@ from ..protocol.jsonrpc import (
     invalid_params,
     not_found,
 )
-from ..protocol.render import POSITION_META, check_position
-from ..store.cursors import CursorCodec, InvalidCursor, fingerprint
-from ..store.events import EventType, SessionSnapshot
-from ..store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
-from ..store.log import SessionLog, SessionMissing
+from ...protocol.render import POSITION_META, check_position
+from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
+from ...store.events import EventType, SessionSnapshot
+from ...store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
+from ...store.log import SessionLog, SessionMissing
+from ..fanout import FanoutHub
 from .access import Access
-from .connection import DEFERRED, ClientConnection
-from .gateway import AgentGateway
-from .hub import FanoutHub
+from .connection import ClientConnection
+from .dispatch import DEFERRED
 
 PROTOCOL_VERSION = 1
 REPLAY_AFTER_META = "acpBroker/replayAfter"
@@ -54,6 +55,8 @@ class AcpMethods:
     host: AgentGateway
     cursors: CursorCodec
     access: Access
+    surfaces: Mapping[int, Mapping[str, MethodHandler]] = field(default_factory=dict)
+    """The methods of each protocol version (v1's where a version has none given)."""
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         if request.method == "initialize":
@@ -70,7 +73,7 @@ class AcpMethods:
             if request.is_notification:
                 return None
             raise
-        handler = _surface(conn.protocol_version).get(request.method)
+        handler = self.surfaces.get(conn.protocol_version, V1_HANDLERS).get(request.method)
         if handler is None:
             if request.is_notification:
                 return None  # unknown notifications are ignored, as JSON-RPC and ACP say
@@ -404,7 +407,7 @@ def _without_session_id(reply: JsonObject) -> JsonObject:
 MethodHandler = Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]]
 """An ACP method, unbound: the surfaces of both versions are tables of these."""
 
-_HANDLERS: dict[str, MethodHandler] = {
+V1_HANDLERS: Mapping[str, MethodHandler] = {
     "authenticate": AcpMethods.authenticate,
     "session/new": AcpMethods.session_new,
     "session/load": AcpMethods.session_load,
@@ -418,12 +421,3 @@ _HANDLERS: dict[str, MethodHandler] = {
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
 }
-
-
-def _surface(version: int | None) -> Mapping[str, MethodHandler]:
-    """The methods of the negotiated protocol version."""
-    if version == v2.V2:
-        from .methods_v2 import V2_HANDLERS  # here: methods_v2 builds on this module
-
-        return V2_HANDLERS
-    return _HANDLERS

@@ -1,6 +1,6 @@
 """ACP v2 methods, on the same sessions (and logs) as v1.
 
-The shared handlers of :mod:`.methods` do the work wherever the two versions
+The shared handlers of :mod:`.methods_v1` do the work wherever the two versions
 agree. This module holds what v2 changes: ``session/resume`` with
 ``replayFrom``, ``session/prompt`` answered on acceptance, the ``auth/*``
 names, MCP server configs in their v2 shape; and it leaves out what v2
@@ -16,10 +16,11 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ..protocol import v2
-from ..protocol.jsonrpc import Request, invalid_params
-from .connection import DEFERRED, ClientConnection
-from .methods import AcpMethods, MethodHandler
+from ...protocol import v2
+from ...protocol.jsonrpc import Request, invalid_params
+from .connection import ClientConnection
+from .dispatch import DEFERRED
+from .methods_v1 import AcpMethods, MethodHandler
 
 
 async def session_new(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:

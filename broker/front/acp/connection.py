@@ -21,23 +21,24 @@ import contextlib
 import logging
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from ..auth.principal import Principal
-from ..protocol import jsonrpc, v2, v2_render
-from ..protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
-from ..protocol.pending import PeerGone, PendingRequests
-from ..protocol.render import origin_of, session_updates
-from ..store.events import EventType, LogEvent
+from ...auth.principal import Principal
+from ...config import Settings
+from ...protocol import jsonrpc, v2, v2_render
+from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
+from ...protocol.pending import PeerGone, PendingRequests
+from ...protocol.render import origin_of, session_updates
+from ...store.events import EventType, LogEvent
+from ...store.log import SessionLog
+from ..fanout import FanoutHub
 from .access import TokenBucket, session_limit
-
-if TYPE_CHECKING:
-    from .methods import AcpMethods
+from .dispatch import Deferred
+from .session_state import ActiveSession, BatchReplies
 
 log = logging.getLogger(__name__)
 
@@ -49,32 +50,27 @@ _TURN_SCAN = 256
 """Events read per step when looking back for the prompt turn a v2 viewer joins in."""
 
 
-@dataclass(eq=False)
-class ActiveSession:
-    """A session active on this connection and how far its events have been sent."""
+class Dispatcher(Protocol):
+    """What a connection is given to answer its requests with (the ACP methods).
 
-    tenant: str
-    session_id: str
-    delivered: int = 0
-    held: list[LogEvent] | None = None
-    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
-    prompts: dict[str, asyncio.Future[int]] = field(default_factory=dict)  # promptId -> seq
+    The connection knows the methods only through this, so the methods may depend
+    on the connection without an import circle.
+    """
 
+    settings: Settings
+    log: SessionLog
+    hub: FanoutHub
 
-@dataclass(eq=False)
-class _BatchReplies:
-    """The replies to one JSON-RPC batch, sent as one array once all its requests are done."""
-
-    replies: list[JsonObject] = field(default_factory=list)
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
+        """The result of ``request``, :data:`~.dispatch.DEFERRED`, or an ``RpcError`` raised."""
+        ...
 
 
 class ClientConnection:
     """The broker's side of one WebSocket connection."""
 
     def __init__(
-        self, ws: ServerConnection, methods: AcpMethods, *, principal: Principal | None
+        self, ws: ServerConnection, methods: Dispatcher, *, principal: Principal | None
     ) -> None:
         self.ws = ws
         self.id = str(ws.id)
@@ -95,7 +91,7 @@ class ClientConnection:
         self._closing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
-        self._batched: dict[jsonrpc.RequestId, _BatchReplies] = {}
+        self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
         self._corked: list[bytes] = []  # event frames to write once this burst is handed out
         self._cork_list: list[ClientConnection] | None = None  # its event loop's, see _cork_list
 
@@ -159,7 +155,7 @@ class ClientConnection:
         else:
             self._on_message(message, None)
 
-    def _on_message(self, message: Message | Invalid, batch: _BatchReplies | None) -> None:
+    def _on_message(self, message: Message | Invalid, batch: BatchReplies | None) -> None:
         if isinstance(message, Invalid):
             if message.reply is not None:
                 self._respond(message.reply, batch)
@@ -180,17 +176,17 @@ class ClientConnection:
 
     def _on_batch(self, batch: Batch) -> None:
         """Run a batch's entries concurrently; answer them in one array (none: nothing)."""
-        collected = _BatchReplies()
+        collected = BatchReplies()
         for entry in batch.entries:
             self._on_message(entry, collected)
         self._spawn(self._answer_batch(collected))
 
-    async def _answer_batch(self, batch: _BatchReplies) -> None:
+    async def _answer_batch(self, batch: BatchReplies) -> None:
         await asyncio.gather(*batch.tasks, return_exceptions=True)
         if batch.replies:
             self.send_text(jsonrpc.encode_batch(batch.replies))
 
-    def _respond(self, reply: JsonObject, batch: _BatchReplies | None) -> None:
+    def _respond(self, reply: JsonObject, batch: BatchReplies | None) -> None:
         if batch is not None:
             batch.replies.append(reply)
         else:
@@ -520,13 +516,6 @@ class ClientConnection:
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run work tied to this connection's life."""
         return self._spawn(coro)
-
-
-class Deferred:
-    """A handler result meaning: the handler has sent (or will send) the reply itself."""
-
-
-DEFERRED = Deferred()
 
 
 _CORKED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[ClientConnection]] = (

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..auth.authenticator import ACP_AUTH_METHOD, TOKEN_META_KEY, Authenticator
-from ..auth.principal import AuthError, Principal, Scope
-from ..config import Settings
-from ..protocol.jsonrpc import AUTH_REQUIRED, JsonObject, Request, RpcError, invalid_params
+from ...auth.authenticator import ACP_AUTH_METHOD, TOKEN_META_KEY, Authenticator
+from ...auth.principal import AuthError, Principal, Scope
+from ...config import Settings
+from ...protocol.jsonrpc import AUTH_REQUIRED, JsonObject, Request, RpcError, invalid_params
 
 LIMIT_EXCEEDED = -32005
 """JSON-RPC server error: a rate or size limit of the broker was hit (``data.limit`` says which)."""

@@ -5,7 +5,7 @@ protocol a broker has to carry: streamed message chunks, a tool call guarded by
 ``session/request_permission``, cancellation, modes, a select config option, session titles
 (``session_info_update``), and ``session/load`` / ``session/resume`` / ``session/close``.
 
-Run it with ``python -m workers.agent_host.demo_agent``. Environment variables:
+Run it with ``python -m broker.demo.agent``. Environment variables:
 
 * ``ACP_DEMO_CHUNK_DELAY`` -- seconds between reply chunks (default ``0.02``).
 * ``ACP_DEMO_STATE_DIR`` -- folder for one JSON file per session, so a fresh process can

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..errors import ErrorCode
-from ..store.events import JsonObject
-from ..store.query import KIND_VALUES, STATUS_VALUES
+from ...errors import ErrorCode
+from ...store.events import JsonObject
+from ...store.query import KIND_VALUES, STATUS_VALUES
 from .sessions import AFTER_REST, TOOL_DESCRIPTION, input_properties
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}

@@ -1,0 +1,1 @@
+"""Client-side tools: the stdio bridge that connects an editor to a broker."""

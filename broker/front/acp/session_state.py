@@ -1,0 +1,31 @@
+"""Per-connection state: the sessions active on a connection, and a batch's replies."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...protocol.jsonrpc import JsonObject
+from ...store.events import LogEvent
+
+
+@dataclass(eq=False)
+class ActiveSession:
+    """A session active on this connection and how far its events have been sent."""
+
+    tenant: str
+    session_id: str
+    delivered: int = 0
+    held: list[LogEvent] | None = None
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
+    prompts: dict[str, asyncio.Future[int]] = field(default_factory=dict)  # promptId -> seq
+
+
+@dataclass(eq=False)
+class BatchReplies:
+    """The replies to one JSON-RPC batch, sent as one array once all its requests are done."""
+
+    replies: list[JsonObject] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)

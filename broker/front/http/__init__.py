@@ -1,0 +1,1 @@
+"""The front's HTTP listener: REST, OpenAPI, MCP over streamable HTTP, health."""

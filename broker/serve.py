@@ -1,0 +1,69 @@
+"""``acp-broker serve``: every role in one process, so one node works out of the box.
+
+A :class:`Broker` is a :class:`~broker.front.node.FrontNode` with, unless the
+settings say ``workers = false`` (``--no-workers``), an agent host and a
+projector beside it. This module is where roles are put together; the roles
+themselves never import each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+
+from workers.agent_host.worker import HostWorker
+from workers.projector.worker import Projector
+
+from .config import Settings
+from .front.http.app import http_url
+from .front.node import FrontNode
+from .signals import until_stopped
+from .store.client import Store
+
+
+class Broker(FrontNode):
+    """One broker process: a front node plus, by default, an agent host and a projector."""
+
+    def __init__(self, settings: Settings, *, redis: Store | None = None) -> None:
+        super().__init__(settings, redis=redis)
+        self.worker: HostWorker | None = None
+        if settings.workers:
+            self.worker = HostWorker(self.redis, settings)
+            # Started in this order and stopped in reverse: the host hands its sessions
+            # over while the projector still runs.
+            self.colocated += [ProjectorTask(Projector(self.redis)), self.worker]
+
+
+class ProjectorTask:
+    """A projector as a colocated role: its loop runs as a task of the node's loop."""
+
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.projector.run(), name="projector")
+
+    async def stop(self, *, hand_over: bool = False) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+async def run_broker(settings: Settings) -> None:
+    """Run a broker until SIGINT or SIGTERM."""
+    broker = Broker(settings)
+    await broker.start()
+    # What start-up made (modules, settings, the app) lives as long as the process: keep it
+    # out of the collector's way, so that a full collection, which bursts of events set off,
+    # walks only what the traffic made (a 10,000-event replay: 24k -> 37k events/s).
+    gc.freeze()
+    print(
+        f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}"
+        f" and {http_url(settings, broker.http_port)} (MCP /mcp, REST /v1/sessions)",
+        flush=True,
+    )
+    await until_stopped()
+    await broker.stop(hand_over=True)
