@@ -17,7 +17,11 @@ BENCHMARKS = {
     "connections": "bench.connections",
     "replay": "bench.replay",
 }
-BREAKDOWNS = {"requests": "bench.requests", "cluster": "bench.cluster"}
+BREAKDOWNS = {
+    "requests": "bench.requests",
+    "cluster": "bench.cluster",
+    "projector": "bench.projector",
+}
 """Run by name only, not with the five."""
 
 

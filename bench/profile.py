@@ -17,8 +17,13 @@ from pathlib import Path
 
 
 @contextlib.asynccontextmanager
-async def recording(pid: int, out: Path, rate: int = 1000) -> AsyncIterator[None]:
-    """py-spy records ``pid`` while the block runs (nothing if py-spy is not installed)."""
+async def recording(
+    pid: int, out: Path, rate: int = 1000, *, gil: bool = False
+) -> AsyncIterator[None]:
+    """py-spy records ``pid`` while the block runs (nothing if py-spy is not installed).
+
+    ``gil``: only samples that hold the GIL (what costs CPU; a loop waiting in ``epoll``
+    would otherwise fill the profile)."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():  # noqa: ASYNC240 - once, before the load
         yield
@@ -36,6 +41,7 @@ async def recording(pid: int, out: Path, rate: int = 1000) -> AsyncIterator[None
         "--output",
         str(out),
         "--nonblocking",
+        *(["--gil"] if gil else []),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )

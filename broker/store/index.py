@@ -23,24 +23,27 @@ converge on the newest snapshot.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .. import fastjson
 from .catalog import catalog_entries
-from .client import Store
+from .client import Store, is_cluster
 from .direct import direct_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .keys import TenantKeys
 
+_VERSIONS_KEPT = 100_000
+"""How many sessions' versions a projecting index remembers (about 200 bytes each)."""
 _TIME_CEILING = 10**13 - 1  # ms; keeps inverted times at 13 digits until the year 2286
 ACP_LISTING = "acp"  # every session not deleted, by updatedAt
 # In an ACP listing's member, between the position and the SessionInfo JSON. Neither JSON
@@ -217,6 +220,20 @@ def _script(name: str) -> str:
     return resources.files(__package__).joinpath("lua", name).read_text()
 
 
+def _write_call(
+    keys: TenantKeys, session_id: str, raw: str, old: Version | None, new: Version, row: str
+) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of ``lua/project.lua`` for one session (see there)."""
+    old_entries = old.entries if old else {}
+    script_keys = [keys.rows, keys.versions]
+    script_keys += [keys.index(name) for name in old_entries]
+    script_keys += [keys.index(name) for name in new.entries]
+    args: list[Any] = [session_id, raw, new.encode(), row, len(old_entries)]
+    args += list(old_entries.values())
+    args += list(stored_entries(new.entries, row).values())
+    return script_keys, args
+
+
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
@@ -224,6 +241,8 @@ class SessionIndex:
         self.redis = redis
         self._project = redis.register_script(_script("project.lua"))
         self._direct = direct_calls(redis)
+        self._versions: dict[tuple[str, str], tuple[str, Version | None]] = {}
+        """(tenant, session) -> the version last written or read by :meth:`project_many`."""
 
     async def project(self, snapshot: SessionSnapshot, *, force: bool = False) -> bool:
         """Bring the index up to ``snapshot``; False if it already held this or a newer one.
@@ -240,6 +259,92 @@ class SessionIndex:
                 return False
             if await self._write(keys, snapshot.session_id, raw or "", old, new, row):
                 return True
+
+    async def project_many(
+        self, snapshots: Sequence[SessionSnapshot]
+    ) -> list[tuple[SessionSnapshot, Exception]]:
+        """:meth:`project` each snapshot, in one round trip for all of them (what a projector
+        does with a batch of change notices): one pipeline of ``project.lua`` calls, each
+        against the version this index last wrote for the session (or read, once, for a
+        session it has not met). A call that finds another version there (another writer
+        came between) is made again alone, reading afresh. Returns the snapshots that could
+        not be rendered into rows, with the error; the others are projected all the same.
+
+        On a cluster the tenants' keys lie in different slots, and redis-py's cluster
+        pipeline runs no scripts: the projections run side by side instead.
+        """
+        if is_cluster(self.redis):
+            return await self._project_each(snapshots)
+        await self._learn_versions(snapshots)
+        failed: list[tuple[SessionSnapshot, Exception]] = []
+        calls: list[tuple[SessionSnapshot, Version, list[str], list[Any]]] = []
+        for snapshot in snapshots:
+            raw, old = self._versions[(snapshot.tenant, snapshot.session_id)]
+            if old is not None and old.seq >= snapshot.seq:
+                continue
+            try:
+                new = Version(snapshot.seq, entries_of(snapshot))
+                row = encode_row(row_of(snapshot))
+            except (ValueError, KeyError, TypeError) as exc:
+                failed.append((snapshot, exc))
+                continue
+            keys = TenantKeys(snapshot.tenant)
+            call = _write_call(keys, snapshot.session_id, raw, old, new, row)
+            calls.append((snapshot, new, *call))
+        if calls:
+            await self._write_many(calls)
+        return failed
+
+    async def _project_each(
+        self, snapshots: Sequence[SessionSnapshot]
+    ) -> list[tuple[SessionSnapshot, Exception]]:
+        outcomes = await asyncio.gather(
+            *(self.project(snapshot) for snapshot in snapshots), return_exceptions=True
+        )
+        failed: list[tuple[SessionSnapshot, Exception]] = []
+        for snapshot, outcome in zip(snapshots, outcomes, strict=True):
+            if isinstance(outcome, ValueError | KeyError | TypeError):
+                failed.append((snapshot, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return failed
+
+    async def _learn_versions(self, snapshots: Sequence[SessionSnapshot]) -> None:
+        """Read the stored versions of the sessions this index has not met yet."""
+        unknown = [s for s in snapshots if (s.tenant, s.session_id) not in self._versions]
+        if not unknown:
+            return
+        if len(self._versions) + len(unknown) > _VERSIONS_KEPT:
+            self._versions.clear()  # a bound, not a cache policy: a miss costs one read
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for snapshot in unknown:
+                pipe.hget(TenantKeys(snapshot.tenant).versions, snapshot.session_id)
+            raws: list[str | None] = await pipe.execute()
+        for snapshot, raw in zip(unknown, raws, strict=True):
+            self._versions[(snapshot.tenant, snapshot.session_id)] = (
+                raw or "",
+                Version.decode(raw),
+            )
+
+    async def _write_many(
+        self, calls: Sequence[tuple[SessionSnapshot, Version, list[str], list[Any]]]
+    ) -> None:
+        sha = self._project.sha
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, _, script_keys, args in calls:
+                pipe.evalsha(sha, len(script_keys), *script_keys, *args)
+            written = await pipe.execute(raise_on_error=False)
+        for (snapshot, new, _, args), done in zip(calls, written, strict=True):
+            key = (snapshot.tenant, snapshot.session_id)
+            if done == 1:
+                self._versions[key] = (args[2], new)
+                continue
+            if isinstance(done, Exception) and not isinstance(done, NoScriptError):
+                raise done
+            # Someone else wrote first, or the script is not loaded (a restarted Redis):
+            # the one-at-a-time path reads afresh and loads the script.
+            self._versions.pop(key, None)
+            await self.project(snapshot)
 
     async def remove(self, tenant: str, session_id: str) -> None:
         """Take a session out of the index entirely."""
@@ -259,13 +364,7 @@ class SessionIndex:
         new: Version,
         row: str,
     ) -> bool:
-        old_entries = old.entries if old else {}
-        script_keys = [keys.rows, keys.versions]
-        script_keys += [keys.index(name) for name in old_entries]
-        script_keys += [keys.index(name) for name in new.entries]
-        args: list[Any] = [session_id, raw, new.encode(), row, len(old_entries)]
-        args += list(old_entries.values())
-        args += list(stored_entries(new.entries, row).values())
+        script_keys, args = _write_call(keys, session_id, raw, old, new, row)
         return bool(await self._project(keys=script_keys, args=args))
 
     async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:

@@ -219,6 +219,20 @@ class SessionLog:
             raise SessionMissing(session_id)
         return SessionSnapshot.from_hashes(snap, meta)
 
+    async def snapshots(self, sessions: Sequence[tuple[str, str]]) -> list[SessionSnapshot | None]:
+        """The snapshots of several sessions (``(tenant, session id)``) in one round trip;
+        None for a session that has none."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, session_id in sessions:
+                keys = SessionKeys(tenant, session_id)
+                pipe.hgetall(keys.snapshot)
+                pipe.hgetall(keys.meta)
+            replies = await pipe.execute()
+        return [
+            SessionSnapshot.from_hashes(snap, meta) if snap else None
+            for snap, meta in zip(replies[::2], replies[1::2], strict=True)
+        ]
+
     async def set_fence(self, tenant: str, session_id: str, fence: str) -> None:
         """Make ``fence`` the only token the append script accepts for this session."""
         await self.redis.hset(SessionKeys(tenant, session_id).snapshot, "fence", fence)
