@@ -1,4 +1,4 @@
-"""Tests for ``broker.bridge``: the stdio <-> WebSocket bridge behind ``acp-broker connect``.
+"""Tests for ``broker.clients.bridge``: the stdio <-> WebSocket bridge behind ``acp-broker connect``.
 
 A stub ACP endpoint runs in-process on 127.0.0.1 with an OS-chosen port; the bridge runs as
 a real subprocess (or in-process where stdio has to be injected).
@@ -27,7 +27,7 @@ from broker.clients.bridge import HeaderError, build_headers, main_connect, run_
 
 ROOT = Path(__file__).resolve().parents[1]
 BRIDGE_CODE = (
-    "import sys; from broker.bridge import main_connect; "
+    "import sys; from broker.clients.bridge import main_connect; "
     "sys.exit(main_connect(sys.argv[1], [], None))"
 )
 TIMEOUT = 5.0
@@ -82,7 +82,7 @@ class NullClient:
 
 
 class ListSink:
-    """In-memory :class:`broker.bridge.ByteSink` that signals each written line."""
+    """In-memory :class:`broker.clients.bridge.ByteSink` that signals each written line."""
 
     def __init__(self) -> None:
         self.lines: list[bytes] = []
