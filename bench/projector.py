@@ -229,9 +229,10 @@ def main(argv: list[str]) -> None:
     title = f"Projector (medians of {args.runs} run(s); ticks of {TICK * 1000:.0f} ms)"
     table = common.table(title, ["cell", "projector", *keys], rows)
     data = {
+        "quick": args.quick,
         "cells": [
             {"cell": r[0], "system": r[1], **dict(zip(keys, r[2:], strict=True))} for r in rows
-        ]
+        ],
     }
     common.report("projector", [table], data, args.out)
 
