@@ -19,7 +19,16 @@ pytest.importorskip("socketio")
 pytest.importorskip("aiohttp")
 pytest.importorskip("asyncpg")
 
-BENCHMARKS = ("fanout", "list", "append", "connections", "replay", "requests", "cluster")
+BENCHMARKS = (
+    "fanout",
+    "list",
+    "append",
+    "connections",
+    "replay",
+    "requests",
+    "cluster",
+    "projector",
+)
 
 
 async def _run(name: str, out: Path) -> tuple[str, int, str]:

@@ -1,4 +1,4 @@
-"""Tests for ``broker.clients.bridge``: the stdio <-> WebSocket bridge behind ``acp-broker connect``.
+"""Tests for ``broker.clients.bridge``: the stdio <-> WebSocket bridge of ``acp-broker connect``.
 
 A stub ACP endpoint runs in-process on 127.0.0.1 with an OS-chosen port; the bridge runs as
 a real subprocess (or in-process where stdio has to be injected).
