@@ -221,17 +221,41 @@ def _script(name: str) -> str:
 
 
 def _write_call(
-    keys: TenantKeys, session_id: str, raw: str, old: Version | None, new: Version, row: str
+    keys: TenantKeys,
+    session_id: str,
+    raw: str,
+    old: Version | None,
+    new: Version,
+    row: str,
+    *,
+    force: bool = False,
 ) -> tuple[list[str], list[Any]]:
-    """The keys and arguments of ``lua/project.lua`` for one session (see there)."""
+    """The keys and arguments of ``lua/project.lua`` for one session (see there).
+
+    Only the entries that change are removed and written again: a member that keeps its
+    position keeps its text in every listing but the ACP ones, whose members carry the
+    ``SessionInfo`` (an event that only moves ``updatedAt`` touches 2 listings, not 14).
+    ``force`` writes every entry (a rebuild repairs what it finds).
+    """
     old_entries = old.entries if old else {}
+    if not force:
+        gone = {k: at for k, at in old_entries.items() if _rewritten(k, at, new.entries)}
+        kept = {k: at for k, at in new.entries.items() if _rewritten(k, at, old_entries)}
+        old_entries, new_entries = gone, kept
+    else:
+        new_entries = new.entries
     script_keys = [keys.rows, keys.versions]
     script_keys += [keys.index(name) for name in old_entries]
-    script_keys += [keys.index(name) for name in new.entries]
+    script_keys += [keys.index(name) for name in new_entries]
     args: list[Any] = [session_id, raw, new.encode(), row, len(old_entries)]
     args += list(old_entries.values())
-    args += list(stored_entries(new.entries, row).values())
+    args += list(stored_entries(new_entries, row).values())
     return script_keys, args
+
+
+def _rewritten(listing: str, position: str, other: Mapping[str, str]) -> bool:
+    """Whether an entry must be removed (or written) given the other version's entries."""
+    return other.get(listing) != position or is_acp_listing(listing)
 
 
 class SessionIndex:
@@ -257,7 +281,7 @@ class SessionIndex:
             old = Version.decode(raw)
             if old is not None and old.seq >= snapshot.seq and not force:
                 return False
-            if await self._write(keys, snapshot.session_id, raw or "", old, new, row):
+            if await self._write(keys, snapshot.session_id, raw or "", old, new, row, force=force):
                 return True
 
     async def project_many(
@@ -363,8 +387,10 @@ class SessionIndex:
         old: Version | None,
         new: Version,
         row: str,
+        *,
+        force: bool = False,
     ) -> bool:
-        script_keys, args = _write_call(keys, session_id, raw, old, new, row)
+        script_keys, args = _write_call(keys, session_id, raw, old, new, row, force=force)
         return bool(await self._project(keys=script_keys, args=args))
 
     async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
