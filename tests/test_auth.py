@@ -133,9 +133,13 @@ async def test_a_foreign_session_answers_exactly_like_a_missing_one(secure: Brok
     await a.call("session/prompt", {"sessionId": own, "prompt": text("/notool secret")})
     for method, params in METHODS:
         foreign = await b.call(method, {"sessionId": own, **params})
-        missing = await b.call(method, {"sessionId": "sess_" + "0" * 32, **params})
+        absent = "sess_" + "0" * 32
+        missing = await b.call(method, {"sessionId": absent, **params})
         assert "error" in foreign, method
-        assert foreign["error"] == missing["error"], method
+        # The same error, whose data (SessionNotFoundErrorData) echoes the id asked for.
+        assert foreign["error"]["data"] == {"sessionId": own}, method
+        assert missing["error"]["data"] == {"sessionId": absent}, method
+        assert {**foreign["error"], "data": None} == {**missing["error"], "data": None}, method
     # Deleting it "succeeds" for b, exactly as for a missing id, and changes nothing.
     assert (await b.call("session/delete", {"sessionId": own}))["result"] == {}
     listed_a = (await a.call("session/list", {}))["result"]["sessions"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import jsonrpc, v2, v2_render, v2_translate
+from broker.protocol import capabilities, jsonrpc, v2, v2_render, v2_translate
 from broker.protocol.jsonrpc import Batch, Invalid, Request, RpcError
 from broker.store.events import EventType, LogEvent
 
@@ -45,10 +45,22 @@ def test_negotiate_answers_the_asked_version_or_our_latest(asked: int, got: int)
 
 
 def test_initialize_result_has_v2_shapes() -> None:
-    result = v2.initialize_result({"image": True, "audio": False, "embeddedContext": True})
+    agents = capabilities.combined(
+        ["a"],
+        {
+            "a": {
+                "promptCapabilities": {"image": True, "audio": False, "embeddedContext": True},
+                "mcpCapabilities": {"http": True, "sse": True},
+                "sessionCapabilities": {"fork": {}},
+            }
+        },
+    )
+    result = v2.initialize_result(agents)
     valid(2, "InitializeResponse", result)
     session = result["capabilities"]["session"]
     assert session["prompt"] == {"image": {}, "embeddedContext": {}}
+    assert session["mcp"] == {"stdio": {}, "http": {}}  # v2 has no SSE transport
+    assert session["title"] == {} and session["fork"] == {}  # unstable capabilities
     assert session["delete"] == {} and session["additionalDirectories"] == {}
     assert result["info"]["name"] == "acp-broker" and result["authMethods"] == []
 

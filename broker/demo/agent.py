@@ -50,12 +50,15 @@ from acp.schema import (
     AvailableCommand,
     CloseSessionResponse,
     EmbeddedResourceContentBlock,
+    ForkSessionResponse,
     ImageContentBlock,
     Implementation,
     InitializeResponse,
     LoadSessionResponse,
+    McpCapabilities,
     NewSessionResponse,
     PermissionOption,
+    PromptCapabilities,
     PromptResponse,
     ResourceContentBlock,
     ResumeSessionResponse,
@@ -64,6 +67,7 @@ from acp.schema import (
     SessionConfigOptionBoolean,
     SessionConfigOptionSelect,
     SessionConfigSelectOption,
+    SessionForkCapabilities,
     SessionInfoUpdate,
     SessionMode,
     SessionModeState,
@@ -272,8 +276,14 @@ class DemoAgent:
     async def initialize(self, protocol_version: int, **kwargs: Any) -> InitializeResponse:
         capabilities = AgentCapabilities(
             load_session=True,
+            # It reads no prompt content but text, and runs no MCP server of any
+            # transport: it takes these (and says what it got), so it claims them.
+            prompt_capabilities=PromptCapabilities(image=True, embedded_context=True),
+            mcp_capabilities=McpCapabilities(http=True),
             session_capabilities=SessionCapabilities(
-                resume=SessionResumeCapabilities(), close=SessionCloseCapabilities()
+                resume=SessionResumeCapabilities(),
+                close=SessionCloseCapabilities(),
+                fork=SessionForkCapabilities(),
             ),
         )
         return InitializeResponse(
@@ -307,6 +317,24 @@ class DemoAgent:
         session = self._sessions.restore(session_id, cwd)
         return ResumeSessionResponse(
             modes=_mode_state(session), config_options=_config_options(session)
+        )
+
+    async def fork_session(self, session_id: str, cwd: str, **kwargs: Any) -> ForkSessionResponse:
+        """A new session that starts with a copy of this one's history (unstable ACP)."""
+        parent = self._sessions.restore(session_id, cwd)
+        child = DemoSession(
+            session_id=f"demo_{uuid.uuid4().hex}",
+            cwd=cwd,
+            mode=parent.mode,
+            style=parent.style,
+            titled=parent.titled,
+            history=list(parent.history),
+        )
+        self._sessions.add(child)
+        return ForkSessionResponse(
+            session_id=child.session_id,
+            modes=_mode_state(child),
+            config_options=_config_options(child),
         )
 
     async def close_session(self, session_id: str, **kwargs: Any) -> CloseSessionResponse:

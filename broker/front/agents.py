@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from ..config import AgentSpec
-from ..protocol import commands
+from ..protocol import capabilities, commands
 from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
 from ..store.client import Store
@@ -66,13 +66,14 @@ class RemoteAgents(AgentGateway):
             raise invalid_params(f"unknown agent {agent!r}; configured: {', '.join(self.specs)}")
         return spec.kind
 
-    def prompt_capabilities(self) -> JsonObject:
-        caps = self._capabilities.get(self.default_agent, {}).get("promptCapabilities")
-        return caps if isinstance(caps, dict) else {"embeddedContext": True}
+    def agent_capabilities(self) -> JsonObject:
+        """What every configured agent advertised (see :func:`capabilities.combined`)."""
+        return capabilities.combined(self.specs, self._capabilities)
 
     async def refresh_capabilities(self) -> None:
-        """Read what the hosts' agents advertised (cached for a while)."""
-        if time.monotonic() - self._capabilities_read < 30 and self._capabilities:
+        """Read what the hosts' agents advertised (cached for a while once all are known)."""
+        known = all(name in self._capabilities for name in self.specs)
+        if known and time.monotonic() - self._capabilities_read < 30:
             return
         raw = await self.redis.hgetall(CAPABILITIES_KEY)
         self._capabilities = {name: json.loads(value) for name, value in raw.items()}

@@ -51,6 +51,12 @@ def not_found(what: str) -> RpcError:
     return RpcError(RESOURCE_NOT_FOUND, f"{what} not found")
 
 
+def session_not_found(session_id: str, what: str = "session") -> RpcError:
+    """-32002 for a session that does not exist (or is not active where it must be), with the
+    ``SessionNotFoundErrorData`` ACP v2 defines (``{sessionId}``; harmless in v1)."""
+    return RpcError(RESOURCE_NOT_FOUND, f"{what} not found", {"sessionId": session_id})
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """A request (``id`` set) or a notification (``id`` None)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import v2_translate
+from . import capabilities, v2_translate
 from .jsonrpc import JsonObject, invalid_params
 from .render import check_position
 
@@ -20,12 +20,8 @@ SUPPORTED_VERSIONS = (V1, V2)
 LATEST_VERSION = V2
 
 BROKER_INFO: JsonObject = {"name": "acp-broker", "title": "ACP Broker", "version": "0.1.0"}
-SET_TITLE_META = "acpBroker/setTitle"
-"""``capabilities.session._meta`` key advertising the ``session/set_title`` extension."""
 REPLAY_POSITION = "_acpbroker_position"
 """``replayFrom.type`` of the broker's position cursor: ``{"type", "seq", "epoch"}``."""
-
-_PROMPT_KINDS = ("image", "audio", "embeddedContext")
 
 
 def negotiate(requested: int) -> int:
@@ -33,19 +29,13 @@ def negotiate(requested: int) -> int:
     return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
-def initialize_result(prompt_capabilities: JsonObject) -> JsonObject:
-    """The v2 ``initialize`` result: ``info``, ``capabilities.session`` and no auth methods."""
-    session: JsonObject = {
-        "prompt": {kind: {} for kind in _PROMPT_KINDS if prompt_capabilities.get(kind) is True},
-        "mcp": {"stdio": {}, "http": {}},
-        "delete": {},
-        "additionalDirectories": {},
-        "_meta": {SET_TITLE_META: {}},
-    }
+def initialize_result(agents: JsonObject) -> JsonObject:
+    """The v2 ``initialize`` result: ``info``, ``capabilities.session`` (from what the agents
+    all take, see :func:`capabilities.combined`) and no auth methods."""
     return {
         "protocolVersion": V2,
         "info": dict(BROKER_INFO),
-        "capabilities": {"session": session},
+        "capabilities": {"session": capabilities.v2_session_capabilities(agents)},
         "authMethods": [],
     }
 

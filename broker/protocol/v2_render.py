@@ -26,10 +26,9 @@ from . import v2_translate
 from .jsonrpc import JsonObject, notification
 from .render import NOTICE_META, position_meta
 
-ERROR_STOP_REASON = "_acpbroker_error"
-"""Stop reason of a turn that ended in an error (the agent failed): a custom v2 value."""
-ERROR_META = "acpBroker/error"
-"""``_meta`` key of that idle ``state_update``: the JSON-RPC error that ended the turn."""
+ERROR_STOP_REASON = "error"
+"""Stop reason of a turn that ended in an error (the agent failed); v2's ``ErrorStopReason``
+carries the JSON-RPC error beside it, in ``error``."""
 FRAME_KEY = "v2"
 
 
@@ -87,11 +86,17 @@ def state_update(state: str, **fields: object) -> JsonObject:
     return {"sessionUpdate": "state_update", "state": state, **fields}
 
 
+def user_message_id(prompt: LogEvent) -> str:
+    """The ``messageId`` of the user message a ``prompt`` event inserted (v2 prompt replies
+    and ``user_message`` updates carry it)."""
+    return message_id(prompt, "user", prompt.seq)
+
+
 def _user_message(event: LogEvent) -> JsonObject:
     content = event.body.get("prompt")
     return {
         "sessionUpdate": "user_message",
-        "messageId": message_id(event, "user", event.seq),
+        "messageId": user_message_id(event),
         "content": content if isinstance(content, list) else [],
     }
 
@@ -99,11 +104,23 @@ def _user_message(event: LogEvent) -> JsonObject:
 def _idle(event: LogEvent) -> JsonObject:
     body = event.body
     if isinstance(body.get("error"), dict):
-        return state_update("idle", stopReason=ERROR_STOP_REASON, _meta={ERROR_META: body["error"]})
+        return state_update("idle", stopReason=ERROR_STOP_REASON, error=_error(body["error"]))
     reason = body.get("stopReason")
     if isinstance(reason, str):
         return state_update("idle", stopReason=reason)
     return state_update("idle")
+
+
+def _error(error: JsonObject) -> JsonObject:
+    """A logged JSON-RPC error as the v2 ``Error`` object (an integer code and a message)."""
+    code = error.get("code")
+    out: JsonObject = {
+        "code": code if isinstance(code, int) and not isinstance(code, bool) else -32603,
+        "message": str(error.get("message", "")),
+    }
+    if error.get("data") is not None:
+        out["data"] = error["data"]
+    return out
 
 
 def _notice(event: LogEvent) -> JsonObject:

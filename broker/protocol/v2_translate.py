@@ -67,13 +67,15 @@ def _commands(v1: JsonObject, _plan_id: str) -> JsonObject:
 
 
 def _command(command: Any) -> Any:
-    """A command's untagged v1 ``input`` gets the v2 ``type: "text"`` discriminator."""
+    """A v1 command gets the v2 ``type: "command"`` discriminator, and its untagged ``input``
+    the v2 ``type: "text"`` one."""
     if not isinstance(command, dict):
         return command
+    out = command if "type" in command else {"type": "command", **command}
     given = command.get("input")
     if isinstance(given, dict) and "type" not in given:
-        return {**command, "input": {"type": "text", **given}}
-    return command
+        out = {**out, "input": {"type": "text", **given}}
+    return out
 
 
 def _config_update(v1: JsonObject, _plan_id: str) -> JsonObject:

@@ -1,9 +1,12 @@
 """The official ACP JSON Schemas as checks on everything a broker sends to a client.
 
-The schemas are copies of ``shared/acp/v{1,2}/schema.json`` kept in ``tests/schemas`` so
-a fresh clone can run the tests. :class:`WireChecker` validates each message against
-the schema of the connection's negotiated version: the whole message, and the typed
-payload its method (or, for a reply, the method of the request it answers) defines.
+The schemas are copies of ``shared/acp/v{1,2}/schema{,.unstable}.json`` (the newest, from
+the TypeScript SDK 2.4.0) kept in ``tests/schemas`` so a fresh clone can run the tests (see
+its README). :class:`WireChecker` validates each message against the schema of the
+connection's negotiated version: the whole message, and the typed payload its method (or,
+for a reply, the method of the request it answers) defines. Methods only the unstable
+schema defines (``session/set_title``, ``session/fork``) are checked against it; everything
+else against the stable one.
 
 Validating thousands of streamed chunks is slow, so a message whose *shape* (the
 message with its free-text strings blanked, see :data:`FREE_TEXT`) was already found
@@ -27,13 +30,25 @@ FREE_TEXT = frozenset({"text", "messageId", "sessionId", "epoch", "title", "tool
 
 
 @functools.cache
-def schema(version: int) -> dict[str, Any]:
-    return dict(json.loads((SCHEMAS / f"acp-v{version}.schema.json").read_text()))
+def schema(version: int, unstable: bool = False) -> dict[str, Any]:
+    name = f"acp-v{version}.unstable.schema.json" if unstable else f"acp-v{version}.schema.json"
+    return dict(json.loads((SCHEMAS / name).read_text()))
 
 
 @functools.cache
-def _validator(version: int, name: str | None) -> Draft202012Validator:
-    root = schema(version)
+def unstable_methods(version: int) -> frozenset[str]:
+    """Methods the unstable schema defines and the stable one does not."""
+
+    def methods(unstable: bool) -> set[str]:
+        defs = schema(version, unstable)["$defs"].values()
+        return {d["x-method"] for d in defs if "x-method" in d}
+
+    return frozenset(methods(True) - methods(False))
+
+
+@functools.cache
+def _validator(version: int, name: str | None, unstable: bool = False) -> Draft202012Validator:
+    root = schema(version, unstable)
     if name is None:
         return Draft202012Validator(root)
     return Draft202012Validator({"$schema": DIALECT, "$ref": f"#/$defs/{name}", **_defs(root)})
@@ -44,9 +59,9 @@ def _defs(root: dict[str, Any]) -> dict[str, Any]:
 
 
 @functools.cache
-def _by_method(version: int, side: str, suffix: str) -> dict[str, str]:
+def _by_method(version: int, side: str, suffix: str, unstable: bool = False) -> dict[str, str]:
     """``x-method`` -> definition name, for one side's requests, responses or notifications."""
-    defs = schema(version)["$defs"]
+    defs = schema(version, unstable)["$defs"]
     return {
         d["x-method"]: name
         for name, d in defs.items()
@@ -94,10 +109,11 @@ class WireChecker:
         elif "error" in message:
             self._valid("Error", message["error"])
         else:
-            method = self.sent.get(message.get("id"))
-            name = _by_method(self.version, "agent", "Response").get(method or "")
+            method = self.sent.get(message.get("id")) or ""
+            unstable = method in unstable_methods(self.version)
+            name = _by_method(self.version, "agent", "Response", unstable).get(method)
             if name is not None:
-                self._valid(name, message["result"])
+                self._valid(name, message["result"], unstable)
         self.checked += 1
 
     def _check_outgoing_call(self, message: dict[str, Any]) -> None:
@@ -113,11 +129,11 @@ class WireChecker:
             kind = message["params"]["update"]["sessionUpdate"]
             assert kind in known_updates(self.version), f"not a v{self.version} update: {kind}"
 
-    def _valid(self, name: str | None, value: Any) -> None:
-        shape = f"{name}:{json.dumps(_shape(value), sort_keys=True)}"
+    def _valid(self, name: str | None, value: Any, unstable: bool = False) -> None:
+        shape = f"{name}:{unstable}:{json.dumps(_shape(value), sort_keys=True)}"
         if shape in self._valid_shapes:
             return
-        errors = sorted(_validator(self.version, name).iter_errors(value), key=str)
+        errors = sorted(_validator(self.version, name, unstable).iter_errors(value), key=str)
         assert not errors, f"v{self.version} {name or 'message'} invalid: {errors[0]}\n{value}"
         self._valid_shapes.add(shape)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import AgentSpec
+from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import (
     INTERNAL_ERROR,
@@ -27,7 +28,7 @@ from broker.protocol.jsonrpc import (
     Request,
     RpcError,
     invalid_params,
-    not_found,
+    session_not_found,
 )
 from broker.store.events import EventType, SessionSnapshot, Status
 from broker.store.log import (
@@ -140,6 +141,7 @@ class AgentHost(AgentEvents):
     ) -> tuple[str, JsonObject]:
         """Create a session on ``agent``; returns the broker's session id and the agent's reply."""
         process = await self._process(agent)
+        capabilities.check_mcp_servers(agent, process.capabilities, params.get("mcpServers"))
         reply = await self._ask(process, "session/new", params)
         agent_sid = str(reply.get("sessionId", ""))
         if not agent_sid:
@@ -187,6 +189,7 @@ class AgentHost(AgentEvents):
         held = await self._require(tenant, session_id, params)
         if held.prompt_task is not None:
             raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
+        capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
         await self._append(
             held,
@@ -270,12 +273,6 @@ class AgentHost(AgentEvents):
         if spec is None:
             raise invalid_params(f"unknown agent {agent!r}; configured: {', '.join(self.specs)}")
         return spec.kind
-
-    def prompt_capabilities(self) -> JsonObject:
-        """What prompts may carry: the default agent's capabilities, once it has started."""
-        process = self._processes.get(self.default_agent)
-        caps = process.capabilities.get("promptCapabilities") if process else None
-        return caps if isinstance(caps, dict) else {"embeddedContext": True}
 
     async def start(self) -> None:
         """Start every configured agent now, so a broken command shows at start-up."""
@@ -373,7 +370,7 @@ class AgentHost(AgentEvents):
     async def on_agent_request(self, agent: AgentProcess, request: Request) -> Any:
         held = self._by_agent_sid.get((id(agent), str(request.params.get("sessionId"))))
         if held is None:
-            raise not_found("session")
+            raise session_not_found(str(request.params.get("sessionId")))
         params = {**request.params, "sessionId": held.session_id}
         waits = request.method in USER_ACTIONS and held.prompt_task is not None
         if waits:
@@ -474,16 +471,16 @@ class AgentHost(AgentEvents):
         await self.attach(tenant, session_id, params)
         held = self._held.get(session_id)
         if held is None or held.tenant != tenant:
-            raise not_found("session")
+            raise session_not_found(session_id)
         return held
 
     async def _restore(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
         try:
             snapshot = await self.log.snapshot(tenant, session_id)
         except SessionMissing:
-            raise not_found("session") from None
+            raise session_not_found(session_id) from None
         if snapshot.deleted:
-            raise not_found("session")
+            raise session_not_found(session_id)
         lease = await self.leases.acquire(tenant, session_id)
         try:
             return await self._restore_held(snapshot, lease.fence, params)
@@ -496,6 +493,9 @@ class AgentHost(AgentEvents):
     ) -> JsonObject:
         tenant, session_id = snapshot.tenant, snapshot.session_id
         process = await self._process(snapshot.agent)
+        capabilities.check_mcp_servers(
+            snapshot.agent, process.capabilities, params.get("mcpServers")
+        )
         base = {
             "cwd": snapshot.cwd,
             "mcpServers": params.get("mcpServers") or [],

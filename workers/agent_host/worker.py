@@ -29,7 +29,7 @@ from redis.exceptions import ResponseError
 from broker.config import Settings
 from broker.protocol import commands
 from broker.protocol.commands import Op
-from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
+from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
 from broker.store.client import Store
 from broker.store.keys import CAPABILITIES_KEY, SessionKeys, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
@@ -210,7 +210,7 @@ class HostWorker:
             await self._send(reply_to, commands.error(rid, exc))
             return
         except SessionMissing:
-            missing = RpcError(commands.SESSION_NOT_FOUND, "session not found")
+            missing = session_not_found(str(command.get("sid") or ""))
             await self._send(reply_to, commands.error(rid, missing))
             return
         except Exception:

@@ -422,9 +422,9 @@ class ClientConnection:
         if session is not None and session.held is None:
             session.held = []
 
-    def expect_prompt(self, session_id: str, prompt_id: str) -> asyncio.Future[int]:
-        """A future for the seq of the ``prompt`` event ``prompt_id``, once it reaches here."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    def expect_prompt(self, session_id: str, prompt_id: str) -> asyncio.Future[LogEvent]:
+        """A future for the ``prompt`` event ``prompt_id``, once it reaches here."""
+        future: asyncio.Future[LogEvent] = asyncio.get_running_loop().create_future()
         session = self.active.get(session_id)
         if session is not None:
             session.prompts[prompt_id] = future
@@ -460,7 +460,7 @@ class ClientConnection:
         if event.type == EventType.PROMPT and session.prompts:
             accepted = session.prompts.pop(str(event.body.get("promptId")), None)
             if accepted is not None and not accepted.done():
-                accepted.set_result(event.seq)
+                accepted.set_result(event)
         if session.held is not None:
             session.held.append(event)
         else:

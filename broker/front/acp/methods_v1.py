@@ -16,7 +16,7 @@ from typing import Any
 
 from ... import fastjson
 from ...config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
-from ...protocol import v2
+from ...protocol import capabilities, v2
 from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import (
     INVALID_REQUEST,
@@ -25,7 +25,7 @@ from ...protocol.jsonrpc import (
     Request,
     RpcError,
     invalid_params,
-    not_found,
+    session_not_found,
 )
 from ...protocol.render import POSITION_META, check_position
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
@@ -95,24 +95,12 @@ class AcpMethods:
         conn.protocol_version = negotiated
         await self.host.refresh_capabilities()
         if negotiated == v2.V2:
-            result = v2.initialize_result(self.host.prompt_capabilities())
+            result = v2.initialize_result(self.host.agent_capabilities())
             result["authMethods"] = self.access.auth_methods(v2.V2)
             return result
         return {
             "protocolVersion": PROTOCOL_VERSION,
-            "agentCapabilities": {
-                "loadSession": True,
-                "promptCapabilities": self.host.prompt_capabilities(),
-                "mcpCapabilities": {"http": True, "sse": True},
-                "sessionCapabilities": {
-                    "list": {},
-                    "resume": {},
-                    "close": {},
-                    "delete": {},
-                    "additionalDirectories": {},
-                    "setTitle": {},
-                },
-            },
+            "agentCapabilities": capabilities.v1_agent_capabilities(self.host.agent_capabilities()),
             "authMethods": self.access.auth_methods(PROTOCOL_VERSION),
             "agentInfo": dict(v2.BROKER_INFO),
         }
@@ -245,22 +233,16 @@ class AcpMethods:
         return await self.host.forward(conn.tenant, session_id, method, request.params)
 
     async def session_set_title(self, conn: ClientConnection, request: Request) -> Any:
-        """Set a session's title and/or patch its ``_meta`` (the ``session/set_title`` RFD)."""
+        """``session/set_title`` (ACP unstable): set the title, answer ``{title}`` as stored.
+
+        Beyond ACP: ``title`` may be null (cleared) or left out when ``_meta`` is given;
+        ``_meta`` (an object, or null to clear) patches the session's metadata by
+        top-level key, as ``session_info_update`` does. Every connection where the
+        session is active gets the update after the requester's reply.
+        """
         params = request.params
         snapshot = await self._snapshot(conn, params)
-        update: JsonObject = {"sessionUpdate": "session_info_update"}
-        if "title" in params:
-            title = params["title"]
-            if title is not None and not isinstance(title, str):
-                raise invalid_params("title must be a string or null")
-            update["title"] = title
-        if "_meta" in params:
-            patch = params["_meta"]
-            if patch is not None and not isinstance(patch, dict):
-                raise invalid_params("_meta must be an object or null")
-            update["_meta"] = patch
-        if len(update) == 1:
-            raise invalid_params("give title and/or _meta")
+        update = title_update(params)
         active = conn.active.get(snapshot.session_id)
         if active is not None:
             active.held = active.held or []
@@ -270,8 +252,12 @@ class AcpMethods:
                 snapshot.session_id,
                 {"type": EventType.UPDATE, "update": update, "origin": conn.id},
             )
-            await self.project(conn.tenant, snapshot.session_id)
-            conn.reply(request, {})
+            stored = await self.log.snapshot(conn.tenant, snapshot.session_id)
+            await self.index.project(stored)
+            # The title this change stored (a later change may already be in the log);
+            # none stored (cleared, or never set) is "": ACP's reply requires a string.
+            title = update.get("title", stored.title)
+            conn.reply(request, {"title": title or ""})
         finally:
             conn.release(snapshot.session_id)
         return DEFERRED
@@ -329,16 +315,16 @@ class AcpMethods:
         try:
             snapshot = await self.log.snapshot(conn.tenant, session_id)
         except SessionMissing:
-            raise not_found("session") from None
+            raise session_not_found(session_id) from None
         if snapshot.deleted:
-            raise not_found("session")
+            raise session_not_found(session_id)
         return snapshot
 
     def active_session(self, conn: ClientConnection, params: JsonObject) -> str:
         """The ``sessionId`` of the params, which must be active on the connection (-32002)."""
         session_id = _session_id(params)
         if session_id not in conn.active:
-            raise not_found("active session")
+            raise session_not_found(session_id, "active session")
         return session_id
 
     async def project(self, tenant: str, session_id: str) -> None:
@@ -398,6 +384,24 @@ def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
         raise invalid_params(f"{REPLAY_AFTER_META} needs an integer seq and a string epoch")
     check_position(seq, epoch, log_epoch=snapshot.epoch, head=snapshot.seq)
     return seq
+
+
+def title_update(params: JsonObject) -> JsonObject:
+    """The ``session_info_update`` a ``session/set_title`` request stands for (-32602 if bad)."""
+    update: JsonObject = {"sessionUpdate": "session_info_update"}
+    if "title" in params:
+        title = params["title"]
+        if title is not None and not isinstance(title, str):
+            raise invalid_params("title must be a string or null")
+        update["title"] = title
+    if "_meta" in params:
+        patch = params["_meta"]
+        if patch is not None and not isinstance(patch, dict):
+            raise invalid_params("_meta must be an object or null")
+        update["_meta"] = patch
+    if len(update) == 1:
+        raise invalid_params("give title and/or _meta")
+    return update
 
 
 def _without_session_id(reply: JsonObject) -> JsonObject:

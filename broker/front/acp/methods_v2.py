@@ -16,11 +16,14 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ...protocol import v2
+from ...protocol import v2, v2_render
 from ...protocol.jsonrpc import Request, invalid_params
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .methods_v1 import AcpMethods, MethodHandler
+
+ACCEPT_TIMEOUT = 10.0
+"""Seconds a finished turn's prompt event may take to reach the connection that sent it."""
 
 
 async def session_new(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
@@ -43,10 +46,14 @@ async def session_resume(methods: AcpMethods, conn: ClientConnection, request: R
 
 
 async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
-    """``session/prompt``: answered ``{}`` once the prompt is in the log; the turn runs on.
+    """``session/prompt``: answered ``{messageId}`` once the prompt is in the log (the id of
+    the user message it inserted; its ``user_message`` update carries the same); the turn
+    runs on.
 
     The answer precedes the prompt's ``user_message`` on this connection; every
-    viewer then sees the turn's updates and its end as ``state_update``s.
+    viewer then sees the turn's updates and its end as ``state_update``s. A prompt
+    refused before it reached the log (a prompt already runs, content the agent did
+    not advertise) is answered with the error.
     """
     session_id = methods.active_session(conn, request.params)
     if not isinstance(request.params.get("prompt"), list):
@@ -60,7 +67,10 @@ async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: R
         await asyncio.wait({turn, accepted}, return_when=asyncio.FIRST_COMPLETED)
         if not accepted.done():
             turn.result()  # refused (say, a prompt already runs): answer with its error
-        conn.reply(request, {})
+            # The turn ended before its prompt event reached this connection: it is in
+            # the log, so it is on its way here.
+            await asyncio.wait_for(asyncio.shield(accepted), ACCEPT_TIMEOUT)
+        conn.reply(request, {"messageId": v2_render.user_message_id(accepted.result())})
     finally:
         conn.forget_prompt(session_id, prompt_id)
         conn.release(session_id)

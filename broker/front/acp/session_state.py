@@ -20,7 +20,7 @@ class ActiveSession:
     held: list[LogEvent] | None = None
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
-    prompts: dict[str, asyncio.Future[int]] = field(default_factory=dict)  # promptId -> seq
+    prompts: dict[str, asyncio.Future[LogEvent]] = field(default_factory=dict)  # by promptId
 
 
 @dataclass(eq=False)
