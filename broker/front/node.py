@@ -36,6 +36,7 @@ from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
+from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
@@ -99,6 +100,7 @@ class FrontNode:
             surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
         )
         self.http = FrontHttp(settings, sessions_service(settings, self.redis, self.authenticator))
+        self.http.websocket_port = lambda: self.port
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
         self._server: Server | None = None
@@ -125,6 +127,7 @@ class FrontNode:
             self.settings.port,
             process_request=self._process_request,
             process_response=self._process_response,
+            create_connection=websocket_only.connection_class(self.settings),
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...config import Settings
+from ..acp import websocket_only
 from .mcp import mcp_server
 from .rest import PATHS, RestApi
 from .sessions import SessionsService
@@ -48,6 +49,8 @@ class FrontHttp:
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._port: int | None = None
+        self.websocket_port: Callable[[], int] = lambda: self.settings.port
+        """The WebSocket port (the node sets it once bound), named by ``/acp`` here."""
 
     @property
     def port(self) -> int:
@@ -58,6 +61,7 @@ class FrontHttp:
     def asgi_app(self) -> Starlette:
         """The HTTP port's app: the SDK's streamable HTTP app plus the REST routes."""
         routes = [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
+        routes.append(Route(self.settings.path, self._acp_endpoint, methods=_ALL_METHODS))
         routes.append(Route("/{path:path}", self._rest_endpoint, methods=_ALL_METHODS))
         app = self.mcp.streamable_http_app(
             streamable_http_path=MCP_PATH,
@@ -81,6 +85,13 @@ class FrontHttp:
                 expose_headers=["Link", "Mcp-Session-Id", "WWW-Authenticate"],
             )
         return app
+
+    async def _acp_endpoint(self, request: Request) -> Response:
+        """ACP is not served on this port: say where it is."""
+        body = websocket_only.not_here(
+            self.settings, self.websocket_port(), request.headers.get("host")
+        )
+        return Response(body, 404, media_type="text/plain")
 
     async def _rest_endpoint(self, request: Request) -> Response:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")

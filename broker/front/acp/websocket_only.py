@@ -1,0 +1,101 @@
+"""What ``/acp`` answers to anything but a WebSocket upgrade: an HTTP error naming the URL.
+
+ACP's remote transport RFD puts two profiles on one ``/acp`` endpoint: streamable HTTP
+(POST a message, GET a stream) and a WebSocket upgrade. The broker offers the WebSocket
+one only, so a POST to ``/acp`` on the WebSocket port gets ``405 Method Not Allowed``
+(``Allow: GET``), and ``/acp`` on the HTTP port ``404 Not Found``, both with a body that
+names the WebSocket URL to use instead.
+
+A POST that carries a body never reaches ``process_request``: the ``websockets``
+handshake parser refuses request bodies and closes the connection without a word.
+:class:`WebSocketOnlyConnection` looks at the request line before that parser does
+(the request line and headers arrive in the first segment: clients write them at once).
+"""
+
+from __future__ import annotations
+
+import http
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+
+from ...config import Settings
+
+_METHODS = (b"POST", b"PUT", b"PATCH", b"DELETE", b"HEAD", b"OPTIONS")
+
+
+def websocket_url(settings: Settings, port: int, host_header: str | None = None) -> str:
+    """The ACP WebSocket URL of this node, on the host the client addressed when it said."""
+    host = settings.host
+    if host_header:
+        # "name:port", "[v6]:port" or "name": keep the name, use the WebSocket port.
+        name = host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+        if host_header.startswith("["):
+            name = host_header.split("]", 1)[0] + "]"
+        host = name
+    elif ":" in host:
+        host = f"[{host}]"
+    scheme = "wss" if settings.tls_cert else "ws"
+    return f"{scheme}://{host}:{port}{settings.path}"
+
+
+def refusal(url: str) -> str:
+    """The text of the refusal: what to do instead."""
+    return (
+        f"ACP is served over WebSocket only (no streamable HTTP transport): "
+        f"open a WebSocket to {url} (GET with Upgrade: websocket) and send initialize first.\n"
+    )
+
+
+def not_here(settings: Settings, port: int, host_header: str | None) -> str:
+    """The body of the HTTP port's 404 for ``/acp``."""
+    return refusal(websocket_url(settings, port, host_header))
+
+
+class WebSocketOnlyConnection(ServerConnection):
+    """A WebSocket port connection that answers a non-GET request to ``/acp`` with 405."""
+
+    settings: Settings
+    _first = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._first:
+            self._first = False
+            answer = self._refuse(data)
+            if answer is not None:
+                self.transport.write(answer)
+                self.transport.close()
+                return
+        super().data_received(data)
+
+    def _refuse(self, data: bytes) -> bytes | None:
+        method, _, rest = data.partition(b" ")
+        if method not in _METHODS:
+            return None  # GET (the handshake), or not HTTP: the handshake parser decides
+        path = rest.split(b" ", 1)[0].split(b"?", 1)[0].decode("ascii", "replace")
+        if path != self.settings.path:
+            return None  # other paths: as before (the REST routes answer what they can)
+        port = int(self.transport.get_extra_info("sockname")[1])
+        status = http.HTTPStatus.METHOD_NOT_ALLOWED
+        body = refusal(websocket_url(self.settings, port, _host_header(data))).encode()
+        head = (
+            f"HTTP/1.1 {status.value} {status.phrase}\r\n"
+            f"Allow: GET\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        return head.encode() + body
+
+
+def connection_class(settings: Settings) -> Any:
+    """A :class:`WebSocketOnlyConnection` class bound to ``settings`` (for ``serve``)."""
+    return type("AcpConnection", (WebSocketOnlyConnection,), {"settings": settings})
+
+
+def _host_header(data: bytes) -> str | None:
+    for line in data.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"host":
+            return value.strip().decode("ascii", "replace") or None
+        if not line:
+            break
+    return None

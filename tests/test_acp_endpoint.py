@@ -1,0 +1,70 @@
+"""``/acp`` answers what is not a WebSocket upgrade with an HTTP error naming the WebSocket URL
+(the broker offers ACP's WebSocket profile, not streamable HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from broker.serve import Broker
+
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})
+
+
+async def _raw_http(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("with_body", [True, False])
+async def test_a_post_to_acp_on_the_websocket_port_gets_405_naming_the_url(
+    broker: Broker, with_body: bool
+) -> None:
+    body = INITIALIZE.encode() if with_body else b""
+    request = (
+        f"POST /acp HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    answer = (await _raw_http(broker.port, request)).decode()
+    head, _, text = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 405 Method Not Allowed"), answer
+    assert "Allow: GET" in head
+    assert f"ws://127.0.0.1:{broker.port}/acp" in text and "WebSocket" in text
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_acp_on_the_http_port_gets_404_naming_the_websocket_url(
+    broker: Broker, method: str
+) -> None:
+    body = INITIALIZE.encode()
+    request = (
+        f"{method} /acp HTTP/1.1\r\nHost: 127.0.0.1:{broker.http_port}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    answer = (await _raw_http(broker.http_port, request)).decode()
+    head, _, text = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 404"), answer
+    assert f"ws://127.0.0.1:{broker.port}/acp" in text
+
+
+async def test_the_websocket_upgrade_on_acp_still_works(url: str) -> None:
+    async with websockets.connect(url) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {"protocolVersion": 1},
+                }
+            )
+        )
+        assert json.loads(await ws.recv())["result"]["protocolVersion"] == 1
