@@ -100,6 +100,14 @@ class RemoteAgents(AgentGateway):
         )
         return str(reply["sessionId"]), dict(reply["reply"])
 
+    async def fork(
+        self, tenant: str, parent_id: str, params: JsonObject, *, meta: JsonObject, origin: str
+    ) -> tuple[str, JsonObject, int]:
+        """Fork a session on the host holding it: (new id, agent's reply, last copied seq)."""
+        fields = {"params": params, "meta": meta, "origin": origin}
+        reply = await self._call(Op.FORK, tenant, parent_id, fields)
+        return str(reply["sessionId"]), dict(reply["reply"]), int(reply["copied"])
+
     async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
         return dict(await self._call(Op.ATTACH, tenant, session_id, {"params": params}))
 

@@ -45,6 +45,7 @@ class Op(StrEnum):
     """What a command asks of an agent host (the ``op`` field)."""
 
     NEW = "new"  # params, agent, kind, meta, origin -> {sessionId, reply}
+    FORK = "fork"  # params, meta, origin -> {sessionId, reply, copied (last copied seq)}
     ATTACH = "attach"  # params (the client's load/resume) -> the agent's reply
     PROMPT = "prompt"  # params, origin, promptId -> {result, seq, epoch}
     CANCEL = "cancel"
@@ -187,6 +188,10 @@ class AgentGateway(Protocol):
         meta: JsonObject,
         origin: str,
     ) -> tuple[str, JsonObject]: ...
+
+    async def fork(
+        self, tenant: str, parent_id: str, params: JsonObject, *, meta: JsonObject, origin: str
+    ) -> tuple[str, JsonObject, int]: ...
 
     async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject: ...
 

@@ -76,7 +76,7 @@ def result(method: str, v1: Any) -> Any:
     """A reply produced by the shared (v1-shaped) handlers, in its v2 shape."""
     if not isinstance(v1, dict):
         return v1
-    if method == "session/new":
+    if method in ("session/new", "session/fork"):
         return v2_translate.session_result(v1, keep=("sessionId",))
     if method in ("session/resume", "session/set_config_option"):
         return v2_translate.session_result(v1, keep=())

@@ -64,6 +64,12 @@ _NO_RESTORE_NOTICE = (
 
 _MAX_ORPHANS = 100
 
+_FORK_COPIES = frozenset(
+    {EventType.UPDATE, EventType.PROMPT, EventType.PROMPT_END, EventType.STATE}
+)
+"""What a fork's log copies of its parent's: the conversation, not the parent's own life
+(its creation, statuses, agent bindings) nor the broker's notices (live only)."""
+
 _ABANDONED_PROMPT: JsonObject = {
     "code": INTERNAL_ERROR,
     "message": "the agent host running this prompt stopped; the session was taken over",
@@ -165,6 +171,67 @@ class AgentHost(AgentEvents):
         await self._append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
         await self._make_ready(held)
         return session_id, {**reply, "sessionId": session_id}
+
+    async def fork(
+        self, tenant: str, parent_id: str, params: JsonObject, *, meta: JsonObject, origin: str
+    ) -> tuple[str, JsonObject, int]:
+        """Fork a session (ACP unstable ``session/fork``) on the agent that holds it.
+
+        The new session gets its own log, which starts with a copy of the parent's
+        history up to the fork (its prompts, updates and their ends); the agent's
+        fork carries its context. Returns the new session's id, the agent's reply,
+        and the seq of the new log's last copied event. A parent whose prompt is
+        still running cannot be forked (-32600): its turn has no end to copy yet.
+        """
+        held = await self._require(tenant, parent_id, {})
+        agent = held.agent
+        capabilities.check_session(agent.name, agent.capabilities, "fork", "session/fork")
+        capabilities.check_mcp_servers(agent.name, agent.capabilities, params.get("mcpServers"))
+        await self.settle()
+        parent = await self.log.snapshot(tenant, parent_id)
+        if parent.prompt_id is not None or held.prompt_task is not None:
+            raise RpcError(INVALID_REQUEST, "a prompt is running in this session: fork it after")
+        history = await self.log.read(tenant, parent_id, until=parent.seq, epoch=parent.epoch)
+        fork = {**params, "sessionId": held.agent_session_id}
+        reply = await self._ask(agent, "session/fork", fork)
+        agent_sid = str(reply.get("sessionId", ""))
+        if not agent_sid:
+            raise RpcError(INTERNAL_ERROR, f"agent {agent.name!r} returned no sessionId")
+        session_id = new_session_id()
+        child = self._hold(tenant, session_id, agent, agent_sid)
+        created = history[0].body if history else {}
+        await self.log.create(
+            tenant,
+            session_id,
+            {
+                "type": EventType.CREATED,
+                "cwd": params["cwd"],
+                "additionalDirectories": params.get("additionalDirectories") or [],
+                "agent": parent.agent,
+                "kind": parent.kind,
+                "meta": {**(created.get("meta") or {}), **meta},
+                "origin": origin,
+                "forkedFrom": {"sessionId": parent_id, "seq": parent.seq},
+            },
+        )
+        child.fence = (await self.leases.acquire(tenant, session_id)).fence
+        copied = await self._copy_history(child, [e.body for e in history])
+        await self._append(child, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        await self._make_ready(child)
+        return session_id, {**reply, "sessionId": session_id}, copied
+
+    async def _copy_history(self, held: HeldSession, bodies: list[JsonObject]) -> int:
+        """Append a parent's history events to a fork's log, in order; returns the last seq."""
+        last = 1
+        copies = [body for body in bodies if body.get("type") in _FORK_COPIES]
+        for start in range(0, len(copies), APPEND_BATCH):
+            batch = copies[start : start + APPEND_BATCH]
+            items = [(held.tenant, held.session_id, body, held.fence) for body in batch]
+            for result in await self._log_retrying(items):
+                if isinstance(result, Exception):
+                    raise RpcError(INTERNAL_ERROR, f"could not copy the history: {result}")
+                last = result.seq
+        return last
 
     async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
         """Make sure an agent holds the session (for load/resume/prompt); returns the agent's reply

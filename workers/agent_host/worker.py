@@ -233,6 +233,11 @@ class HostWorker:
                 origin=command["origin"],
             )
             return {"sessionId": session_id, "reply": reply}
+        if op == Op.FORK:
+            session_id, reply, copied = await host.fork(
+                tenant, sid, command["params"], meta=command["meta"], origin=command["origin"]
+            )
+            return {"sessionId": session_id, "reply": reply, "copied": copied}
         if op == Op.ATTACH:
             return await host.attach(tenant, sid, command["params"])
         if op == Op.PROMPT:

@@ -25,6 +25,7 @@ LIMIT_EXCEEDED = -32005
 WRITE_METHODS = frozenset(
     {
         "session/new",
+        "session/fork",
         "session/prompt",
         "session/cancel",
         "session/set_mode",

@@ -157,6 +157,33 @@ class AcpMethods:
         conn.release(session_id)
         return DEFERRED
 
+    async def session_fork(self, conn: ClientConnection, request: Request) -> Any:
+        """``session/fork`` (ACP unstable): a new session, listed and live like any, whose log
+        starts with the parent's history up to the fork; active here from the reply on."""
+        params = request.params
+        snapshot = await self._snapshot(conn, params)
+        cwd = _absolute(params.get("cwd"), "cwd")
+        dirs = _directories(params.get("additionalDirectories"))
+        meta = _object(params.get("_meta"), "_meta")
+        user_meta = {k: v for k, v in meta.items() if k not in (AGENT_META_KEY, KIND_META_KEY)}
+        agent_params: JsonObject = {
+            "cwd": cwd,
+            "mcpServers": _list(params.get("mcpServers"), "mcpServers"),
+        }
+        if dirs:
+            agent_params["additionalDirectories"] = dirs
+        if user_meta:
+            agent_params["_meta"] = user_meta
+        session_id, reply, copied = await self.host.fork(
+            conn.tenant, snapshot.session_id, agent_params, meta=user_meta, origin=conn.id
+        )
+        await self.project(conn.tenant, session_id)
+        # The copied history is the parent's, which this client has: it gets what follows.
+        await conn.activate(conn.tenant, session_id, replay_after=copied, replay_now=False)
+        conn.reply(request, reply)
+        conn.release(session_id)
+        return DEFERRED
+
     async def session_load(self, conn: ClientConnection, request: Request) -> Any:
         snapshot, after = await self.reopen(conn, request, replay_default=0)
         return await self.reattach(conn, request, snapshot, after)
@@ -414,6 +441,7 @@ MethodHandler = Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]
 V1_HANDLERS: Mapping[str, MethodHandler] = {
     "authenticate": AcpMethods.authenticate,
     "session/new": AcpMethods.session_new,
+    "session/fork": AcpMethods.session_fork,
     "session/load": AcpMethods.session_load,
     "session/resume": AcpMethods.session_resume,
     "session/prompt": AcpMethods.session_prompt,

@@ -31,6 +31,11 @@ async def session_new(methods: AcpMethods, conn: ClientConnection, request: Requ
     return await methods.session_new(conn, _for_agent(request))
 
 
+async def session_fork(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
+    """``session/fork`` (unstable): as v1, with the MCP server configs in v1 shape."""
+    return await methods.session_fork(conn, _for_agent(request))
+
+
 async def session_resume(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
     """``session/resume``: the broker replays from its log as ``replayFrom`` asks, then answers.
 
@@ -96,6 +101,7 @@ def _for_agent(request: Request) -> Request:
 
 V2_HANDLERS: Mapping[str, MethodHandler] = {
     "session/new": session_new,
+    "session/fork": session_fork,
     "session/resume": session_resume,
     "session/prompt": session_prompt,
     "session/cancel": AcpMethods.session_cancel,
