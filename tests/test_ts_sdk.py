@@ -3,8 +3,8 @@
 An agent written with the SDK (``tests/ts/agent.ts``, in the style of its example agent)
 runs behind the broker; the SDK's v1 and v2 clients (``tests/ts/client.ts``) reach it over
 WebSocket and through the stdio bridge (``acp-broker connect``), each with node, through
-new, prompt (with a permission request), set_title, list, fork, close, load/replay,
-resume and delete. The SDK validates every message it receives against its protocol
+new, prompt (with a permission request), an agent's notice, set_title, list, fork, close,
+load/replay, resume and delete. The SDK validates every message it receives against its protocol
 types (generated from the same schemas as ``tests/schemas``).
 
 Node.js and npm must be on the PATH (``.ci/run`` installs them); the SDK is installed
@@ -94,6 +94,9 @@ async def test_the_typescript_sdk_clients_use_a_typescript_agent_through_the_bro
     summary = await run_client(version, transport, url)
     assert summary["reply"] == f"TS agent heard: hello from ts {version} (edited)"
     assert summary["forked"] is True  # the agent advertises fork, so the broker offers it
+    # The agent's notice reached the client as a notice (v1: it advertised session.notices).
+    [notice] = summary["notices"]
+    assert notice["title"] == "TS agent notice" and notice["severity"] == "info"
     if version == "v1":
         caps = summary["capabilities"]
         assert caps["promptCapabilities"] == {
@@ -102,7 +105,7 @@ async def test_the_typescript_sdk_clients_use_a_typescript_agent_through_the_bro
             "embeddedContext": True,
         }
         assert caps["mcpCapabilities"] == {"http": False, "sse": False}
-        assert summary["replayedUser"] == "hello from ts v1"
+        assert summary["replayedUser"] == "hello from ts v1/notice"
     else:
         session = summary["capabilities"]["session"]
         assert session["prompt"] == {"embeddedContext": {}} and session["mcp"] == {"stdio": {}}

@@ -283,7 +283,7 @@ def test_a_log_renders_the_v2_prompt_lifecycle() -> None:
         "agent_message_chunk",
         "agent_thought_chunk",
         "state_update",
-        "agent_message",
+        "notice",
         "user_message",
         "state_update",
         "state_update",
@@ -300,7 +300,7 @@ def test_a_log_renders_the_v2_prompt_lifecycle() -> None:
     ids = [u.get("messageId") for u in updates]
     assert ids[2] == ids[5] != ids[6]  # one agent message, one thought for the turn
     assert ids[0] == f"msg_{EPOCH}_2_user" and ids[9] == f"msg_{EPOCH}_10_user"
-    assert len({ids[0], ids[2], ids[6], ids[8], ids[9]}) == 5
+    assert len({ids[0], ids[2], ids[6], ids[9]}) == 4 and ids[8] is None  # notices: no id
     assert all(m["params"]["_meta"]["acpBroker/position"]["epoch"] == EPOCH for m in messages)
 
 

@@ -16,7 +16,10 @@ from .jsonrpc import invalid_params, notification
 POSITION_META = "acpBroker/position"
 """``_meta`` key of every ``session/update`` the broker sends: ``{"seq": n, "epoch": e}``."""
 NOTICE_META = "acpBroker/notice"
-"""``_meta`` key marking an agent_message_chunk that the broker, not the agent, wrote."""
+"""``_meta`` key marking a notice (or its ``agent_message_chunk`` stand-in) the broker wrote,
+and the stand-in of an agent's notice."""
+NOTICE_TITLE = "Message from the broker"
+"""Title of a broker notice logged without one."""
 
 
 def position_meta(event: LogEvent) -> JsonObject:
@@ -31,13 +34,16 @@ def check_position(seq: int, epoch: str, *, log_epoch: str, head: int) -> None:
         raise invalid_params("the position is ahead of the session's log")
 
 
-def session_updates(event: LogEvent, session_id: str) -> list[JsonObject]:
+def session_updates(event: LogEvent, session_id: str, notices: bool = False) -> list[JsonObject]:
     """The ``session/update`` notifications an event stands for, for any viewer.
 
     A ``prompt`` event stands for the user's message; callers decide whether
     the connection that sent it sees it again (live: no; replay: yes).
+    ``notices``: the viewer advertised ``session.notices``, so notices (the
+    broker's, an agent's) are sent as ``notice`` updates; other viewers get an
+    ``agent_message_chunk`` marked ``_meta["acpBroker/notice"]`` instead.
     """
-    updates = _updates_of(event)
+    updates = _updates_of(event, notices)
     meta = position_meta(event)
     return [
         notification("session/update", {"sessionId": session_id, "update": u, "_meta": meta})
@@ -45,22 +51,67 @@ def session_updates(event: LogEvent, session_id: str) -> list[JsonObject]:
     ]
 
 
-def _updates_of(event: LogEvent) -> list[JsonObject]:
+def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
     body = event.body
     kind = body.get("type")
     if kind == EventType.UPDATE:
-        return [body["update"]]
+        update = body["update"]
+        if update.get("sessionUpdate") == "notice" and not notices:
+            return [notice_chunk(_notice_text(update))]
+        return [update]
     if kind == EventType.PROMPT:
         return [_user_chunk(block) for block in body.get("prompt", [])]
     if kind == EventType.NOTICE:
-        return [
-            {
-                "sessionUpdate": "agent_message_chunk",
-                "content": {"type": "text", "text": str(body.get("text", ""))},
-                "_meta": {NOTICE_META: True},
-            }
-        ]
+        if notices:
+            return [broker_notice(body)]
+        return [notice_chunk(str(body.get("text", "")))]
     return []
+
+
+def is_notice(event: LogEvent) -> bool:
+    """Whether an event is a notice (the broker's, or an agent's ``notice`` update): live
+    only, so a replay leaves it out for viewers that get notices (the notices RFD)."""
+    if event.type == EventType.NOTICE:
+        return True
+    update = event.body.get("update") if event.type == EventType.UPDATE else None
+    return isinstance(update, dict) and update.get("sessionUpdate") == "notice"
+
+
+def client_sees_notices(version: int, capabilities: JsonObject) -> bool:
+    """Whether a client is sent ``notice`` updates: v2 needs no capability; v1 clients
+    advertise ``session.notices``."""
+    if version >= 2:
+        return True
+    session = capabilities.get("session")
+    return isinstance(session, dict) and isinstance(session.get("notices"), dict)
+
+
+def broker_notice(body: JsonObject) -> JsonObject:
+    """A broker ``notice`` event as the ACP ``notice`` update (the same in v1 and v2)."""
+    title = body.get("title")
+    out: JsonObject = {
+        "sessionUpdate": "notice",
+        "severity": str(body.get("severity") or "warning"),
+        "title": title if isinstance(title, str) and title else NOTICE_TITLE,
+        "_meta": {NOTICE_META: True},
+    }
+    if body.get("text"):
+        out["description"] = str(body["text"])
+    return out
+
+
+def notice_chunk(text: str) -> JsonObject:
+    """The stand-in of a notice for a viewer that does not take notices: an agent message."""
+    return {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": text},
+        "_meta": {NOTICE_META: True},
+    }
+
+
+def _notice_text(update: JsonObject) -> str:
+    title, description = str(update.get("title") or ""), update.get("description")
+    return f"{title}: {description}" if isinstance(description, str) and description else title
 
 
 def _user_chunk(block: Any) -> JsonObject:

@@ -12,7 +12,8 @@ live stream rendered:
   ``requires_action`` and then ``running`` again;
 - the agent's chunks during a turn share one ``messageId`` per role (reply,
   thought), derived from the turn; outside a turn, from their own seq;
-- a broker notice is a whole ``agent_message``.
+- a broker notice is a ``notice`` update (v2 clients need no capability for
+  notices); an agent's ``notice`` passes through.
 
 Every notification carries the broker position in ``_meta`` as v1 does.
 """
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from ..store.events import EventType, LogEvent
 from . import v2_translate
 from .jsonrpc import JsonObject, notification
-from .render import NOTICE_META, position_meta
+from .render import broker_notice, position_meta
 
 ERROR_STOP_REASON = "error"
 """Stop reason of a turn that ended in an error (the agent failed); v2's ``ErrorStopReason``
@@ -63,7 +64,7 @@ def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
     if kind == EventType.STATE and isinstance(body.get("state"), str):
         return [state_update(body["state"])]
     if kind == EventType.NOTICE:
-        return [_notice(event)]
+        return [broker_notice(body)]
     return []
 
 
@@ -121,15 +122,6 @@ def _error(error: JsonObject) -> JsonObject:
     if error.get("data") is not None:
         out["data"] = error["data"]
     return out
-
-
-def _notice(event: LogEvent) -> JsonObject:
-    return {
-        "sessionUpdate": "agent_message",
-        "messageId": message_id(event, "notice", None),
-        "content": [{"type": "text", "text": str(event.body.get("text", ""))}],
-        "_meta": {NOTICE_META: True},
-    }
 
 
 # -- the turn in effect ---------------------------------------------------------------------

@@ -89,7 +89,7 @@ _UPDATES: dict[str, Callable[[JsonObject, str], JsonObject]] = {
     "available_commands_update": _commands,
     "config_option_update": _config_update,
 }
-_UNCHANGED = frozenset({"session_info_update", "usage_update"})
+_UNCHANGED = frozenset({"session_info_update", "usage_update", "notice"})
 
 
 # -- tool call content ----------------------------------------------------------------------

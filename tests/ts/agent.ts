@@ -2,7 +2,7 @@
 // An ACP v1 agent written with the official TypeScript SDK (@agentclientprotocol/sdk), in the
 // style of the SDK's example agent, for acp-broker's tests: the broker runs it as any agent
 // (a stdio subprocess). Each prompt streams a reply, reports a tool call and asks the client's
-// permission for it. Sessions live in memory; it supports session/load (replaying its
+// permission for it; a prompt starting with /notice gets a notice instead. Sessions live in memory; it supports session/load (replaying its
 // history), session/resume, session/close and, from the unstable surface, session/fork.
 
 import { Readable, Writable } from "node:stream";
@@ -47,6 +47,18 @@ async function turn(
   text: string,
   signal: AbortSignal,
 ): Promise<acp.StopReason> {
+  if (text.startsWith("/notice")) {
+    await client.notify(acp.methods.client.session.update, {
+      sessionId,
+      update: {
+        sessionUpdate: "notice",
+        severity: "info",
+        title: "TS agent notice",
+        description: "a notice from the agent",
+      },
+    });
+    return "end_turn";
+  }
   const reply = `TS agent heard: ${text}`;
   for (const word of reply.split(/(?<= )/)) {
     if (signal.aborted) return "cancelled";

@@ -105,6 +105,12 @@ async function runV1(stream: Stream): Promise<void> {
       check(seen.permissions.length === 1, "one permission request");
       summary.reply = seen.text(sessionId);
       check(summary.reply === "TS agent heard: hello from ts v1 (edited)", `reply ${summary.reply}`);
+      await ctx.request(v1.methods.agent.session.prompt, {
+        sessionId,
+        prompt: [{ type: "text", text: "/notice" }],
+      });
+      summary.notices = seen.of(sessionId).filter((u) => u.sessionUpdate === "notice");
+      check(summary.notices.length === 1, "the agent's notice, passed through");
 
       const titled = await ctx.request(v1.methods.agent.session.setTitle, {
         sessionId,
@@ -131,7 +137,9 @@ async function runV1(stream: Stream): Promise<void> {
       await ctx.request(v1.methods.agent.session.load, { sessionId, cwd, mcpServers: [] });
       summary.replayedUser = seen.text(sessionId, "user_message_chunk", mark);
       summary.replayedAgent = seen.text(sessionId, "agent_message_chunk", mark);
-      check(summary.replayedUser === "hello from ts v1", `load replayed ${summary.replayedUser}`);
+      check(summary.replayedUser.startsWith("hello from ts v1"), `load replayed ${summary.replayedUser}`);
+      const replayedNotices = seen.of(sessionId, mark).filter((u) => u.sessionUpdate === "notice");
+      check(replayedNotices.length === 0, "notices are not replayed");
       const resumed = await ctx.request(v1.methods.agent.session.resume, { sessionId, cwd });
       check(resumed !== undefined, "resumed");
 
@@ -174,6 +182,14 @@ async function runV2(stream: Stream): Promise<void> {
       summary.reply = seen.text(sessionId, "agent_message_chunk", mark);
       check(summary.reply === "TS agent heard: hello from ts v2 (edited)", `reply ${summary.reply}`);
       summary.messageId = accepted.messageId;
+      mark = seen.updates.length;
+      await ctx.request(v2.methods.agent.session.prompt, {
+        sessionId,
+        prompt: [{ type: "text", text: "/notice" }],
+      });
+      await seen.until(idle(sessionId, mark), "the /notice turn");
+      summary.notices = seen.of(sessionId, mark).filter((u) => u.sessionUpdate === "notice");
+      check(summary.notices.length === 1, "the agent's notice, passed through");
 
       const titled = await ctx.request(v2.methods.agent.session.setTitle, {
         sessionId,
@@ -205,6 +221,7 @@ async function runV2(stream: Stream): Promise<void> {
       });
       const replayed = seen.of(sessionId, mark);
       const again = replayed.find((u) => u.sessionUpdate === "user_message");
+      check(!replayed.some((u) => u.sessionUpdate === "notice"), "notices are not replayed");
       check(again?.messageId === accepted.messageId, "replay keeps the message id");
       summary.replayedAgent = seen.text(sessionId, "agent_message_chunk", mark);
       await ctx.request(v2.methods.agent.session.resume, { sessionId, cwd });

@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 CLIENT_CAPABILITIES: JsonObject = {
     "fs": {"readTextFile": True, "writeTextFile": True},
     "terminal": True,
+    "session": {"notices": {}},
 }
-"""What the broker tells agents its clients can do; requests go to a client that can."""
+"""What the broker tells agents its clients can do; requests go to a client that can. The
+broker takes notices: clients that do not are sent an agent message instead."""
 
 USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
 APPEND_BATCH = 16
@@ -57,10 +59,15 @@ APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
 """Seconds between attempts to log an agent's updates while the store is unreachable."""
 """Agent requests that block the running prompt on a person: logged as ``state`` events."""
 
-_NO_RESTORE_NOTICE = (
-    "The agent could not load or resume this session, so it starts afresh: it does not "
-    "remember the conversation above. The broker's log still holds all of it."
-)
+_NO_RESTORE_NOTICE: JsonObject = {
+    "type": EventType.NOTICE,
+    "severity": "warning",
+    "title": "The agent started this session afresh",
+    "text": (
+        "The agent could not load or resume this session, so it starts afresh: it does not "
+        "remember the conversation above. The broker's log still holds all of it."
+    ),
+}
 
 _MAX_ORPHANS = 100
 
@@ -586,7 +593,7 @@ class AgentHost(AgentEvents):
             reply = await self._ask(process, "session/new", base)
             agent_sid = str(reply.get("sessionId", ""))
             held = self._hold(tenant, session_id, process, agent_sid, fence)
-            await self._append(held, {"type": EventType.NOTICE, "text": _NO_RESTORE_NOTICE})
+            await self._append(held, _NO_RESTORE_NOTICE)
             await self._append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
         if snapshot.prompt_id:
             await self._end_prompt(held, snapshot.prompt_id, error=_ABANDONED_PROMPT)

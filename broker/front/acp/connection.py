@@ -32,7 +32,7 @@ from ...config import Settings
 from ...protocol import jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.pending import PeerGone, PendingRequests
-from ...protocol.render import origin_of, session_updates
+from ...protocol.render import client_sees_notices, is_notice, origin_of, session_updates
 from ...store.events import EventType, LogEvent
 from ...store.log import SessionLog
 from ..fanout import FanoutHub
@@ -81,6 +81,7 @@ class ClientConnection:
         self.bucket = TokenBucket(self.settings.rate_per_connection)
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
+        self._notices: bool | None = None
         self.active: dict[str, ActiveSession] = {}
         self._pending = PendingRequests()
         # Made on first use: most connections never queue a frame, and an empty deque is
@@ -489,12 +490,26 @@ class ClientConnection:
 
     def _frames(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
         """What this connection is sent for an event, in its protocol version."""
+        notices = self.sees_notices
         if self.protocol_version == v2.V2:
             turn, session.turn = session.turn, v2_render.next_turn(event, session.turn)
+            if replay and is_notice(event):
+                return []  # notices are live only (the notices RFD)
             return _v2_frames(event, session.session_id, turn)
+        if replay and notices and is_notice(event):
+            return []
         # v1: the window that typed a prompt does not get it echoed back (live).
         own_prompt = not replay and event.type == EventType.PROMPT and origin_of(event) == self.id
-        return [] if own_prompt else _frames(event, session.session_id)
+        return [] if own_prompt else _frames(event, session.session_id, notices)
+
+    @property
+    def sees_notices(self) -> bool:
+        """Whether this client takes ``notice`` updates (else it gets agent message stand-ins)."""
+        if self._notices is None:
+            if self.protocol_version is None:
+                return False
+            self._notices = client_sees_notices(self.protocol_version, self.client_capabilities)
+        return self._notices
 
     @staticmethod
     def _wake_waiters(session: ActiveSession) -> None:
@@ -570,12 +585,15 @@ def _wire(text: str) -> bytes:
     return wire
 
 
-def _frames(event: LogEvent, session_id: str) -> list[str]:
-    """The frames of an event, serialized once and shared by every connection."""
-    frames = event.frames.get("v1")
+def _frames(event: LogEvent, session_id: str, notices: bool) -> list[str]:
+    """The v1 frames of an event, serialized once and shared by every v1 viewer (of a notice:
+    by those that take notices, and apart by those that do not)."""
+    notices = notices and is_notice(event)
+    key = "v1:notices" if notices else "v1"
+    frames = event.frames.get(key)
     if frames is None:
-        frames = [jsonrpc.encode(m) for m in session_updates(event, session_id)]
-        event.frames["v1"] = frames
+        frames = [jsonrpc.encode(m) for m in session_updates(event, session_id, notices)]
+        event.frames[key] = frames
     return frames
 
 
