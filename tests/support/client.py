@@ -15,6 +15,8 @@ from acp.client.connection import ClientSideConnection
 from acp.schema import AllowedOutcome, DeniedOutcome, RequestPermissionResponse
 from acp.ws import create_websocket_stream
 
+from .schemas import WireChecker
+
 
 async def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
     """Poll ``condition`` until it is truthy (bounded); returns its value. ``condition`` may
@@ -109,22 +111,61 @@ async def acp_client(url: str, *, permission: str = "allow", fs: bool = False) -
 
 
 class RawClient:
-    """A bare WebSocket speaking JSON-RPC by hand, for malformed and edge-case traffic."""
+    """A bare WebSocket speaking JSON-RPC by hand, for malformed and edge-case traffic.
+
+    Once its ``initialize`` is answered, every message it receives is validated against
+    the newest official schema of the negotiated version (:class:`.schemas.WireChecker`).
+    """
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.next_id = 1000
         self.inbox: list[dict[str, Any]] = []
+        self.checker: WireChecker | None = None
+        self._initialize_ids: set[Any] = set()
 
     @classmethod
     async def connect(cls, url: str, **kwargs: Any) -> RawClient:
         return cls(await websockets.connect(url, max_size=None, **kwargs))
 
     async def send(self, payload: Any) -> None:
+        self._sending(payload)
         await self.ws.send(payload if isinstance(payload, str | bytes) else json.dumps(payload))
 
-    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
-        return json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+    async def recv(self, timeout: float = 10.0) -> Any:
+        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        if self.checker is not None:
+            self.checker.check(message)
+        elif isinstance(message, dict) and message.get("id") in self._initialize_ids:
+            version = (message.get("result") or {}).get("protocolVersion")
+            if isinstance(version, int) and version in (1, 2):
+                self.checker = WireChecker(version)
+                self.checker.sending(
+                    {"jsonrpc": "2.0", "id": message["id"], "method": "initialize"}
+                )
+                self.checker.check(message)
+        return message
+
+    def _sending(self, payload: Any) -> None:
+        """Remember the methods of the requests going out (what their replies are checked by)."""
+        if isinstance(payload, bytes):
+            return
+        if isinstance(payload, str):
+            try:
+                payload = json.loads(payload)
+            except (ValueError, RecursionError):  # what hostile-input tests send
+                return
+        messages = payload if isinstance(payload, list) else [payload]
+        requests = [
+            m
+            for m in messages
+            if isinstance(m, dict) and isinstance(m.get("id"), int | str) and "method" in m
+        ]
+        for request in requests:
+            if request["method"] == "initialize":
+                self._initialize_ids.add(request["id"])
+        if self.checker is not None and requests:
+            self.checker.sending(requests)
 
     async def call(self, method: str, params: Any = None, timeout: float = 10.0) -> dict[str, Any]:
         """Send a request and return its reply; notifications that come first go to ``inbox``."""

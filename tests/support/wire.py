@@ -7,7 +7,6 @@ by itself, and keeps what it was sent in order.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import websockets
@@ -26,7 +25,7 @@ class CheckedClient(RawClient):
 
     def __init__(self, ws: Any, version: int) -> None:
         super().__init__(ws)
-        self.checker = WireChecker(version)
+        self.checker: WireChecker = WireChecker(version)
         self.received: list[Any] = []
         self.permission: str | None = "allow_once"  # option to pick; None: leave unanswered
         self.permission_requests: list[dict[str, Any]] = []
@@ -40,13 +39,8 @@ class CheckedClient(RawClient):
         assert reply["result"]["protocolVersion"] == version, reply
         return client
 
-    async def send(self, payload: Any) -> None:
-        self.checker.sending(json.loads(payload) if isinstance(payload, str) else payload)
-        await super().send(payload)
-
     async def recv(self, timeout: float = 10.0) -> Any:
-        message = await super().recv(timeout)
-        self.checker.check(message)
+        message = await super().recv(timeout)  # checked there
         self.received.append(message)
         self._count_idle(message)
         if isinstance(message, dict) and message.get("method") == "session/request_permission":
