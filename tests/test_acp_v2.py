@@ -407,3 +407,22 @@ async def test_batches_follow_json_rpc(url: str) -> None:
     assert refused["error"]["code"] == -32600 and refused["id"] is None
     for each in (client, v1):
         await each.close()
+
+
+# -- a failed turn ----------------------------------------------------------------------------
+
+
+async def test_a_turn_whose_agent_fails_ends_idle_with_the_error_stop_reason(url: str) -> None:
+    client = await CheckedClient.open(url, 2)
+    session_id = await client.new(cwd="/tmp/fails")
+    reply = await client.prompt(session_id, "/crash")
+    assert list(reply["result"]) == ["messageId"]  # inserted: the reply stays a success
+    await client.until_idle(session_id)
+    [idle] = [
+        u["update"]
+        for u in client.updates(session_id)
+        if u["update"]["sessionUpdate"] == "state_update" and u["update"]["state"] == "idle"
+    ]
+    assert idle["stopReason"] == "error"  # v2's ErrorStopReason, with the JSON-RPC error
+    assert idle["error"]["code"] == -32603 and "agent" in idle["error"]["message"]
+    await client.close()
