@@ -75,6 +75,26 @@ async def test_version_negotiation(url: str, asked: int, expected: int) -> None:
     assert result["authMethods"] == []
 
 
+@pytest.mark.parametrize("asked", ["2", -1, 2.0, None, True])
+async def test_a_protocol_version_that_is_not_a_version_is_invalid_params(
+    url: str, asked: Any
+) -> None:
+    async with websockets.connect(url) as ws:
+        params = {**INIT_PARAMS[2], "protocolVersion": asked}
+        await ws.send(
+            json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})
+        )
+        reply = json.loads(await ws.recv())
+        assert reply["error"]["code"] == -32602, reply
+        # The connection is still uninitialized: a proper initialize then succeeds.
+        await ws.send(
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS[2]}
+            )
+        )
+        assert json.loads(await ws.recv())["result"]["protocolVersion"] == 2
+
+
 async def test_auth_methods_are_not_advertised_so_auth_calls_are_refused(url: str) -> None:
     client = await CheckedClient.open(url, 2)
     for method in ("auth/login", "auth/logout"):
