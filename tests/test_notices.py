@@ -11,9 +11,9 @@ import signal
 from typing import Any
 
 import websockets
-from broker.serve import Broker
 
 from broker.protocol import render, v2_render
+from broker.serve import Broker
 from broker.store.events import EventType, LogEvent
 
 from .support.client import text, wait_for
