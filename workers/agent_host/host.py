@@ -77,6 +77,15 @@ _FORK_COPIES = frozenset(
 """What a fork's log copies of its parent's: the conversation, not the parent's own life
 (its creation, statuses, agent bindings) nor the broker's notices (live only)."""
 
+
+def _fork_copies(body: JsonObject) -> bool:
+    """Whether a fork copies this event of its parent's (no notice: they are live only)."""
+    update = body.get("update")
+    if isinstance(update, dict) and update.get("sessionUpdate") == "notice":
+        return False
+    return body.get("type") in _FORK_COPIES
+
+
 _ABANDONED_PROMPT: JsonObject = {
     "code": INTERNAL_ERROR,
     "message": "the agent host running this prompt stopped; the session was taken over",
@@ -230,7 +239,7 @@ class AgentHost(AgentEvents):
     async def _copy_history(self, held: HeldSession, bodies: list[JsonObject]) -> int:
         """Append a parent's history events to a fork's log, in order; returns the last seq."""
         last = 1
-        copies = [body for body in bodies if body.get("type") in _FORK_COPIES]
+        copies = [body for body in bodies if _fork_copies(body)]
         for start in range(0, len(copies), APPEND_BATCH):
             batch = copies[start : start + APPEND_BATCH]
             items = [(held.tenant, held.session_id, body, held.fence) for body in batch]
