@@ -71,9 +71,10 @@ class RemoteAgents(AgentGateway):
         return capabilities.combined(self.specs, self._capabilities)
 
     async def refresh_capabilities(self) -> None:
-        """Read what the hosts' agents advertised (cached for a while once all are known)."""
+        """Read what the hosts' agents advertised: cached 30 s once every agent's is known,
+        1 s while some agent has not started (so a burst of connections reads it once)."""
         known = all(name in self._capabilities for name in self.specs)
-        if known and time.monotonic() - self._capabilities_read < 30:
+        if time.monotonic() - self._capabilities_read < (30 if known else 1):
             return
         raw = await self.redis.hgetall(CAPABILITIES_KEY)
         self._capabilities = {name: json.loads(value) for name, value in raw.items()}
