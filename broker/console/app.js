@@ -12,6 +12,7 @@ const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "acp-broker-token";
 const POSITION_META = "acpBroker/position";
 const REFRESH_LIST_MS = 15000;
+const CWD_LOOKUPS = 10;
 const STATE_TEXT = { idle: "idle", running: "running", requires_action: "waiting for permission" };
 
 const state = {
@@ -162,10 +163,14 @@ function openFromHash() {
 async function cwdOf(id) {
   const row = state.list.rows.get(id);
   if (row?.info.cwd) return row.info.cwd;
-  const page = await fetchRest(`v1/sessions?q=${encodeURIComponent(id)}&limit=5`);
-  const found = page.data.find((s) => s.id === id);
-  if (!found) throw new Error("no such session");
-  return found.cwd;
+  // The index may lag a just-created session by a moment: look a few times, then give up.
+  for (let attempt = 0; attempt < CWD_LOOKUPS; attempt++) {
+    const page = await fetchRest(`v1/sessions?q=${encodeURIComponent(id)}&limit=5`);
+    const found = page.data.find((s) => s.id === id);
+    if (found) return found.cwd;
+    await new Promise((resolve) => setTimeout(resolve, 300));
+  }
+  throw new Error("no such session");
 }
 
 async function openSession(id) {
@@ -182,9 +187,8 @@ async function openSession(id) {
     state.client.call("session/close", { sessionId: previous.id }).catch(() => {});
   }
   const session = { id, cwd, epoch: null, seq: 0 };
-  showSession(session, "Untitled session");
-  const row = state.list.rows.get(id);
-  if (row?.info.title) setTitle(row.info.title);
+  if (!state.list.rows.has(id)) state.list.upsert({ sessionId: id, cwd }, true); // shown, so listed
+  showSession(session, state.list.rows.get(id).info.title);
   state.transcript.hold();
   try {
     const reply = await state.client.call("session/resume", {

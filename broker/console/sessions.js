@@ -37,7 +37,7 @@ export class SessionList {
     this.rows = new Map();
     this.filter = { cwd: "", q: "", status: "", kind: "" };
     this.cursor = null;
-    this.done = false;
+    this.done = true; // nothing to read until reset() starts a listing
     this.loading = null;
     this.generation = 0;
     this.selected = null;

@@ -32,6 +32,7 @@ export class Transcript {
     this.dirty = new Set();
     this.frame = 0;
     this.holding = false;
+    this.following = false;
     this.onTitle = () => {};
     this.onState = () => {};
   }
@@ -49,9 +50,23 @@ export class Transcript {
   release() {
     this.holding = false;
     this.flush();
+    this.root.scrollTop = this.root.scrollHeight;
+  }
+
+  // Keep the newest in view while the reader is at the end (not while they scroll back).
+  follow() {
+    const root = this.root;
+    if (this.holding || this.following) return;
+    if (root.scrollHeight - root.scrollTop - root.clientHeight > 80) return;
+    this.following = true;
+    requestAnimationFrame(() => {
+      this.following = false;
+      root.scrollTop = root.scrollHeight;
+    });
   }
 
   apply(update) {
+    this.follow();
     switch (update.sessionUpdate) {
       case "user_message":
         this.message(update.messageId, "user", textOf(update.content), true);
