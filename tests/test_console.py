@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import pytest_asyncio
@@ -91,7 +92,12 @@ async def new_session(page: Page, agent: str = "console", cwd: str = "/srv/conso
     await page.get_by_label("Working directory", exact=True).fill(cwd)
     await page.get_by_role("button", name="New session").click()
     await expect(page).to_have_url(re.compile(r"#session=sess_"), timeout=WAIT_MS)
-    return page.url.split("#session=", 1)[1]
+    return session_of(page.url)
+
+
+def session_of(url: str) -> str:
+    """The session id in a console address (``…#session=ID&cwd=…``)."""
+    return parse_qs(urlsplit(url).fragment)["session"][0]
 
 
 async def prompt(page: Page, text: str) -> None:
@@ -288,8 +294,8 @@ async def test_the_list_pages_through_300_sessions_exactly_once(
             await rows.last.scroll_into_view_if_needed()
             await page.wait_for_timeout(50)
         await expect(page.locator("#sessions-more")).to_have_text("", timeout=WAIT_MS)
-        hrefs = await rows.locator("a").evaluate_all("links => links.map(a => a.hash)")
-        shown = [h.removeprefix("#session=") for h in hrefs]
+        hrefs = await rows.locator("a").evaluate_all("links => links.map(a => a.href)")
+        shown = [session_of(h) for h in hrefs]
         assert sorted(shown) == sorted(s.session_id for s in seeded)
         assert sorted(listed) == sorted(shown)  # each session read from the broker once
         assert pages == 6  # 50 a page

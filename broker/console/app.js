@@ -5,7 +5,7 @@
 // the page comes straight from a node). A reconnect goes to the same URL, so behind a load
 // balancer it reaches whichever node that gives, and resumes from the last position seen.
 import { AcpClient, RpcError } from "./acp.js";
-import { SessionList } from "./sessions.js";
+import { SessionList, sessionHash } from "./sessions.js";
 import { Transcript } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
@@ -126,6 +126,7 @@ function connectionState({ state: value, reason }) {
 }
 
 function connected(info) {
+  performance.mark("acp-initialized");
   const extra = info?._meta || {};
   $("tenant").textContent = extra["acpBroker/tenant"] ? `Tenant: ${extra["acpBroker/tenant"]}` : "";
   const agents = extra["acpBroker/agents"] || [];
@@ -155,12 +156,13 @@ function fillAgents(agents) {
 // -- sessions -----------------------------------------------------------------------------
 
 function openFromHash() {
-  const match = /^#session=(.+)$/.exec(location.hash);
-  const id = match ? decodeURIComponent(match[1]) : null;
-  if (id && id !== state.session?.id) openSession(id);
+  const params = new URLSearchParams(location.hash.slice(1));
+  const id = params.get("session");
+  if (id && id !== state.session?.id) openSession(id, params.get("cwd"));
 }
 
-async function cwdOf(id) {
+async function cwdOf(id, given) {
+  if (given) return given;
   const row = state.list.rows.get(id);
   if (row?.info.cwd) return row.info.cwd;
   // The index may lag a just-created session by a moment: look a few times, then give up.
@@ -173,12 +175,14 @@ async function cwdOf(id) {
   throw new Error("no such session");
 }
 
-async function openSession(id) {
+async function openSession(id, givenCwd) {
   showError("");
   const previous = state.session;
   let cwd;
+  performance.mark("session-open");
   try {
-    cwd = await cwdOf(id);
+    cwd = await cwdOf(id, givenCwd);
+    performance.mark("session-cwd");
   } catch (error) {
     showError(`Cannot open ${id}: ${error.message}`);
     return;
@@ -196,6 +200,7 @@ async function openSession(id) {
       cwd,
       replayFrom: { type: "start" },
     });
+    performance.mark("session-replayed");
     showConfig(reply?.configOptions);
   } catch (error) {
     showError(`Cannot open the session: ${error.message}`);
@@ -239,9 +244,8 @@ function showSession(session, title) {
   setTitle(title);
   setRunState("idle");
   state.list.select(session.id);
-  if (location.hash !== `#session=${encodeURIComponent(session.id)}`) {
-    history.replaceState(null, "", `#session=${encodeURIComponent(session.id)}`);
-  }
+  const hash = sessionHash(session.id, session.cwd);
+  if (location.hash !== hash) history.replaceState(null, "", hash);
 }
 
 function setTitle(title) {

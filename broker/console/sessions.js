@@ -16,6 +16,13 @@ function el(tag, className, text) {
   return node;
 }
 
+/** The page address of a session: its id, and its cwd (which resuming it needs). */
+export function sessionHash(sessionId, cwd) {
+  const params = new URLSearchParams({ session: sessionId });
+  if (cwd) params.set("cwd", cwd);
+  return `#${params}`;
+}
+
 export function relativeTime(iso) {
   if (!iso) return "";
   const then = Date.parse(iso);
@@ -117,7 +124,7 @@ export class SessionList {
     if (!row) {
       const node = el("li", "session-row");
       const link = el("a");
-      link.href = `#session=${encodeURIComponent(info.sessionId)}`;
+      link.href = sessionHash(info.sessionId, info.cwd);
       const title = el("span", "row-title");
       const meta = el("span", "row-meta");
       link.append(title, meta);

@@ -20,16 +20,17 @@ is shown; the policy is the second fence.
 
 from __future__ import annotations
 
+import hashlib
 import html
+import mimetypes
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
-from starlette.types import Scope
+from starlette.routing import BaseRoute, Route
 
 from ...config import Settings
 
@@ -108,14 +109,35 @@ def same_origin_console(origin: str, host_header: str | None, http_port: int) ->
     return port == http_port and _hostname(parts.netloc).lower() == _hostname(host_header).lower()
 
 
-class _Assets(StaticFiles):
-    """The console's static files, revalidated on each load (a new broker, new files)."""
+@dataclass(frozen=True, slots=True)
+class _Asset:
+    body: bytes
+    media_type: str
+    etag: str
 
-    async def get_response(self, path: str, scope: Scope) -> Response:
-        response = await super().get_response(path, scope)
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers.update(_SECURITY_HEADERS)
-        return response
+
+def _read_assets(root: Path) -> dict[str, _Asset]:
+    """Every file the console ships (a few dozen KB), by its path under ``/console/``.
+
+    Read once and served from memory: a page loads its modules in a cascade of round
+    trips, and Starlette's ``StaticFiles`` stats and reads each file in a worker thread
+    per request, which on a busy node made each module wait 100-200 ms.
+    """
+    assets: dict[str, _Asset] = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.name == "index.html":
+            continue
+        body = path.read_bytes()
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        if path.suffix in (".js", ".mjs"):
+            media_type = "text/javascript"  # module scripts need a JavaScript type
+        elif path.name.endswith("LICENSE"):
+            media_type = "text/plain"
+        if media_type.startswith("text/"):
+            media_type += "; charset=utf-8"
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        assets[path.relative_to(root).as_posix()] = _Asset(body, media_type, etag)
+    return assets
 
 
 class Console:
@@ -130,13 +152,25 @@ class Console:
         self.ws_port = ws_port
         self.auth_required = auth_required
         self._template = (ASSETS / "index.html").read_text(encoding="utf-8")
+        self._assets = _read_assets(ASSETS)
 
     def routes(self) -> list[BaseRoute]:
         """``/`` (the page) and ``/console/…`` (its modules, styles, vendored libraries)."""
         return [
             Route("/", self.page, methods=["GET", "HEAD"]),
-            Mount(ASSETS_PATH, app=_Assets(directory=ASSETS), name="console"),
+            Route(ASSETS_PATH + "/{path:path}", self.asset, methods=["GET", "HEAD"]),
         ]
+
+    async def asset(self, request: Request) -> Response:
+        """One of the console's files (revalidated by ETag on each load: a new broker may
+        ship new files); anything else under ``/console/`` is 404."""
+        asset = self._assets.get(request.path_params["path"])
+        if asset is None:
+            return Response("not found\n", 404, media_type="text/plain")
+        headers = {"ETag": asset.etag, "Cache-Control": "no-cache", **_SECURITY_HEADERS}
+        if request.headers.get("if-none-match") == asset.etag:
+            return Response(status_code=304, headers=headers)
+        return Response(asset.body, 200, headers=headers, media_type=asset.media_type)
 
     async def page(self, request: Request) -> Response:
         """The console page, with the WebSocket URL and whether to sign in filled in."""
