@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from broker.auth.tokens import TokenStore
 from broker.config import AgentSpec
-from broker.front.server import Broker
+from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import AGENTS, ROOT, demo_agent, make_settings

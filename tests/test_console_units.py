@@ -7,8 +7,8 @@ import httpx2
 import pytest
 import websockets
 
-from broker.front.console import content_security_policy, same_origin_console, websocket_url
-from broker.front.server import Broker
+from broker.front.http.console import content_security_policy, same_origin_console, websocket_url
+from broker.serve import Broker
 
 from .conftest import make_settings
 
