@@ -176,6 +176,29 @@ async def test_renaming_in_one_page_retitles_the_other_and_the_list(
         await expect(row).to_have_count(1, timeout=WAIT_MS)
 
 
+async def test_shift_enter_is_a_new_line_and_cancel_ends_a_running_turn(
+    node: Broker, context: Any
+) -> None:
+    page = await open_console(context, console_url(node))
+    await new_session(page)
+    box = page.get_by_role("textbox", name="Prompt")
+    await box.fill("two")
+    await box.press("Shift+Enter")
+    await box.press_sequentially("lines")
+    assert await box.input_value() == "two\nlines"
+    await box.press("Enter")
+    await expect(transcript(page)).to_contain_text("echo: two", timeout=WAIT_MS)
+    await wait_idle(page)
+    cancel = page.get_by_role("button", name="Cancel")
+    await expect(cancel).to_be_disabled()
+    await prompt(page, "slow 100")
+    await expect(page.locator("#session-state")).to_have_text("running", timeout=WAIT_MS)
+    await expect(transcript(page)).to_contain_text("w2 ", timeout=WAIT_MS)
+    await cancel.click()
+    await wait_idle(page)
+    assert "done" not in await transcript(page).inner_text()
+
+
 async def test_a_rich_session_renders_thoughts_plans_tools_and_markdown(
     node: Broker, context: Any
 ) -> None:
