@@ -97,7 +97,8 @@ export class SessionList {
   sentinelVisible() {
     const box = this.sentinel.getBoundingClientRect();
     const view = this.root.closest("nav")?.getBoundingClientRect();
-    return box.top < (view ? view.bottom : window.innerHeight) + 200;
+    const bottom = Math.min(view ? view.bottom : window.innerHeight, window.innerHeight);
+    return box.top < bottom + 200;
   }
 
   async readPage() {

@@ -147,8 +147,11 @@ export class Transcript {
   flush() {
     if (this.frame) cancelAnimationFrame(this.frame);
     this.frame = 0;
+    const root = this.root;
+    const atEnd = root.scrollHeight - root.scrollTop - root.clientHeight <= 80;
     for (const item of this.dirty) renderMarkdown(item.body, item.text);
     this.dirty.clear();
+    if (atEnd && !this.holding) root.scrollTop = root.scrollHeight; // the text grew: follow it
   }
 
   toolCall(update) {
