@@ -39,9 +39,11 @@ from .dispatch import DEFERRED
 
 PROTOCOL_VERSION = 1
 REPLAY_AFTER_META = "acpBroker/replayAfter"
-TENANT_META = "acpBroker/tenant"
-AGENTS_META = "acpBroker/agents"
 """``_meta`` key of ``session/resume`` (and ``session/load``): replay after this position."""
+TENANT_META = "acpBroker/tenant"
+"""``_meta`` key of the v2 ``initialize`` reply: the tenant the connection acts for."""
+AGENTS_META = "acpBroker/agents"
+"""``_meta`` key of the v2 ``initialize`` reply: the configured agents, the default first."""
 
 Handler = Callable[[ClientConnection, Request], Awaitable[Any]]
 

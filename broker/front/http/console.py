@@ -131,7 +131,7 @@ def _read_assets(root: Path) -> dict[str, _Asset]:
         media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         if path.suffix in (".js", ".mjs"):
             media_type = "text/javascript"  # module scripts need a JavaScript type
-        elif path.name.endswith("LICENSE"):
+        elif ".LICENSE" in path.name:
             media_type = "text/plain"
         if media_type.startswith("text/"):
             media_type += "; charset=utf-8"
