@@ -403,7 +403,10 @@ async def _killed_front(redis_url: str, browser: Any, tmp_path: Path) -> None:
                 await expect(transcript(page)).to_contain_text("w5 done", timeout=WAIT_MS)
                 await wait_idle(page)
                 await prompt(page, "slow 15")
-                await expect(transcript(page)).to_contain_text("w2 ", timeout=WAIT_MS)
+                slow_started = re.compile(
+                    r"slow 15\s*Agent\s*w1 w2 "
+                )  # this turn's, not the last's
+                await expect(transcript(page)).to_contain_text(slow_started, timeout=WAIT_MS)
                 await front0.kill()  # the page's node dies mid-turn; the turn goes on
                 await expect(page.get_by_role("status")).not_to_have_text("Online", timeout=5000)
                 await expect(page.get_by_role("status")).to_have_text("Online", timeout=WAIT_MS)
