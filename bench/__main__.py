@@ -1,4 +1,4 @@
-"""``python -m bench [fanout|list|append|connections|replay] [--quick] …``: run the benchmarks.
+"""``python -m bench [fanout|list|append|connections|replay|console] [--quick] …``: run them.
 
 With no name, runs them all in turn (each with the options given). ``python -m bench
 requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs;
@@ -16,13 +16,14 @@ BENCHMARKS = {
     "append": "bench.append",
     "connections": "bench.connections",
     "replay": "bench.replay",
+    "console": "bench.console",
 }
 BREAKDOWNS = {
     "requests": "bench.requests",
     "cluster": "bench.cluster",
     "projector": "bench.projector",
 }
-"""Run by name only, not with the five."""
+"""Run by name only, not with the six."""
 
 
 def main(argv: list[str]) -> int:

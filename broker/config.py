@@ -112,7 +112,10 @@ class Settings(BaseSettings):
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "tenant"
     allowed_origins: list[str] = Field(default_factory=list)
-    """Browser origins allowed to open the WebSocket and call REST (empty: no browsers)."""
+    """Browser origins allowed to open the WebSocket and call REST (empty: no browsers; the
+    console's own origin is always allowed to open the WebSocket)."""
+    console_ws_url: str | None = None
+    """The WebSocket URL the web console at ``/`` opens (unset: worked out per request)."""
     tls_cert: str | None = None
     tls_key: str | None = None
 

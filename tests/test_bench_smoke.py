@@ -28,6 +28,7 @@ BENCHMARKS = (
     "requests",
     "cluster",
     "projector",
+    "console",
 )
 
 

@@ -44,6 +44,7 @@ from .acp.methods_v2 import V2_HANDLERS
 from .agents import RemoteAgents
 from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
+from .http.console import Console, same_origin_console
 from .http.rest import HEALTH_PATH
 from .http.sessions import sessions_service
 from .routing import NodeRouter
@@ -99,7 +100,10 @@ class FrontNode:
             self.access,
             surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
         )
-        self.http = FrontHttp(settings, sessions_service(settings, self.redis, self.authenticator))
+        console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
+        self.http = FrontHttp(
+            settings, sessions_service(settings, self.redis, self.authenticator), console
+        )
         self.http.websocket_port = lambda: self.port
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
@@ -200,7 +204,11 @@ class FrontNode:
     async def _admit(self, ws: ServerConnection, request: HttpRequest) -> HttpResponse | None:
         """Origin, credentials and connection limits of a WebSocket upgrade."""
         origin = request.headers.get("Origin")
-        if origin is not None and origin not in self.settings.allowed_origins:
+        if (
+            origin is not None
+            and origin not in self.settings.allowed_origins
+            and not same_origin_console(origin, request.headers.get("Host"), self.http.port)
+        ):
             return ws.respond(http.HTTPStatus.FORBIDDEN, "origin not allowed\n")
         token, _ = websocket_token(
             request.headers.get("Authorization"),

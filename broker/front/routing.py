@@ -7,6 +7,11 @@ sent the running prompt when it is here, else (when no preference is given)
 any connection that can answer — and sends the answer to the agent host. The
 host takes the first answer and tells the other nodes the request is settled,
 which withdraws it from their clients (``$/cancel_request``).
+
+A connection that said at ``initialize`` that it shows every permission request
+(``capabilities._meta["acpBroker/sharedAsks"]: true``, as the web console does) is
+asked too, at the same time as the one above: a request shows in every such window,
+the first answer from any of them wins, and the others are withdrawn.
 """
 
 from __future__ import annotations
@@ -34,6 +39,17 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "fs/write_text_file": ("fs", "writeTextFile"),
     "terminal/": ("terminal",),
 }
+
+
+SHARED_ASKS_META = "acpBroker/sharedAsks"
+SHARED_ASKS = frozenset({"session/request_permission"})
+"""Requests that every connection sharing asks is shown, beside the preferred one."""
+
+
+def shares_asks(conn: ClientConnection) -> bool:
+    """Whether the connection asked to be shown every permission request of its sessions."""
+    meta = conn.client_capabilities.get("_meta")
+    return isinstance(meta, dict) and meta.get(SHARED_ASKS_META) is True
 
 
 def can_answer(conn: ClientConnection, method: str) -> bool:
@@ -78,19 +94,43 @@ class NodeRouter(HubListener):
             for conn in self.hub.subscribers(keys.session_id, keys.tenant)
             if isinstance(conn, ClientConnection) and can_answer(conn, method)
         ]
+        shared = method in SHARED_ASKS
+        sharing = [conn for conn in candidates if shared and shares_asks(conn)]
         if prefer is not None:
             candidates = [conn for conn in candidates if conn.id == prefer]
         answer: JsonObject = {"none": True}
-        for conn in candidates:
+        # The preferred connection (or, with none, each in turn until one can), and beside it
+        # every connection that shares asks; only those when no other is here.
+        rounds = [[conn, *(c for c in sharing if c is not conn)] for conn in candidates]
+        for conns in rounds or ([sharing] if sharing else []):
             try:
-                answer = {"result": await conn.request_client(method, message["params"])}
-                break
-            except RpcError as exc:
-                answer = {"error": exc.to_json()}
+                answer = await self._first_answer(conns, method, message["params"])
                 break
             except ConnectionError:
                 continue
         await self._answer(message, answer)
+
+    async def _first_answer(
+        self, conns: list[ClientConnection], method: str, params: JsonObject
+    ) -> JsonObject:
+        """Ask every connection at once; the first answer wins and the others are withdrawn.
+
+        Raises :class:`ConnectionError` when none of them can answer (all gone).
+        """
+        asks = [asyncio.ensure_future(conn.request_client(method, params)) for conn in conns]
+        try:
+            for next_answer in asyncio.as_completed(asks):
+                try:
+                    return {"result": await next_answer}
+                except RpcError as exc:
+                    return {"error": exc.to_json()}
+                except ConnectionError:
+                    continue
+            raise ConnectionError(f"no connection left to answer {method}")
+        finally:
+            for ask in asks:
+                ask.cancel()  # a pending ask is withdrawn from its client ($/cancel_request)
+            await asyncio.wait(asks)
 
     async def _answer(self, message: JsonObject, answer: JsonObject) -> None:
         reply = commands.client_reply(message["rid"], self.hub.node_id, answer)

@@ -40,6 +40,10 @@ from .dispatch import DEFERRED
 PROTOCOL_VERSION = 1
 REPLAY_AFTER_META = "acpBroker/replayAfter"
 """``_meta`` key of ``session/resume`` (and ``session/load``): replay after this position."""
+TENANT_META = "acpBroker/tenant"
+"""``_meta`` key of the v2 ``initialize`` reply: the tenant the connection acts for."""
+AGENTS_META = "acpBroker/agents"
+"""``_meta`` key of the v2 ``initialize`` reply: the configured agents, the default first."""
 
 Handler = Callable[[ClientConnection, Request], Awaitable[Any]]
 
@@ -97,6 +101,7 @@ class AcpMethods:
         if negotiated == v2.V2:
             result = v2.initialize_result(self.host.agent_capabilities())
             result["authMethods"] = self.access.auth_methods(v2.V2)
+            result["_meta"] = self._broker_meta(conn)
             return result
         return {
             "protocolVersion": PROTOCOL_VERSION,
@@ -104,6 +109,12 @@ class AcpMethods:
             "authMethods": self.access.auth_methods(PROTOCOL_VERSION),
             "agentInfo": dict(v2.BROKER_INFO),
         }
+
+    def _broker_meta(self, conn: ClientConnection) -> JsonObject:
+        """What a v2 client learns of this deployment at ``initialize``: the tenant it acts
+        for, and the agents it may start sessions on (the default first)."""
+        agents = [{"name": a.name, "kind": a.kind} for a in self.settings.agent_list()]
+        return {TENANT_META: conn.tenant, AGENTS_META: agents}
 
     # -- authentication ---------------------------------------------------------------------
 

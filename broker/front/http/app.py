@@ -1,4 +1,4 @@
-"""The broker's HTTP listener: MCP over streamable HTTP at ``/mcp``, and the REST endpoints.
+"""The broker's HTTP listener: MCP at ``/mcp``, the REST endpoints, and the web console at ``/``.
 
 MCP's streamable HTTP transport needs POST, which the WebSocket server cannot take,
 so a node runs a second listener (setting ``http_port``): an ASGI app from the
@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from ...config import Settings
 from ..acp import websocket_only
+from .console import Console
 from .mcp import mcp_server
 from .rest import PATHS, RestApi
 from .sessions import SessionsService
@@ -42,8 +43,11 @@ _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 class FrontHttp:
     """The HTTP port: MCP, REST, OpenAPI and health, all through one Starlette app."""
 
-    def __init__(self, settings: Settings, sessions: SessionsService) -> None:
+    def __init__(
+        self, settings: Settings, sessions: SessionsService, console: Console | None = None
+    ) -> None:
         self.settings = settings
+        self.console = console
         self.rest = RestApi(sessions)
         self.mcp = mcp_server(sessions)
         self._server: _EmbeddedServer | None = None
@@ -59,7 +63,7 @@ class FrontHttp:
         return self._port
 
     def asgi_app(self) -> Starlette:
-        """The HTTP port's app: the SDK's streamable HTTP app plus the REST routes."""
+        """The HTTP port's app: the SDK's streamable HTTP app, the console, the REST routes."""
         routes = [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
         routes.append(Route(self.settings.path, self._acp_endpoint, methods=_ALL_METHODS))
         routes.append(Route("/{path:path}", self._rest_endpoint, methods=_ALL_METHODS))
@@ -70,6 +74,8 @@ class FrontHttp:
             host=self.settings.host,
             custom_starlette_routes=routes,
         )
+        if self.console is not None:  # before the catch-all that answers unknown paths
+            app.router.routes[0:0] = self.console.routes()
         if self.settings.allowed_origins:  # browsers on these origins may call REST and MCP
             app.add_middleware(
                 CORSMiddleware,
