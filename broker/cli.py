@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import loops
+from . import archive_cli, loops
 from .config import AgentSpec, Settings, load_settings
 
 log = logging.getLogger("acp-broker")
@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     rebuild = sub.add_parser("rebuild-index", help="rebuild the session index from the logs")
     _common(rebuild)
+    rebuild.add_argument(
+        "--archive-store", help="where archived logs are (dir:PATH, postgresql://…)"
+    )
+    for operator in archive_cli.add_commands(sub):
+        _common(operator)
 
     token = sub.add_parser("token", help="create, list and revoke API tokens")
     actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -215,17 +220,22 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 def _cmd_rebuild(args: argparse.Namespace) -> int:
     from workers.projector.rebuild import rebuild_index
 
+    from .store.archive import open_archive
     from .store.client import connect
 
-    settings = _settings(args)
+    settings = _settings(args, archive_store=args.archive_store)
     if settings.redis_url is None:
         raise SystemExit("acp-broker rebuild-index: --redis-url is required")
 
     async def run() -> dict[str, int]:
         redis = connect(settings.redis_url)
+        location = settings.archive_location()
+        archive = open_archive(location) if location is not None else None
         try:
-            return await rebuild_index(redis)
+            return await rebuild_index(redis, archive)
         finally:
+            if archive is not None:
+                await archive.close()
             await redis.aclose()
 
     counts = asyncio.run(run())
@@ -274,7 +284,14 @@ def _cmd_token(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _cmd_archive(args: argparse.Namespace) -> int:
+    settings = _settings(args, archive_store=args.archive_store)
+    return asyncio.run(archive_cli.run(settings, args.command, args.older_than, args.dry_run))
+
+
 _COMMANDS = {
+    "archive": _cmd_archive,
+    "purge": _cmd_archive,
     "serve": _cmd_serve,
     "worker": _cmd_worker,
     "connect": _cmd_connect,

@@ -12,6 +12,7 @@ import os
 import secrets
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -139,6 +140,21 @@ class Settings(BaseSettings):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop ``serve`` and the workers run on (see :mod:`broker.loops`)."""
 
+    archive_store: str | None = None
+    """Where idle sessions' logs go: a folder (``dir:PATH`` or ``PATH``) or PostgreSQL
+    (``postgresql://…``). Unset: a private temporary folder on the embedded store, and no
+    archiving on Redis (see :meth:`archive_location`)."""
+    archive_after: float | None = Field(default=3600.0, gt=0)
+    """Seconds without an append after which a session's log is archived (None: never)."""
+    archive_interval: float = Field(default=60.0, gt=0)
+    """Seconds between two rounds of the archiving role (archive, then purge)."""
+    deleted_retention: float = Field(default=7 * 86400.0, ge=0)
+    """Seconds a deleted session is kept (listed as DELETED) before it is purged."""
+    max_events_per_session: int = Field(default=200_000, ge=10)
+    """The most events one session's log may hold; past it appends fail (a runaway agent)."""
+    max_sessions_per_tenant: int = Field(default=100_000, ge=1)
+    """The most sessions (deleted ones until purged included) one tenant may have."""
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -159,6 +175,13 @@ class Settings(BaseSettings):
         if self.http_port is not None:
             return self.http_port
         return self.port + 1 if 0 < self.port < 65535 else 0
+
+    def archive_location(self) -> str | None:
+        """The archive store's location; None: archiving is off. The embedded store gets a
+        private temporary folder (made once), as undurable as the store itself."""
+        if self.archive_store is None and self.redis_url is None:
+            self.archive_store = tempfile.mkdtemp(prefix="acp-broker-archive-")
+        return self.archive_store
 
     def cursor_keys(self) -> list[bytes]:
         """Signing keys, newest first; generates one (and warns) when none is set."""

@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from workers.agent_host.worker import HostWorker
+from workers.projector.archiving import archiving_role
 from workers.projector.worker import Projector
 
 from .config import Settings
@@ -29,21 +32,28 @@ class Broker(FrontNode):
         super().__init__(settings, redis=redis)
         self.worker: HostWorker | None = None
         if settings.workers:
-            self.worker = HostWorker(self.redis, settings)
+            self.worker = HostWorker(self.redis, settings, archive=self.archive)
             # Started in this order and stopped in reverse: the host hands its sessions
-            # over while the projector still runs.
-            self.colocated += [ProjectorTask(Projector(self.redis)), self.worker]
+            # over while the projector (and the archiving role) still runs.
+            self.colocated.append(LoopTask("projector", Projector(self.redis).run))
+            if self.archive is not None:
+                archive = self.archive
+                self.colocated.append(
+                    LoopTask("archiving", lambda: archiving_role(self.redis, archive, settings))
+                )
+            self.colocated.append(self.worker)
 
 
-class ProjectorTask:
-    """A projector as a colocated role: its loop runs as a task of the node's loop."""
+class LoopTask:
+    """A role whose loop runs as a task of the node's loop (the projector, archiving)."""
 
-    def __init__(self, projector: Projector) -> None:
-        self.projector = projector
+    def __init__(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.name = name
+        self.run = run
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self.projector.run(), name="projector")
+        self._task = asyncio.create_task(self.run(), name=self.name)
 
     async def stop(self, *, hand_over: bool = False) -> None:
         if self._task is not None:

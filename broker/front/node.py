@@ -32,6 +32,7 @@ from ..auth.principal import AuthError, Principal
 from ..config import Settings
 from ..logs import install_redaction
 from ..protocol import v2
+from ..store.archive import open_archive
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
@@ -72,7 +73,14 @@ class FrontNode:
             log.warning("%s", embedded_warning())
         self._owns_redis = redis is None
         self.redis = redis if redis is not None else connect(settings.redis_url)
-        self.log = SessionLog(self.redis, feed_maxlen=settings.feed_maxlen)
+        location = settings.archive_location()
+        self.archive = open_archive(location) if location is not None else None
+        self.log = SessionLog(
+            self.redis,
+            feed_maxlen=settings.feed_maxlen,
+            archive=self.archive,
+            max_events=settings.max_events_per_session,
+        )
         self.index = SessionIndex(self.redis)
         self.hub = FanoutHub(self.redis, self.log)
         self.agents = RemoteAgents(
@@ -169,6 +177,8 @@ class FrontNode:
         for role in reversed(self.colocated):
             await role.stop(hand_over=hand_over)
         await self.hub.stop()
+        if self.archive is not None:
+            await self.archive.close()
         self.index.close()
         if self._owns_redis:
             with contextlib.suppress(Exception):

@@ -62,9 +62,12 @@ class SessionKeys:
 
     __slots__ = (
         "channel",
+        "deleted",
         "feed",
+        "hot",
         "lease",
         "log",
+        "member",
         "meta",
         "partition",
         "session_id",
@@ -84,11 +87,36 @@ class SessionKeys:
         self.channel = f"{base}:live"
         self.lease = f"{base}:lease"
         self.feed = feed_key(self.partition)
+        self.hot = hot_key(self.partition)
+        self.deleted = deleted_key(self.partition)
+        self.member = session_member(tenant, session_id)
 
 
 def feed_key(partition: int) -> str:
     """The change feed of one partition: one notice per append, read by projectors."""
     return f"{PREFIX}:{{{partition_tag(partition)}}}:feed"
+
+
+def hot_key(partition: int) -> str:
+    """The sessions of one partition whose log is in Redis, scored by their last append (ms):
+    the archiving role finds idle ones here."""
+    return f"{PREFIX}:{{{partition_tag(partition)}}}:hot"
+
+
+def deleted_key(partition: int) -> str:
+    """The deleted sessions of one partition, scored by deletion time (ms), until purged."""
+    return f"{PREFIX}:{{{partition_tag(partition)}}}:deleted"
+
+
+def session_member(tenant: str, session_id: str) -> str:
+    """A session as a member of a partition set: ``tenant<TAB>session id``."""
+    return f"{tenant}\t{session_id}"
+
+
+def split_member(member: str) -> tuple[str, str]:
+    """``(tenant, session id)`` of a :func:`session_member`."""
+    tenant, _, session_id = member.rpartition("\t")
+    return tenant, session_id
 
 
 class TenantKeys:

@@ -17,6 +17,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from .. import fastjson
+from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
 from .client import Store, is_cluster
 from .events import (
     EventType,
@@ -43,6 +44,28 @@ class Fenced(Exception):
     """The appender's fencing token is stale: another agent host holds the session."""
 
 
+class SessionArchived(Exception):
+    """The session's log is in the archive store (the append script refuses until restored)."""
+
+
+class SessionFull(Exception):
+    """The session has as many events as ``max_events_per_session`` allows."""
+
+
+class StoreFull(Exception):
+    """Redis refused a write: it is at ``maxmemory`` (run it with ``noeviction``)."""
+
+
+class ArchiveUnavailable(Exception):
+    """The session's log is archived, and this process has no archive store to read it."""
+
+
+RESTORE_CHUNK = 1000
+"""Events per restore script call: a long log comes back in parts, each one short."""
+
+_CACHED_ARCHIVES = 8
+
+
 def _script(name: str) -> str:
     return resources.files(__package__).joinpath("lua", name).read_text()
 
@@ -50,9 +73,21 @@ def _script(name: str) -> str:
 class SessionLog:
     """Appends to and reads from session logs."""
 
-    def __init__(self, redis: Store, *, feed_maxlen: int = 100_000) -> None:
+    def __init__(
+        self,
+        redis: Store,
+        *,
+        feed_maxlen: int = 100_000,
+        archive: ArchiveStore | None = None,
+        max_events: int = 0,
+    ) -> None:
         self.redis = redis
         self.feed_maxlen = feed_maxlen
+        self.archive = archive
+        self.max_events = max_events
+        self._archives: dict[tuple[str, str, str], ArchivedLog] = {}
+        self._restore = redis.register_script(_script("restore.lua"))
+        self._trim = redis.register_script(_script("archive_trim.lua"))
         self._append = redis.register_script(_script("append.lua"))
         self._append_batch = redis.register_script(
             "local function append_one(KEYS, ARGV)\n"
@@ -79,9 +114,15 @@ class SessionLog:
         appends nothing more and returns the session's position, at or past the one it
         got. A session knows its last 16 calls.
         """
-        return await self._run(
-            *self._call(tenant, session_id, body, mode="append", fence=fence, call=call)
-        )
+        call = call or _call_id()  # the same call after a restore
+        for _ in range(3):
+            try:
+                return await self._run(
+                    *self._call(tenant, session_id, body, mode="append", fence=fence, call=call)
+                )
+            except SessionArchived:
+                await self.restore(tenant, session_id)
+        raise SessionArchived(f"session {session_id} was archived again while it was restored")
 
     async def append_many(
         self,
@@ -98,6 +139,24 @@ class SessionLog:
         session's events stay in order in its partition's call, and each partition's feed
         gets its events in order, which is all the order anyone can see."""
         ids = list(calls) if calls is not None else call_ids(len(items))
+        results = await self._append_many(items, ids)
+        for _ in range(3):
+            archived = [i for i, r in enumerate(results) if isinstance(r, SessionArchived)]
+            if not archived:
+                break
+            for tenant, session_id in dict.fromkeys((items[i][0], items[i][1]) for i in archived):
+                await self.restore(tenant, session_id)
+            again = await self._append_many(
+                [items[i] for i in archived], [ids[i] for i in archived]
+            )
+            for i, result in zip(archived, again, strict=True):
+                results[i] = result
+        return results
+
+    async def _append_many(
+        self, items: Sequence[tuple[str, str, JsonObject, str]], ids: Sequence[str]
+    ) -> list[Position | Exception]:
+        """:meth:`append_many` without the restore of archived sessions."""
         if not items:
             return []
         if not is_cluster(self.redis):
@@ -166,10 +225,20 @@ class SessionLog:
             len(ops),
             "1" if is_activity(body) else "0",
             call or _call_id(),
+            self.max_events,
+            "1" if body.get("type") == EventType.DELETED else "0",
         ]
         for op in ops:
             args.extend(op)
-        return [keys.log, keys.snapshot, keys.meta, keys.feed, keys.channel], args
+        return [
+            keys.log,
+            keys.snapshot,
+            keys.meta,
+            keys.feed,
+            keys.channel,
+            keys.hot,
+            keys.deleted,
+        ], args
 
     async def _run(self, keys: list[str], args: list[Any]) -> Position:
         """One call of the append script (keys and arguments from :meth:`_call`)."""
@@ -182,11 +251,16 @@ class SessionLog:
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Call one of the log's scripts."""
         try:
-            return await script(keys=keys, args=args)
-        except NoScriptError:
-            # A node that just became a master may not know the script, and redis-py's
-            # reload can go to the nodes it knew before the failover: EVAL goes by key.
-            return await self.redis.eval(script.script, len(keys), *keys, *args)
+            try:
+                return await script(keys=keys, args=args)
+            except NoScriptError:
+                # A node that just became a master may not know the script, and redis-py's
+                # reload can go to the nodes it knew before the failover: EVAL goes by key.
+                return await self.redis.eval(script.script, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if is_oom(exc):
+                raise StoreFull(str(exc)) from None
+            raise
 
     async def read(
         self,
@@ -198,15 +272,126 @@ class SessionLog:
         count: int | None = None,
         epoch: str | None = None,
     ) -> list[LogEvent]:
-        """Events with ``after < seq <= until`` in order (``epoch`` saves a snapshot read)."""
+        """Events with ``after < seq <= until`` in order, from Redis or, for an archived
+        session, from the archive store (the same events, positions and epoch).
+
+        ``epoch`` is accepted for callers that know it; the snapshot is read anyway, in the
+        same round trip, because it tells whether the log is archived. Raises
+        :class:`SessionMissing`, :class:`ArchiveCorrupt` or :class:`ArchiveUnavailable`."""
         keys = SessionKeys(tenant, session_id)
+        high = "+" if until is None else f"{until}-0"
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.snapshot, "epoch", "archived", "gen")
+            pipe.xrange(keys.log, f"({after}-0", high, count=count)
+            pipe.hmget(keys.snapshot, "archived", "gen")
+            (got_epoch, archived, gen), entries, (archived_after, gen_after) = await pipe.execute()
+        if got_epoch is None:
+            raise SessionMissing(session_id)
+        if archived is None and archived_after is None and gen == gen_after:
+            # No trim between the two snapshot reads (a trim sets ``archived`` and moves
+            # ``gen``; a restore only ends while ``archived`` is set): the range is whole.
+            return [_entry_event(entry_id, fields, got_epoch) for entry_id, fields in entries]
+        found = await self._archived(tenant, session_id)
+        if found.epoch != got_epoch:
+            raise ArchiveCorrupt(
+                f"archive of session {session_id} holds epoch {found.epoch}, not {got_epoch}"
+            )
+        last = found.seq if until is None else min(until, found.seq)
+        picked = found.entries[after:last]
+        if count is not None:
+            picked = picked[:count]
+        return [
+            LogEvent(seq=seq, epoch=found.epoch, ts=ts, body=fastjson.loads(event))
+            for seq, ts, event in picked
+        ]
+
+    async def _archived(self, tenant: str, session_id: str) -> ArchivedLog:
+        """The session's archived log, checked whole against its snapshot. Archived logs
+        do not change while archived, so the last few read are kept, by ``gen``."""
+        keys = SessionKeys(tenant, session_id)
+        archived, gen, epoch = await self.redis.hmget(keys.snapshot, "archived", "gen", "epoch")
         if epoch is None:
-            epoch = await self.redis.hget(keys.snapshot, "epoch")
+            raise SessionMissing(session_id)
+        cache_key = (tenant, session_id, str(gen))
+        found = self._archives.get(cache_key)
+        if found is not None:
+            return found
+        if self.archive is None:
+            raise ArchiveUnavailable(
+                f"session {session_id}'s log is archived and no archive store is configured"
+            )
+        blob = await self.archive.get(tenant, session_id)
+        if blob is None:
+            raise ArchiveCorrupt(f"session {session_id}'s log is archived; its archive is missing")
+        found = decode(blob, tenant, session_id)
+        if archived is not None and found.seq < int(archived):
+            raise ArchiveCorrupt(
+                f"archive of session {session_id} ends at {found.seq}, its log at {archived}"
+            )
+        if len(self._archives) >= _CACHED_ARCHIVES:
+            self._archives.pop(next(iter(self._archives)))
+        self._archives[cache_key] = found
+        return found
+
+    async def restore(self, tenant: str, session_id: str) -> None:
+        """Bring an archived log back into Redis (nothing to do for one that is not).
+
+        Parts of :data:`RESTORE_CHUNK` events, each skipping what is there already: safe
+        to race and to retry after a crash. Readers see the archive until the last part."""
+        keys = SessionKeys(tenant, session_id)
+        archived, gen = await self.redis.hmget(keys.snapshot, "archived", "gen")
+        if archived is None:
+            return
+        found = await self._archived(tenant, session_id)
+        entries = found.entries[: int(archived)]
+        now = int(time.time() * 1000)
+        parts = range(0, len(entries), RESTORE_CHUNK)
+        for start in parts:
+            chunk = entries[start : start + RESTORE_CHUNK]
+            final = start + RESTORE_CHUNK >= len(entries)
+            args: list[Any] = [gen or "0", now, keys.member, "1" if final else "0"]
+            for seq, ts, event in chunk:
+                args += [seq, ts, event]
+            done = await self._script(self._restore, [keys.log, keys.snapshot, keys.hot], args)
+            if not done:
+                return  # another restorer finished first
+
+    async def trim_archived(self, tenant: str, session_id: str, seq: int, epoch: str) -> int:
+        """Remove the log from Redis now that its archive copy (events ``1 … seq`` of
+        ``epoch``) is confirmed written. Returns what ``lua/archive_trim.lua`` does:
+        1 trimmed, 0 already archived, -1 the log moved on (nothing trimmed)."""
+        keys = SessionKeys(tenant, session_id)
+        try:
+            outcome = await self._script(
+                self._trim, [keys.log, keys.snapshot, keys.hot], [seq, epoch, keys.member]
+            )
+        except ResponseError as exc:
+            raise _append_error(exc) from None
+        return int(outcome)
+
+    async def read_whole(self, tenant: str, session_id: str) -> ArchivedLog | None:
+        """The whole log as it is in Redis now, with its epoch (to archive it), or None when
+        it is archived already. One round trip: the snapshot, the range, the snapshot again;
+        an append in between (the seq moved) is read again."""
+        keys = SessionKeys(tenant, session_id)
+        while True:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(keys.snapshot, "seq", "epoch", "archived")
+                pipe.xrange(keys.log, "-", "+")
+                pipe.hmget(keys.snapshot, "seq", "archived")
+                (seq, epoch, archived), entries, after = await pipe.execute()
             if epoch is None:
                 raise SessionMissing(session_id)
-        high = "+" if until is None else f"{until}-0"
-        entries = await self.redis.xrange(keys.log, f"({after}-0", high, count=count)
-        return [_entry_event(entry_id, fields, epoch) for entry_id, fields in entries]
+            if archived is not None or after[1] is not None:
+                return None
+            if after[0] == seq:
+                break
+        rows = [(int(i.split("-", 1)[0]), int(f["ts"]), f["ev"]) for i, f in entries]
+        if len(rows) != int(seq) or any(row[0] != n for n, row in enumerate(rows, 1)):
+            raise ArchiveCorrupt(
+                f"session {session_id}'s log in Redis holds {len(rows)} of {seq} events"
+            )
+        return ArchivedLog(tenant, session_id, epoch, int(seq), rows)
 
     async def snapshot(self, tenant: str, session_id: str) -> SessionSnapshot:
         """The session's current snapshot; :class:`SessionMissing` if there is none."""
@@ -256,8 +441,19 @@ def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:
     )
 
 
+def is_oom(exc: BaseException) -> bool:
+    """Whether Redis refused a command because it is at ``maxmemory``."""
+    return isinstance(exc, ResponseError) and "OOM" in str(exc) and "maxmemory" in str(exc)
+
+
 def _append_error(exc: ResponseError) -> Exception:
     text = str(exc)
+    if is_oom(exc):
+        return StoreFull(text)
+    if "ARCHIVED" in text:
+        return SessionArchived(text)
+    if "LIMIT" in text:
+        return SessionFull(text)
     if "NOSESSION" in text:
         return SessionMissing(text)
     if "EXISTS" in text:

@@ -30,7 +30,9 @@ from broker.config import Settings
 from broker.protocol import commands
 from broker.protocol.commands import Op
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
+from broker.store.archive import ArchiveStore
 from broker.store.client import Store
+from broker.store.failures import rpc_failure
 from broker.store.keys import CAPABILITIES_KEY, SessionKeys, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
 
@@ -103,7 +105,14 @@ class _NobodyAnswered(Exception):
 class HostWorker:
     """Runs an :class:`AgentHost` for the commands front nodes send through Redis."""
 
-    def __init__(self, redis: Store, settings: Settings, *, host_id: str | None = None) -> None:
+    def __init__(
+        self,
+        redis: Store,
+        settings: Settings,
+        *,
+        host_id: str | None = None,
+        archive: ArchiveStore | None = None,
+    ) -> None:
         self.redis = redis
         self.settings = settings
         self.host_id = host_id or f"host-{secrets.token_hex(6)}"
@@ -112,7 +121,12 @@ class HostWorker:
         self.clients = RemoteClients(redis, self.inbox)
         self.host = AgentHost(
             settings.agent_list(),
-            SessionLog(redis, feed_maxlen=settings.feed_maxlen),
+            SessionLog(
+                redis,
+                feed_maxlen=settings.feed_maxlen,
+                archive=archive,
+                max_events=settings.max_events_per_session,
+            ),
             self.clients,
             self.leases,
             request_timeout=settings.agent_request_timeout,
@@ -213,10 +227,12 @@ class HostWorker:
             missing = session_not_found(str(command.get("sid") or ""))
             await self._send(reply_to, commands.error(rid, missing))
             return
-        except Exception:
-            log.exception("command %s failed", command.get("op"))
-            internal = RpcError(INTERNAL_ERROR, "internal error")
-            await self._send(reply_to, commands.error(rid, internal))
+        except Exception as exc:
+            failure = rpc_failure(exc)
+            if failure is None:
+                log.exception("command %s failed", command.get("op"))
+                failure = RpcError(INTERNAL_ERROR, "internal error")
+            await self._send(reply_to, commands.error(rid, failure))
             return
         await self._send(reply_to, commands.result(rid, result))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.events import fold
 from broker.store.index import SessionIndex, members_of
@@ -20,19 +21,21 @@ log = logging.getLogger(__name__)
 
 
 async def find_sessions(redis: Store) -> dict[str, set[str]]:
-    """Every session with a log, by tenant (a SCAN: for rebuilds, not for serving)."""
+    """Every session, by tenant (a SCAN: for rebuilds, not for serving). Sessions are found
+    by their snapshot, which an archived session keeps while its log is archived."""
     found: dict[str, set[str]] = defaultdict(set)
-    async for key in redis.scan_iter(match=f"{PREFIX}:{{*}}:t:*:s:*:log", count=1000):
-        # acpb:{tag}:t:<tenant>:s:<session>:log
+    async for key in redis.scan_iter(match=f"{PREFIX}:{{*}}:t:*:s:*:snap", count=1000):
+        # acpb:{tag}:t:<tenant>:s:<session>:snap
         _, _, rest = key.partition("}:t:")
         tenant, _, rest = rest.partition(":s:")
-        found[tenant].add(rest.rsplit(":log", 1)[0])
+        found[tenant].add(rest.rsplit(":snap", 1)[0])
     return found
 
 
-async def rebuild_index(redis: Store) -> dict[str, int]:
-    """Rebuild every tenant's index from the logs; returns how many sessions per tenant."""
-    session_log = SessionLog(redis)
+async def rebuild_index(redis: Store, archive: ArchiveStore | None = None) -> dict[str, int]:
+    """Rebuild every tenant's index from the logs (an archived one read from ``archive``);
+    returns how many sessions per tenant."""
+    session_log = SessionLog(redis, archive=archive)
     index = SessionIndex(redis)
     counts: dict[str, int] = {}
     for tenant, sessions in (await find_sessions(redis)).items():

@@ -34,6 +34,7 @@ from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Re
 from ...protocol.pending import PeerGone, PendingRequests
 from ...protocol.render import client_sees_notices, is_notice, origin_of, session_updates
 from ...store.events import EventType, LogEvent
+from ...store.failures import rpc_failure
 from ...store.log import SessionLog
 from ..fanout import FanoutHub
 from .access import TokenBucket, session_limit
@@ -225,11 +226,15 @@ class ClientConnection:
             return
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("handling %s failed", request.method)
+        except Exception as exc:
+            failure = rpc_failure(exc)
+            if failure is None:
+                log.exception("handling %s failed", request.method)
+                failure = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
+            else:
+                log.warning("%s failed: %s", request.method, failure.message)
             if request.id is not None:
-                internal = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
-                self.send(jsonrpc.error_reply(request.id, internal))
+                self.send(jsonrpc.error_reply(request.id, failure))
             return
         if not isinstance(result, Deferred):
             self.reply(request, result)

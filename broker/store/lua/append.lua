@@ -3,16 +3,24 @@
 -- feed and the live event on the session's shard channel.
 --
 -- KEYS: 1 log stream, 2 snapshot hash, 3 metadata hash, 4 partition feed stream,
---       5 live shard channel (declared so that Cluster checks its slot too)
+--       5 live shard channel (declared so that Cluster checks its slot too),
+--       6 the partition's hot set (sessions whose log is in Redis, by last append),
+--       7 the partition's deleted set (deleted sessions, by deletion time)
 -- ARGV: 1 now (ms), 2 event body (JSON text, stored and published verbatim),
 --       3 mode ("create" or "append"), 4 epoch (create only), 5 fencing token ("" = none),
 --       6 feed max length, 7 tenant, 8 session id, 9 number of snapshot operations,
 --       10 "1" if the event is activity (moves updatedAt), 11 the call's id (12 hex
 --       digits; the same call made again, once applied, appends nothing and returns the
---       session's position), then the snapshot operations, (op, field, value) triples:
+--       session's position), 12 the most events a session may have (0: no bound),
+--       13 "1" if the event deletes the session, then the snapshot operations,
+--       (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
--- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED.
+-- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED, ARCHIVED (the log is
+-- in the archive store: restore it, then append again), LIMIT (the session is full).
+-- The first write is an HSET or HINCRBY, so a Redis at maxmemory refuses the script
+-- before it changes anything.
 local log, snap, meta, feed, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local hot, deleted = KEYS[6], KEYS[7]
 local now, body, mode, call = ARGV[1], ARGV[2], ARGV[3], ARGV[11]
 local RECENT_BYTES = 16 * 13  -- the last 16 calls' ids ("<12 hex>," each), newest first
 
@@ -41,6 +49,13 @@ else
   if ARGV[5] ~= '' and redis.call('HGET', snap, 'fence') ~= ARGV[5] then
     return redis.error_reply('FENCED the session is held by another agent host')
   end
+  if redis.call('HEXISTS', snap, 'archived') == 1 then
+    return redis.error_reply('ARCHIVED the session log is in the archive store')
+  end
+  local bound = tonumber(ARGV[12])
+  if bound > 0 and tonumber(redis.call('HGET', snap, 'seq')) >= bound then
+    return redis.error_reply('LIMIT the session has reached its limit of ' .. bound .. ' events')
+  end
 end
 
 local seq = redis.call('HINCRBY', snap, 'seq', 1)
@@ -50,7 +65,7 @@ if ARGV[10] == '1' then
 end
 
 for i = 0, tonumber(ARGV[9]) - 1 do
-  local op, field, value = ARGV[12 + 3 * i], ARGV[13 + 3 * i], ARGV[14 + 3 * i]
+  local op, field, value = ARGV[14 + 3 * i], ARGV[15 + 3 * i], ARGV[16 + 3 * i]
   if op == 'set' then
     redis.call('HSET', snap, field, value)
   elseif op == 'del' then
@@ -66,6 +81,12 @@ end
 
 if call ~= '' then
   redis.call('HSET', snap, 'calls', string.sub(call .. ',' .. recent, 1, RECENT_BYTES))
+end
+
+local member = ARGV[7] .. '\t' .. ARGV[8]
+redis.call('ZADD', hot, now, member)
+if ARGV[13] == '1' then
+  redis.call('ZADD', deleted, now, member)
 end
 
 redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq)

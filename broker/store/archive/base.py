@@ -1,0 +1,90 @@
+"""The archive interface and the one format every store keeps a log in.
+
+An archived log is a session's whole log, ``1 … seq`` under one epoch, kept as one
+blob: zlib-compressed lines, a JSON header line then one line per event,
+``<seq> <ts> <event JSON>`` (event JSON never holds a raw newline). zlib's checksum
+and the header's count make a damaged or truncated blob an :class:`ArchiveCorrupt`,
+never a shorter log.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+FORMAT_VERSION = 1
+
+
+class ArchiveCorrupt(Exception):
+    """An archived log cannot be read back whole (damaged, truncated, or not the session's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedLog:
+    """One session's whole log as archived: events ``1 … seq`` of ``epoch``, in order."""
+
+    tenant: str
+    session_id: str
+    epoch: str
+    seq: int
+    entries: Sequence[tuple[int, int, str]]
+    """``(seq, ts, event JSON text)`` for seq 1 … ``seq``."""
+
+
+class ArchiveStore(Protocol):
+    """Where archived logs are kept: one blob per session, replaced whole.
+
+    ``put`` returns only once the blob is durable (the caller then trims Redis);
+    ``get`` returns ``None`` for a session with no archive; ``delete`` of a missing
+    one is not an error. Stores never interpret a blob: :func:`encode` and
+    :func:`decode` do."""
+
+    async def put(self, tenant: str, session_id: str, blob: bytes) -> None: ...
+
+    async def get(self, tenant: str, session_id: str) -> bytes | None: ...
+
+    async def delete(self, tenant: str, session_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def encode(log: ArchivedLog) -> bytes:
+    """The blob of ``log``."""
+    header = {
+        "v": FORMAT_VERSION,
+        "tenant": log.tenant,
+        "sid": log.session_id,
+        "epoch": log.epoch,
+        "seq": log.seq,
+    }
+    lines = [json.dumps(header, separators=(",", ":"))]
+    lines += [f"{seq} {ts} {event}" for seq, ts, event in log.entries]
+    return zlib.compress("\n".join(lines).encode(), 6)
+
+
+def decode(blob: bytes, tenant: str, session_id: str) -> ArchivedLog:
+    """The log in ``blob``, checked whole: raises :class:`ArchiveCorrupt` otherwise."""
+    try:
+        text = zlib.decompress(blob).decode()
+        head, *lines = text.split("\n")
+        header = json.loads(head)
+        entries = []
+        for number, line in enumerate(lines, 1):
+            seq, ts, event = line.split(" ", 2)
+            if int(seq) != number:
+                raise ValueError(f"entry {number} has seq {seq}")
+            entries.append((number, int(ts), event))
+    except (zlib.error, UnicodeDecodeError, ValueError) as exc:
+        raise ArchiveCorrupt(f"archive of session {session_id} is unreadable: {exc}") from None
+    if header.get("v") != FORMAT_VERSION:
+        raise ArchiveCorrupt(f"archive of session {session_id}: unknown format {header.get('v')}")
+    if (header.get("tenant"), header.get("sid")) != (tenant, session_id):
+        raise ArchiveCorrupt(f"archive of session {session_id} holds another session")
+    if header.get("seq") != len(entries):
+        raise ArchiveCorrupt(
+            f"archive of session {session_id} holds {len(entries)} of {header.get('seq')} events"
+        )
+    return ArchivedLog(tenant, session_id, str(header["epoch"]), len(entries), entries)

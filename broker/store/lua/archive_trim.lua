@@ -1,0 +1,26 @@
+-- Trim an archived log out of Redis, once its archive copy is confirmed written.
+--
+-- KEYS: 1 log stream, 2 snapshot hash, 3 the partition's hot set
+-- ARGV: 1 the seq the archive copy ends at, 2 its epoch, 3 the hot set member
+-- Returns 1 (trimmed), 0 (already archived), -1 (the log moved on since the copy was
+-- read: nothing is trimmed, the next round archives it again), or NOSESSION.
+-- The snapshot's ``archived`` field (the archived seq) tells readers to read the archive
+-- and the append script to refuse until the log is restored; ``gen`` counts trims so a
+-- reader can tell that a trim happened while it read. HSET comes first: a Redis at
+-- maxmemory refuses it before the log is touched.
+local log, snap, hot = KEYS[1], KEYS[2], KEYS[3]
+local head = redis.call('HMGET', snap, 'seq', 'epoch', 'archived')
+if not head[1] then
+  return redis.error_reply('NOSESSION no such session')
+end
+if head[3] then
+  return 0
+end
+if head[1] ~= ARGV[1] or head[2] ~= ARGV[2] then
+  return -1
+end
+redis.call('HSET', snap, 'archived', ARGV[1])
+redis.call('HINCRBY', snap, 'gen', 1)
+redis.call('DEL', log)
+redis.call('ZREM', hot, ARGV[3])
+return 1

@@ -1,0 +1,34 @@
+-- Bring part of an archived log back into Redis; the last part ends the restore.
+--
+-- KEYS: 1 log stream, 2 snapshot hash, 3 the partition's hot set
+-- ARGV: 1 the snapshot's ``gen`` the archive was read under, 2 now (ms), 3 the hot set
+--       member, 4 "1" on the last part, then (seq, ts, event JSON) triples in seq order
+-- Entries already in the stream are skipped, so two restorers racing, or one that died
+-- half-way and is retried, add each entry once. Until the last part clears
+-- ``archived`` readers keep reading the archive and appends keep being refused.
+-- Returns 1 (done or part added), 0 (not archived any more, or archived again since).
+local log, snap, hot = KEYS[1], KEYS[2], KEYS[3]
+local head = redis.call('HMGET', snap, 'archived', 'gen')
+if not head[1] or head[2] ~= ARGV[1] then
+  return 0
+end
+local last = 0
+local top = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
+if top[1] then
+  last = tonumber(string.match(top[1][1], '^(%d+)'))
+end
+for i = 5, #ARGV, 3 do
+  local seq = tonumber(ARGV[i])
+  if seq > last then
+    redis.call('XADD', log, seq .. '-0', 'ts', ARGV[i + 1], 'ev', ARGV[i + 2])
+    last = seq
+  end
+end
+if ARGV[4] == '1' then
+  if last ~= tonumber(head[1]) then
+    return redis.error_reply('ERR restore ended at ' .. last .. ' of ' .. head[1])
+  end
+  redis.call('HDEL', snap, 'archived')
+  redis.call('ZADD', hot, ARGV[2], ARGV[3])
+end
+return 1
