@@ -12,6 +12,7 @@ from http import HTTPStatus
 from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 from .archive import ArchiveCorrupt
 from .log import ArchiveUnavailable, SessionFull, StoreFull, is_oom
+from .quotas import TenantFull
 
 STORE_FULL_MESSAGE = (
     "the session store is full (Redis reached maxmemory): nothing was written; "
@@ -34,6 +35,8 @@ def rpc_failure(exc: BaseException) -> RpcError | None:
             f"the session is full: {_detail(exc)}; start a new session",
             {"reason": "session_full"},
         )
+    if isinstance(exc, TenantFull):
+        return RpcError(INVALID_REQUEST, str(exc), {"reason": "tenant_full"})
     if isinstance(exc, ArchiveCorrupt | ArchiveUnavailable):
         return RpcError(
             INTERNAL_ERROR,

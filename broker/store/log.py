@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from .. import fastjson
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
@@ -59,6 +59,13 @@ class StoreFull(Exception):
 class ArchiveUnavailable(Exception):
     """The session's log is archived, and this process has no archive store to read it."""
 
+
+BOOKKEEPING_ROOM = 16
+"""Events past ``max_events`` a full session still takes, but only the broker's own (a
+notice, the end of the turn, a status, its deletion): a full session can be stopped,
+told why and deleted. Agent updates and prompts stop at the bound."""
+
+_BOUNDED = frozenset({EventType.UPDATE, EventType.PROMPT})
 
 RESTORE_CHUNK = 1000
 """Events per restore script call: a long log comes back in parts, each one short."""
@@ -225,7 +232,7 @@ class SessionLog:
             len(ops),
             "1" if is_activity(body) else "0",
             call or _call_id(),
-            self.max_events,
+            self._bound(body),
             "1" if body.get("type") == EventType.DELETED else "0",
         ]
         for op in ops:
@@ -239,6 +246,12 @@ class SessionLog:
             keys.hot,
             keys.deleted,
         ], args
+
+    def _bound(self, body: JsonObject) -> int:
+        """The most events the session may have once this one is in (0: no bound)."""
+        if not self.max_events or body.get("type") in _BOUNDED:
+            return self.max_events
+        return self.max_events + BOOKKEEPING_ROOM
 
     async def _run(self, keys: list[str], args: list[Any]) -> Position:
         """One call of the append script (keys and arguments from :meth:`_call`)."""
@@ -443,7 +456,10 @@ def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:
 
 def is_oom(exc: BaseException) -> bool:
     """Whether Redis refused a command because it is at ``maxmemory``."""
-    return isinstance(exc, ResponseError) and "OOM" in str(exc) and "maxmemory" in str(exc)
+    # redis-py raises OutOfMemoryError for a plain command; a script's error keeps the text.
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "OOM" in str(exc) and "maxmemory" in str(exc)
+    )
 
 
 def _append_error(exc: ResponseError) -> Exception:

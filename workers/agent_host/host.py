@@ -34,6 +34,7 @@ from broker.store.events import EventType, SessionSnapshot, Status
 from broker.store.log import (
     Fenced,
     Position,
+    SessionFull,
     SessionLog,
     SessionMissing,
     call_ids,
@@ -58,6 +59,11 @@ APPEND_BATCH = 16
 APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
 """Seconds between attempts to log an agent's updates while the store is unreachable."""
 """Agent requests that block the running prompt on a person: logged as ``state`` events."""
+
+RUNAWAY_NOTICE = (
+    "This session reached its event limit (max_events_per_session): the agent's turn was "
+    "stopped and nothing more is recorded. Start a new session to go on."
+)
 
 _NO_RESTORE_NOTICE: JsonObject = {
     "type": EventType.NOTICE,
@@ -145,6 +151,7 @@ class AgentHost(AgentEvents):
         self._by_agent_sid: dict[tuple[int, str], HeldSession] = {}
         self._restore_locks: dict[str, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._full: set[str] = set()  # sessions told they reached max_events_per_session
         self._orphans: dict[tuple[int, str], list[JsonObject]] = {}
         self._updates: list[tuple[HeldSession, JsonObject]] = []  # waiting for the log
         self._appender: asyncio.Future[None] | None = None
@@ -427,6 +434,8 @@ class AgentHost(AgentEvents):
             for (held, _), result in zip(batch, results, strict=True):
                 if isinstance(result, Fenced):
                     self.lose(held.session_id)
+                elif isinstance(result, SessionFull):
+                    self._stop_runaway(held, result)
                 elif isinstance(result, Exception):
                     log.warning("update of %s not logged: %s", held.session_id, result)
 
@@ -610,6 +619,28 @@ class AgentHost(AgentEvents):
             await self._append(held, {"type": EventType.STATUS, "status": Status.RUNNING})
         await self._make_ready(held)
         return {**reply, "sessionId": session_id}
+
+    def _stop_runaway(self, held: HeldSession, full: SessionFull) -> None:
+        """A session at ``max_events_per_session``: its viewers are told, once, and the
+        running turn is cancelled (the bound leaves room for that bookkeeping)."""
+        if held.session_id in self._full:
+            return
+        self._full.add(held.session_id)
+        log.warning("session %s is full, its turn is stopped: %s", held.session_id, full)
+
+        async def stop() -> None:
+            notice = {
+                "type": EventType.NOTICE,
+                "severity": "error",
+                "title": "This session is full",
+                "text": f"{RUNAWAY_NOTICE} ({full})",
+            }
+            await self._append(held, notice)
+            await self.cancel(held.tenant, held.session_id)
+
+        task = asyncio.ensure_future(stop())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _append(self, held: HeldSession, body: JsonObject) -> Position:
         await self.settle()  # the agent's updates so far go first: the log keeps their order

@@ -32,6 +32,7 @@ from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
 from ...store.log import SessionLog, SessionMissing
+from ...store.quotas import check_session_quota
 from ..fanout import FanoutHub
 from .access import Access
 from .connection import ClientConnection
@@ -159,6 +160,9 @@ class AcpMethods:
             agent_params["additionalDirectories"] = dirs
         if user_meta:
             agent_params["_meta"] = user_meta
+        await check_session_quota(
+            self.index.redis, conn.tenant, self.settings.max_sessions_per_tenant
+        )
         session_id, reply = await self.host.new_session(
             conn.tenant, agent_params, agent=agent, kind=kind, meta=user_meta, origin=conn.id
         )

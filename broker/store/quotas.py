@@ -1,0 +1,23 @@
+"""Per-tenant bounds checked before a write (the per-session one is in the append script)."""
+
+from __future__ import annotations
+
+from .client import Store
+from .keys import TenantKeys
+
+
+class TenantFull(Exception):
+    """The tenant has as many sessions as ``max_sessions_per_tenant`` allows."""
+
+
+async def check_session_quota(redis: Store, tenant: str, limit: int) -> None:
+    """Raise :class:`TenantFull` when ``tenant`` has ``limit`` sessions or more.
+
+    Sessions are counted by their index rows (one per session, deleted ones until they
+    are purged), which ``session/new`` projects at once: one HLEN, no scan."""
+    count = await redis.hlen(TenantKeys(tenant).rows)
+    if count >= limit:
+        raise TenantFull(
+            f"the tenant has {count} sessions and max_sessions_per_tenant is {limit}: "
+            "delete sessions (they are purged after deleted_retention) or raise the bound"
+        )
