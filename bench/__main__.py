@@ -2,7 +2,8 @@
 
 With no name, runs them all in turn (each with the options given). ``python -m bench
 requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs;
-``python -m bench cluster`` times logging batches of events on a Redis Cluster.
+``python -m bench cluster`` times logging batches of events on a Redis Cluster;
+``python -m bench archive`` what a session costs Redis hot and archived.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ BREAKDOWNS = {
     "requests": "bench.requests",
     "cluster": "bench.cluster",
     "projector": "bench.projector",
+    "archive": "bench.archive",
 }
 """Run by name only, not with the six."""
 
