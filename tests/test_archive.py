@@ -256,3 +256,24 @@ async def test_kill_at_every_step_loses_and_doubles_nothing(
     await fresh.append(TENANT, session_id, chunk(21))
     assert [e.seq for e in await fresh.read(TENANT, session_id)] == list(range(1, 23))
     await store.aclose()
+
+
+async def test_rebuild_reads_archived_logs_and_marks_old_sessions_hot(
+    store: Any, tmp_path: Path
+) -> None:
+    from broker.store.keys import TenantKeys
+    from workers.projector.rebuild import rebuild_index
+
+    archive = DirectoryArchive(tmp_path)
+    session_log = SessionLog(store, archive=archive)
+    archived, _ = await make_session(session_log, 3)
+    old, _ = await make_session(session_log, 2)
+    await Archiver(store, archive, session_log=session_log).archive_session(TENANT, archived)
+    old_keys = SessionKeys(TENANT, old)
+    await store.zrem(old_keys.hot, old_keys.member)  # logged before the archive existed
+    assert (await rebuild_index(store, archive))[TENANT] == 2
+    assert set(await store.hkeys(TenantKeys(TENANT).rows)) == {archived, old}
+    assert await store.zscore(old_keys.hot, old_keys.member) is not None
+    archived_keys = SessionKeys(TENANT, archived)
+    assert await store.zscore(archived_keys.hot, archived_keys.member) is None
+    assert not await store.exists(archived_keys.log)  # rebuilding restores nothing

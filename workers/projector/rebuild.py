@@ -12,9 +12,9 @@ from collections import defaultdict
 
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
-from broker.store.events import fold
+from broker.store.events import LogEvent, fold
 from broker.store.index import SessionIndex, members_of
-from broker.store.keys import PREFIX, TenantKeys
+from broker.store.keys import PREFIX, SessionKeys, TenantKeys
 from broker.store.log import SessionLog
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ async def rebuild_index(redis: Store, archive: ArchiveStore | None = None) -> di
         expected: dict[str, set[str]] = defaultdict(set)
         for session_id in sessions:
             events = await session_log.read(tenant, session_id)
+            await _mark_hot(redis, tenant, session_id, events)
             snapshot = fold(tenant, session_id, events)
             if snapshot is not None:
                 await index.project(snapshot, force=True)
@@ -52,6 +53,14 @@ async def rebuild_index(redis: Store, archive: ArchiveStore | None = None) -> di
         await _sweep_listings(redis, keys, expected)
         counts[tenant] = len(sessions)
     return counts
+
+
+async def _mark_hot(redis: Store, tenant: str, session_id: str, events: list[LogEvent]) -> None:
+    """Put a session whose log is in Redis in its partition's hot set, if it is not there
+    (sessions logged before the archive existed): the archiving role finds it there."""
+    keys = SessionKeys(tenant, session_id)
+    if events and await redis.hget(keys.snapshot, "archived") is None:
+        await redis.zadd(keys.hot, {keys.member: events[-1].ts}, nx=True)
 
 
 async def _remove_orphans(redis: Store, index: SessionIndex, tenant: str, live: set[str]) -> None:
