@@ -55,3 +55,15 @@ def run(main: Coroutine[Any, Any, T], choice: LoopChoice = "auto") -> T:
         loop = runner.get_loop()
         log.info("event loop: %s", type(loop).__module__.split(".")[0])
         return runner.run(main)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], *, every: float = 0.5) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again every ``every``
+    seconds: a cancellation that lands while redis-py's own read timeout fires can be taken
+    for that timeout (``asyncio.timeout`` uncancels), and a loop that retries on errors
+    would then go on for ever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=every)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("%s ended with %r while stopping", task.get_name(), task.exception())

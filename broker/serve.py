@@ -9,7 +9,6 @@ themselves never import each other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,6 +20,7 @@ from workers.projector.worker import Projector
 from .config import Settings
 from .front.http.app import http_url
 from .front.node import FrontNode
+from .loops import cancel_and_wait
 from .signals import until_stopped
 from .store.client import Store
 
@@ -57,9 +57,7 @@ class LoopTask:
 
     async def stop(self, *, hand_over: bool = False) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
 
 async def run_broker(settings: Settings) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from broker.config import Settings
+from broker.loops import cancel_and_wait
 from broker.signals import until_stopped
 from broker.store.archive import open_archive
 from broker.store.client import connect
@@ -43,9 +43,7 @@ async def run_projector_role(settings: Settings) -> None:
     print("acp-broker projector ready", flush=True)
     await until_stopped()
     for task in tasks:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
     if archive is not None:
         await archive.close()
     await redis.aclose()
