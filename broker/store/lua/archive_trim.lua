@@ -21,6 +21,9 @@ if head[1] ~= ARGV[1] or head[2] ~= ARGV[2] then
 end
 redis.call('HSET', snap, 'archived', ARGV[1])
 redis.call('HINCRBY', snap, 'gen', 1)
+-- The recent call ids go too (208 bytes): a call retried after a lost reply comes back
+-- within seconds, and a session is archived only after archive_after without appends.
+redis.call('HDEL', snap, 'calls')
 redis.call('DEL', log)
 redis.call('ZREM', hot, ARGV[3])
 return 1
