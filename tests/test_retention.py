@@ -138,8 +138,14 @@ async def test_a_full_redis_refuses_writes_and_keeps_reads(tmp_path: Path) -> No
             rest = f"http://127.0.0.1:{node.http_port}/v1/sessions"
             with await asyncio.to_thread(urllib.request.urlopen, rest, timeout=10) as answer:
                 assert session_id in answer.read().decode()
+            ready = f"http://127.0.0.1:{node.http_port}/readyz"
+            with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
+                assert answer.status == 200  # reads are served: still ready, and says why
+                assert "store full" in answer.read().decode()
 
             await _drain(filler)
+            with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
+                assert answer.read().decode() == "ready\n"
             reply = await client.prompt(session_id, "/notool space again")
             assert reply.stop_reason == "end_turn"
             await client.close()

@@ -37,6 +37,7 @@ from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
+from ..store.pressure import store_readiness
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
@@ -110,7 +111,10 @@ class FrontNode:
         )
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
         self.http = FrontHttp(
-            settings, sessions_service(settings, self.redis, self.authenticator), console
+            settings,
+            sessions_service(settings, self.redis, self.authenticator),
+            console,
+            readiness=lambda: store_readiness(self.redis),
         )
         self.http.websocket_port = lambda: self.port
         self._principals: dict[str, Principal | None] = {}

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -44,11 +44,15 @@ class FrontHttp:
     """The HTTP port: MCP, REST, OpenAPI and health, all through one Starlette app."""
 
     def __init__(
-        self, settings: Settings, sessions: SessionsService, console: Console | None = None
+        self,
+        settings: Settings,
+        sessions: SessionsService,
+        console: Console | None = None,
+        readiness: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
     ) -> None:
         self.settings = settings
         self.console = console
-        self.rest = RestApi(sessions)
+        self.rest = RestApi(sessions, readiness)
         self.mcp = mcp_server(sessions)
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
