@@ -114,7 +114,11 @@ class SessionLog:
     async def append(
         self, tenant: str, session_id: str, body: JsonObject, *, fence: str = "", call: str = ""
     ) -> Position:
-        """Append one event; raises :class:`SessionMissing` or :class:`Fenced`.
+        """Append one event; raises :class:`SessionMissing`, :class:`Fenced`,
+        :class:`SessionFull` (``max_events``) or :class:`StoreFull` (Redis at maxmemory).
+
+        An archived session's log is restored first (:meth:`restore`; an unreadable archive
+        raises :class:`~.archive.ArchiveCorrupt` and appends nothing), then appended to.
 
         ``call`` (default: a fresh one, see :func:`call_ids`) names this append: made
         again after a failure that left its outcome unknown, a call that was applied
