@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from . import archive_cli, loops
 from .config import AgentSpec, Settings, load_settings
+from .logs import install_redaction
 
 log = logging.getLogger("acp-broker")
 
@@ -310,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    install_redaction()
     try:
         return _COMMANDS[args.command](args)
     except (ValidationError, ValueError, FileNotFoundError) as exc:

@@ -24,6 +24,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .store.names import TENANT_RULE, is_tenant
+
 log = logging.getLogger(__name__)
 
 AGENT_META_KEY = "acpBroker/agent"
@@ -34,6 +36,27 @@ KIND_META_KEY = "acpBroker/kind"
 SESSION_KINDS = ("browser", "shell", "combined")
 BROKER_COMMAND = "acp-broker"
 """An agent command that starts with this runs this installation's ``acp-broker``."""
+
+DEFAULT_AGENT_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "ACP_DEMO_*",
+)
+"""What agents get of the broker's environment by default: what a program needs to run,
+nothing secret (see the setting ``agent_env``)."""
 
 
 class AgentSpec(BaseModel):
@@ -96,6 +119,7 @@ class Settings(BaseSettings):
     cursor_secret: str | None = None
     cursor_old_secrets: list[str] = Field(default_factory=list)
     tenant: str = "default"
+    """The tenant everyone acts for when authentication is off."""
     prestart_agents: bool = True
     workers: bool = True
     lease_ttl: float = Field(default=10.0, gt=0)
@@ -112,6 +136,16 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "tenant"
+    jwt_leeway: float = Field(default=30.0, ge=0)
+    """Seconds of clock skew allowed on a JWT's ``exp`` and ``nbf``."""
+    jwt_default_scopes: list[Literal["read", "write", "admin"]] = ["read", "write"]
+    """The scopes of a JWT that has neither a ``scope`` nor a ``scopes`` claim."""
+    credential_check_interval: float = Field(default=5.0, gt=0)
+    """How often open connections' credentials are checked again: a revoked API token or an
+    expired JWT is cut (close code 4001) within this many seconds."""
+    agent_env: list[str] = Field(default_factory=lambda: list(DEFAULT_AGENT_ENV))
+    """The broker's environment variables an agent process gets (``NAME`` or ``PREFIX*``);
+    ``ACP_BROKER_*`` never, whatever this says. An agent spec's own ``env`` comes on top."""
     allowed_origins: list[str] = Field(default_factory=list)
     """Browser origins allowed to open the WebSocket and call REST (empty: no browsers; the
     console's own origin is always allowed to open the WebSocket)."""
@@ -124,9 +158,24 @@ class Settings(BaseSettings):
     max_connections_per_token: int = Field(default=200, ge=1)
     max_sessions_per_connection: int = Field(default=100, ge=1)
     rate_per_connection: float = Field(default=50.0, gt=0)
-    """Requests per second a connection may send (bursts up to twice as many)."""
+    """Requests per second a connection is served (bursts up to twice as many); a faster
+    client is slowed down (its socket is not read meanwhile), not refused."""
     rate_per_token: float = Field(default=200.0, gt=0)
-    """Requests per second all of a token's connections on one node may send together."""
+    """Requests per second all of a credential's connections, on every node, are served
+    together (counted in Redis)."""
+    max_pace: float = Field(default=5.0, ge=0)
+    """Seconds a frame may wait for room in its credential's budget before its requests are
+    refused (-32005)."""
+    max_requests_in_flight: int = Field(default=256, ge=1)
+    """Unanswered requests a connection may have at once; one more is refused (-32005)."""
+
+    max_batch_entries: int = Field(default=100, ge=1)
+    """Entries a JSON-RPC batch (ACP v2) may hold; a longer one is refused whole (-32600)."""
+    http_header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds the HTTP listener waits for a request head (from connect, or the last
+    response) before it closes the socket."""
+    http_keep_alive_timeout: int = Field(default=5, ge=1)
+    """Seconds the HTTP listener keeps an idle keep-alive connection open."""
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
@@ -154,6 +203,13 @@ class Settings(BaseSettings):
     """The most events one session's log may hold; past it appends fail (a runaway agent)."""
     max_sessions_per_tenant: int = Field(default=100_000, ge=1)
     """The most sessions (deleted ones until purged included) one tenant may have."""
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, value: str) -> str:
+        if not is_tenant(value):
+            raise ValueError(f"tenant must be {TENANT_RULE}")
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -231,23 +231,16 @@ async def test_rest_answers_401_and_403_as_problem_documents(secure: Broker) -> 
     assert status == 200 and body["data"] == []
 
 
-async def test_rate_limits_are_hit_and_recovered_from(store: Any) -> None:
-    node = Broker(make_settings(rate_per_connection=5), redis=store)
+async def test_a_connection_past_its_rate_is_slowed_not_refused(store: Any) -> None:
+    node = Broker(make_settings(rate_per_connection=20), redis=store)
     await node.start()
     try:
         client = await _client(node)
         other = await _client(node)
-        replies = [await client.call("session/list", {}) for _ in range(25)]
-        limited = [r for r in replies if "error" in r]
-        assert limited and all(r["error"]["code"] == -32005 for r in limited)
-        assert limited[0]["error"]["data"] == {"limit": "rate_per_connection"}
-        # Another connection is not affected, and the limited one recovers.
+        replies = [await client.call("session/list", {}) for _ in range(50)]  # burst: 40
+        assert all("result" in r for r in replies), [r for r in replies if "error" in r]
+        # Another connection is not affected.
         assert "result" in await other.call("session/list", {})
-
-        async def served() -> bool:  # a refused call takes no token: the bucket refills
-            return "result" in await client.call("session/list", {})
-
-        await wait_for(served, what="the bucket to refill")
         for c in (client, other):
             await c.close()
     finally:

@@ -22,6 +22,7 @@ TEST_TIMEOUT = 20.0
 QUICK = 5.0  # how long to wait for a reply that must come promptly
 
 MiB = 1024 * 1024
+MISSING = "sess_" + "0" * 32  # the shape of a session id, of no session
 
 
 def bounded(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
@@ -348,12 +349,16 @@ async def test_session_new_with_bad_params_is_invalid_params(
 async def test_session_methods_on_sessions_not_active_here(url: str) -> None:
     client = await ready_client(url)
     cases = [
-        ("session/prompt", {"sessionId": "sess_nope", "prompt": text("hi")}, -32002),
-        ("session/set_mode", {"sessionId": "sess_nope", "modeId": "code"}, -32002),
-        ("session/close", {"sessionId": "sess_nope"}, -32002),
-        ("session/load", {"sessionId": "sess_nope", "cwd": "/tmp", "mcpServers": []}, -32002),
-        ("session/resume", {"sessionId": "sess_nope", "cwd": "/tmp"}, -32002),
-        ("session/set_title", {"sessionId": "sess_nope", "title": "x"}, -32002),
+        ("session/prompt", {"sessionId": MISSING, "prompt": text("hi")}, -32002),
+        ("session/set_mode", {"sessionId": MISSING, "modeId": "code"}, -32002),
+        ("session/close", {"sessionId": MISSING}, -32002),
+        ("session/load", {"sessionId": MISSING, "cwd": "/tmp", "mcpServers": []}, -32002),
+        ("session/resume", {"sessionId": MISSING, "cwd": "/tmp"}, -32002),
+        ("session/set_title", {"sessionId": MISSING, "title": "x"}, -32002),
+        # Not an id the broker makes: refused as such, whatever it would name.
+        ("session/prompt", {"sessionId": "sess_nope", "prompt": text("hi")}, -32602),
+        ("session/delete", {"sessionId": "x:s:" + MISSING}, -32602),
+        ("session/load", {"sessionId": MISSING.upper(), "cwd": "/tmp"}, -32602),
         ("session/prompt", {"prompt": text("hi")}, -32602),
         ("session/prompt", {"sessionId": 5, "prompt": text("hi")}, -32602),
         ("session/load", {"sessionId": "", "cwd": "/tmp", "mcpServers": []}, -32602),

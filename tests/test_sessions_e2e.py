@@ -92,7 +92,7 @@ async def test_close_stops_updates_and_delete_hides_from_list(url: str) -> None:
     assert session_id not in [s.session_id for s in listed.sessions]
     # Idempotent, and silent for ids that never existed.
     assert await actor.request("session/delete", {"sessionId": session_id}) == {}
-    assert await actor.request("session/delete", {"sessionId": "sess_nope"}) == {}
+    assert await actor.request("session/delete", {"sessionId": "sess_" + "0" * 32}) == {}
     with pytest.raises(RequestError) as err:
         await actor.conn.load_session(session_id=session_id, cwd="/tmp/project", mcp_servers=[])
     assert err.value.code == -32002

@@ -61,6 +61,8 @@ class Authenticator:
                 issuer=settings.jwt_issuer,
                 audience=settings.jwt_audience,
                 tenant_claim=settings.jwt_tenant_claim,
+                default_scopes=tuple(settings.jwt_default_scopes),
+                leeway=settings.jwt_leeway,
             )
         )
 

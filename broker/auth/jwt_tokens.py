@@ -2,7 +2,10 @@
 
 Issuer, audience and expiry are checked (PyJWT does the cryptography and the
 claims); the tenant comes from a configurable claim, the scopes from ``scope``
-(space separated) or ``scopes`` (a list).
+(space separated) or ``scopes`` (a list), or, when it has neither, the setting
+``jwt_default_scopes``. A tenant claim that is not a valid tenant name
+(:mod:`broker.store.names`) is refused like a forged token. The principal expires
+with the token (``exp`` plus the leeway): open connections are cut then.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 import jwt
 
+from ..store.names import TENANT_RULE, is_tenant
 from .principal import AuthError, Principal, Scope
 
 
@@ -26,6 +30,8 @@ class JwtConfig:
     audience: str | None = None
     tenant_claim: str = "tenant"
     leeway: float = 30.0
+    default_scopes: tuple[str, ...] = ("read", "write")
+    """The scopes of a JWT with neither a ``scope`` nor a ``scopes`` claim."""
 
     @property
     def enabled(self) -> bool:
@@ -63,7 +69,15 @@ class JwtVerifier:
         tenant = claims.get(self.config.tenant_claim)
         if not isinstance(tenant, str) or not tenant:
             raise AuthError(f"the JWT has no {self.config.tenant_claim!r} claim")
-        return Principal(tenant, _scopes(claims), f"jwt:{claims.get('sub', '?')}")
+        if not is_tenant(tenant):
+            raise AuthError(f"the JWT's {self.config.tenant_claim!r} claim is not {TENANT_RULE}")
+        exp = claims["exp"]
+        return Principal(
+            tenant,
+            _scopes(claims, self.config.default_scopes),
+            f"jwt:{claims.get('sub', '?')}",
+            expires=float(exp) + self.config.leeway,
+        )
 
     def _key_for(self, token: str) -> tuple[Any, list[str]]:
         header = jwt.get_unverified_header(token)
@@ -82,7 +96,8 @@ class JwtVerifier:
         raise jwt.InvalidAlgorithmError(f"algorithm {alg!r} is not accepted here")
 
 
-def _scopes(claims: dict[str, Any]) -> frozenset[str]:
-    raw = claims.get("scopes", claims.get("scope", "read write"))
+def _scopes(claims: dict[str, Any], default: tuple[str, ...]) -> frozenset[str]:
+    """``scopes`` (a list) or ``scope`` (space separated); neither: ``default``."""
+    raw = claims.get("scopes", claims.get("scope", " ".join(default)))
     names = raw.split() if isinstance(raw, str) else raw if isinstance(raw, list) else []
     return frozenset(str(n) for n in names if n in set(Scope))

@@ -24,9 +24,20 @@ class Principal:
     tenant: str
     scopes: frozenset[str]
     subject: str  # token id or JWT subject, for logs (never the secret)
+    expires: float | None = None
+    """When the credential stops being good (Unix time), if it says."""
 
     def may(self, scope: Scope) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes
+
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and now >= self.expires
+
+    @property
+    def token_id(self) -> str | None:
+        """The API token's id, when the credential is one (revocation is checked by it)."""
+        kind, _, ident = self.subject.partition(":")
+        return ident if kind == "token" else None
 
 
 class AuthError(Exception):

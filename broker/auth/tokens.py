@@ -7,16 +7,19 @@ what was presented and compares in constant time.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..store.client import Store
 from ..store.keys import PREFIX
+from ..store.names import TENANT_RULE, is_tenant
 from .principal import AuthError, Principal, Scope
 
 TOKEN_PREFIX = "acpb_"
@@ -67,8 +70,8 @@ class TokenStore:
         unknown = set(scopes) - set(Scope)
         if unknown or not scopes:
             raise ValueError(f"scopes must be some of {', '.join(Scope)}; got {scopes}")
-        if not tenant or not tenant.replace("-", "").replace("_", "").isalnum():
-            raise ValueError("tenant must be letters, digits, '-' or '_'")
+        if not is_tenant(tenant):
+            raise ValueError(f"tenant must be {TENANT_RULE}")
         token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
         info = TokenInfo(token_id, tenant, sorted(set(scopes)), name, time.time(), False)
         record = {**info.to_json(), "hash": _digest(secret)}
@@ -96,6 +99,16 @@ class TokenStore:
         await self.redis.set(_key(token_id), json.dumps(record))
         return True
 
+    async def revoked(self, token_ids: Iterable[str]) -> set[str]:
+        """Which of these tokens are revoked or gone (open connections holding them are cut)."""
+        ids = list(token_ids)
+        records = await asyncio.gather(*(self.redis.get(_key(token_id)) for token_id in ids))
+        return {
+            token_id
+            for token_id, raw in zip(ids, records, strict=True)
+            if not raw or json.loads(raw).get("revoked")
+        }
+
     async def verify(self, token: str) -> Principal:
         """The principal a token stands for; :class:`AuthError` unless it is valid."""
         if not token.startswith(TOKEN_PREFIX):
@@ -111,6 +124,8 @@ class TokenStore:
         matches = hmac.compare_digest(str(record["hash"]), _digest(secret))
         if not raw or not matches or record.get("revoked"):
             raise AuthError("unknown or revoked API token")
+        if not is_tenant(record["tenant"]):  # stored before tenant names were checked
+            raise AuthError("the API token's tenant is not a valid tenant name")
         return Principal(record["tenant"], frozenset(record["scopes"]), f"token:{token_id}")
 
 

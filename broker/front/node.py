@@ -49,6 +49,7 @@ from .http.app import FrontHttp, http_url
 from .http.console import Console, same_origin_console
 from .http.rest import HEALTH_PATH
 from .http.sessions import sessions_service
+from .revocation import CredentialWatch
 from .routing import NodeRouter
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,11 @@ class FrontNode:
         self._server: Server | None = None
         self.colocated: list[Colocated] = []
         """Roles started and stopped with this node (``serve``: agent host, projector)."""
+        self.credentials = CredentialWatch(
+            self.authenticator.tokens,
+            lambda: self.connections,
+            settings.credential_check_interval,
+        )
 
     @property
     def port(self) -> int:
@@ -162,6 +168,8 @@ class FrontNode:
             self.settings.path,
         )
         await self.http.start()
+        if self.authenticator.enabled:
+            self.credentials.start()
 
     async def stop(self, *, hand_over: bool = False) -> None:
         """Stop accepting, tell clients to reconnect elsewhere, stop the roles.
@@ -169,6 +177,7 @@ class FrontNode:
         ``hand_over`` leaves this node's sessions RUNNING for another agent host to
         take over at once (a drain), instead of recording them as STOPPED.
         """
+        await self.credentials.stop()
         if self._server is not None:
             self._server.close(close_connections=False)
             connections = list(self.connections)
@@ -197,7 +206,6 @@ class FrontNode:
             await conn.run()
         finally:
             self.connections.discard(conn)
-            self.access.close_connection(principal)
 
     async def _process_request(
         self, ws: ServerConnection, request: HttpRequest
@@ -238,11 +246,20 @@ class FrontNode:
                 response.headers["WWW-Authenticate"] = 'Bearer realm="acp-broker"'
                 return response
             principal = None  # in-band: ACP authenticate will say who it is
-        refusal = self.access.open_connection(principal)
+        conn_id = str(ws.id)
+        refusal = self.access.open_connection(conn_id, principal)
         if refusal is not None:
             return ws.respond(http.HTTPStatus.TOO_MANY_REQUESTS, refusal + "\n")
-        self._principals[str(ws.id)] = principal
+        self._principals[conn_id] = principal
+        # The place is given back when the socket is gone, not when the handler ends: a
+        # handshake that fails after this point (no Upgrade header, a bad key, a client
+        # that hangs up) never reaches the handler.
+        ws.connection_lost_waiter.add_done_callback(lambda _: self._gone(conn_id))
         return None
+
+    def _gone(self, conn_id: str) -> None:
+        self._principals.pop(conn_id, None)
+        self.access.close_connection(conn_id)
 
     def _process_response(
         self, ws: ServerConnection, request: HttpRequest, response: HttpResponse

@@ -21,6 +21,7 @@ import contextlib
 import logging
 from typing import Any
 
+from ..auth.principal import Scope
 from ..protocol import commands
 from ..protocol.commands import SessionMessage
 from ..protocol.jsonrpc import JsonObject, RpcError
@@ -53,7 +54,11 @@ def shares_asks(conn: ClientConnection) -> bool:
 
 
 def can_answer(conn: ClientConnection, method: str) -> bool:
-    """Whether the connection's client said (at initialize) that it handles ``method``."""
+    """Whether the connection may answer ``method`` for the agent: its credential has the
+    write scope (an answer to an agent acts on the session: a read-only viewer is never
+    asked), and its client said at initialize that it handles ``method``."""
+    if not may_act(conn):
+        return False
     for prefix, path in _NEEDS.items():
         if method.startswith(prefix):
             value: Any = conn.client_capabilities
@@ -61,6 +66,11 @@ def can_answer(conn: ClientConnection, method: str) -> bool:
                 value = value.get(part) if isinstance(value, dict) else None
             return bool(value)
     return True
+
+
+def may_act(conn: ClientConnection) -> bool:
+    """Whether the connection's credential has the write scope now."""
+    return conn.principal is not None and conn.principal.may(Scope.WRITE)
 
 
 class NodeRouter(HubListener):
@@ -115,17 +125,26 @@ class NodeRouter(HubListener):
     ) -> JsonObject:
         """Ask every connection at once; the first answer wins and the others are withdrawn.
 
-        Raises :class:`ConnectionError` when none of them can answer (all gone).
+        Raises :class:`ConnectionError` when none of them can answer (all gone; an answer
+        from one that lost the write scope meanwhile is not taken).
         """
-        asks = [asyncio.ensure_future(conn.request_client(method, params)) for conn in conns]
+
+        async def asked(conn: ClientConnection) -> tuple[ClientConnection, Any]:
+            return conn, await conn.request_client(method, params)
+
+        asks = [asyncio.ensure_future(asked(conn)) for conn in conns]
         try:
             for next_answer in asyncio.as_completed(asks):
                 try:
-                    return {"result": await next_answer}
+                    conn, result = await next_answer
                 except RpcError as exc:
                     return {"error": exc.to_json()}
                 except ConnectionError:
                     continue
+                if not may_act(conn):  # it lost the write scope (logged out) while asked
+                    log.info("refused the answer of %s: no write scope", conn.id)
+                    continue
+                return {"result": result}
             raise ConnectionError(f"no connection left to answer {method}")
         finally:
             for ask in asks:

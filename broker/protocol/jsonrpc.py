@@ -8,6 +8,8 @@ known), never an exception.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -96,18 +98,35 @@ class Batch:
     entries: tuple[Message | Invalid, ...]
 
 
-def parse_frame(text: str | bytes, *, max_depth: int = 64) -> Message | Invalid:
-    """Parse one text frame into a message, or say what to answer instead."""
-    decoded = _decode(text, max_depth)
+def parse_frame(
+    text: str | bytes, *, max_depth: int = 64, strict_numbers: bool = False
+) -> Message | Invalid:
+    """Parse one text frame into a message, or say what to answer instead.
+
+    ``strict_numbers`` (a client's frames): a number that is not finite as a double or
+    an integer outside 64 bits earns -32602, since it could not be written back as
+    strict JSON (``1e999`` reads as infinity) or read back exactly by every peer.
+    """
+    decoded = _decode(text, max_depth, strict_numbers)
     return decoded if isinstance(decoded, Invalid) else parse_message(decoded.data)
 
 
-def parse_frame_or_batch(text: str | bytes, *, max_depth: int = 64) -> Message | Invalid | Batch:
-    """:func:`parse_frame` for a peer that may also send batches (ACP v2)."""
-    decoded = _decode(text, max_depth)
+def parse_frame_or_batch(
+    text: str | bytes, *, max_depth: int = 64, max_entries: int = 100, strict_numbers: bool = False
+) -> Message | Invalid | Batch:
+    """:func:`parse_frame` for a peer that may also send batches (ACP v2) of at most
+    ``max_entries`` entries (a longer one earns one Invalid Request: nothing of it runs)."""
+    decoded = _decode(text, max_depth, strict_numbers)
     if isinstance(decoded, Invalid):
         return decoded
     if isinstance(decoded.data, list):
+        if len(decoded.data) > max_entries:
+            too_long = RpcError(
+                INVALID_REQUEST,
+                f"Invalid Request: a batch holds at most {max_entries} entries",
+                {"limit": "max_batch_entries"},
+            )
+            return Invalid(error_reply(None, too_long))
         return parse_batch(decoded.data)
     return parse_message(decoded.data)
 
@@ -117,7 +136,7 @@ class _Decoded:
     data: Any
 
 
-def _decode(text: str | bytes, max_depth: int) -> _Decoded | Invalid:
+def _decode(text: str | bytes, max_depth: int, strict_numbers: bool = False) -> _Decoded | Invalid:
     try:
         data = _DECODER.decode(text) if isinstance(text, str) else _strict_loads(text)
         # Lone surrogates are valid JSON escapes but not Unicode: nothing holding one could
@@ -128,7 +147,56 @@ def _decode(text: str | bytes, max_depth: int) -> _Decoded | Invalid:
         return Invalid(error_reply(None, RpcError(PARSE_ERROR, "Parse error: not valid JSON")))
     if _openers(text) > max_depth and _depth_exceeds(data, max_depth):
         return Invalid(error_reply(None, RpcError(INVALID_REQUEST, "message nested too deeply")))
+    if strict_numbers and _may_hold_bad_number(text) and _bad_number(data):
+        return _number_refused(data)
     return _Decoded(data)
+
+
+_SUSPECT = re.compile(r"[0-9]{20}|[eE]\+?[0-9]{3}")
+_SUSPECT_BYTES = re.compile(rb"[0-9]{20}|[eE]\+?[0-9]{3}")
+
+
+def _may_hold_bad_number(text: str | bytes) -> bool:
+    """Whether the text may hold a number :func:`_bad_number` refuses: 20 digits in a row
+    (an integer past 64 bits, or a mantissa that long) or a 3-digit exponent (``1e999``).
+    Only such text, rare, is walked."""
+    pattern = _SUSPECT if isinstance(text, str) else _SUSPECT_BYTES
+    return pattern.search(text) is not None  # type: ignore[arg-type]
+
+
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+"""The integers every peer reads exactly (int64 and uint64)."""
+
+
+def _bad_number(value: Any) -> bool:
+    """Whether a decoded value holds a non-finite float or an integer outside 64 bits."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, int) and not INT_MIN <= item <= INT_MAX:
+            return True
+    return False
+
+
+def _number_refused(data: Any) -> Invalid:
+    """-32602 for a message holding a number that cannot be kept exactly (a notification:
+    silence; a batch: one reply with ``id: null``)."""
+    error = invalid_params(
+        "numbers must be finite and integers within 64 bits (this one cannot be kept exactly)"
+    )
+    if isinstance(data, dict):
+        if "id" not in data and "method" in data:
+            return Invalid(None)
+        msg_id = data.get("id")
+        return Invalid(error_reply(msg_id if _valid_id(msg_id) else None, error))
+    return Invalid(error_reply(None, error))
 
 
 def parse_batch(items: list[Any]) -> Batch | Invalid:
@@ -161,6 +229,11 @@ def parse_message(data: Any) -> Message | Invalid:
         return Invalid(
             error_reply(None, RpcError(INVALID_REQUEST, "id must be a string or an integer"))
         )
+    if "id" in data and msg_id is None and "method" in data:
+        # Not a notification (that has no id at all): it is answered, and refused, since a
+        # reply with id null could not be told from one to an unreadable message (ACP v2
+        # forbids a null id; JSON-RPC 2.0 and ACP v1 discourage it).
+        return Invalid(error_reply(None, RpcError(INVALID_REQUEST, "id must not be null")))
     if "method" in data:
         return _parse_request(data, msg_id)
     return Invalid(_invalid_request(data))

@@ -30,6 +30,7 @@ from .events import (
     snapshot_ops,
 )
 from .keys import SessionKeys, partition_of
+from .names import new_session_id as new_session_id  # where callers have long found it
 
 
 class SessionMissing(LookupError):
@@ -485,8 +486,3 @@ def _append_error(exc: ResponseError) -> Exception:
 
 def _new_epoch() -> str:
     return secrets.token_hex(8)
-
-
-def new_session_id() -> str:
-    """An unguessable broker session id (128 random bits)."""
-    return "sess_" + secrets.token_hex(16)

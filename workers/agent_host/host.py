@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from broker.config import AgentSpec
+from broker.config import DEFAULT_AGENT_ENV, AgentSpec
 from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import (
@@ -135,6 +135,7 @@ class AgentHost(AgentEvents):
         *,
         request_timeout: float = 60.0,
         cancel_grace: float = 10.0,
+        agent_env: Sequence[str] = DEFAULT_AGENT_ENV,
         on_agent_started: Callable[[str, JsonObject], Awaitable[None]] | None = None,
     ) -> None:
         self.specs = {spec.name: spec for spec in agents}
@@ -144,6 +145,7 @@ class AgentHost(AgentEvents):
         self.leases = leases
         self.request_timeout = request_timeout
         self.cancel_grace = cancel_grace
+        self.agent_env = agent_env
         self.on_agent_started = on_agent_started
         self._processes: dict[str, AgentProcess] = {}
         self._starting: dict[str, asyncio.Lock] = {}
@@ -504,7 +506,9 @@ class AgentHost(AgentEvents):
             process = self._processes.get(name)
             if process is not None and not process.failed:
                 return process
-            process = AgentProcess(spec, self, request_timeout=self.request_timeout)
+            process = AgentProcess(
+                spec, self, request_timeout=self.request_timeout, env_allowed=self.agent_env
+            )
             try:
                 await process.start(CLIENT_CAPABILITIES)
             except AgentFailed as exc:

@@ -14,13 +14,15 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
-from broker.config import AgentSpec
+from broker.config import DEFAULT_AGENT_ENV, AgentSpec
 from broker.protocol import jsonrpc
 from broker.protocol.jsonrpc import Invalid, Request, RpcError
 from broker.protocol.pending import PeerGone, PendingRequests
+
+from .environment import agent_environment
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,16 @@ class AgentEvents(Protocol):
 class AgentProcess:
     """A running agent: spawn it, initialize it, talk to it, notice when it fails."""
 
-    def __init__(self, spec: AgentSpec, events: AgentEvents, *, request_timeout: float) -> None:
+    def __init__(
+        self,
+        spec: AgentSpec,
+        events: AgentEvents,
+        *,
+        request_timeout: float,
+        env_allowed: Sequence[str] = DEFAULT_AGENT_ENV,
+    ) -> None:
         self.spec = spec
+        self.env_allowed = env_allowed
         self.events = events
         self.request_timeout = request_timeout
         self.capabilities: dict[str, Any] = {}
@@ -74,7 +84,7 @@ class AgentProcess:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, **self.spec.env},
+                env=agent_environment(os.environ, self.env_allowed, self.spec.env),
                 limit=_LINE_LIMIT,
             )
         except OSError as exc:

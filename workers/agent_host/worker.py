@@ -131,6 +131,7 @@ class HostWorker:
             self.leases,
             request_timeout=settings.agent_request_timeout,
             cancel_grace=settings.cancel_grace,
+            agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
         )
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -23,6 +23,7 @@ import weakref
 from collections import deque
 from typing import Any, Protocol
 
+from redis.exceptions import RedisError
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
@@ -37,8 +38,16 @@ from ...store.events import EventType, LogEvent
 from ...store.failures import rpc_failure
 from ...store.log import SessionLog
 from ..fanout import FanoutHub
-from .access import TokenBucket, session_limit
+from .access import (
+    LOGINS_PER_SECOND,
+    Access,
+    counted_subject,
+    in_flight_limit,
+    session_limit,
+    token_rate_limit,
+)
 from .dispatch import Deferred
+from .flow import Pace
 from .session_state import ActiveSession, BatchReplies
 
 log = logging.getLogger(__name__)
@@ -61,6 +70,7 @@ class Dispatcher(Protocol):
     settings: Settings
     log: SessionLog
     hub: FanoutHub
+    access: Access
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         """The result of ``request``, :data:`~.dispatch.DEFERRED`, or an ``RpcError`` raised."""
@@ -79,7 +89,8 @@ class ClientConnection:
         self.settings = methods.settings
         self.principal = principal
         self.tenant = principal.tenant if principal else ""
-        self.bucket = TokenBucket(self.settings.rate_per_connection)
+        self.pace = Pace(self.settings.rate_per_connection)
+        self.login_attempts = Pace(LOGINS_PER_SECOND)
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
         self._notices: bool | None = None
@@ -94,6 +105,7 @@ class ClientConnection:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
         self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
+        self._room: asyncio.Future[None] | None = None  # set when a request in flight ends
         self._corked: list[bytes] = []  # event frames to write once this burst is handed out
         self._cork_list: list[ClientConnection] | None = None  # its event loop's, see _cork_list
 
@@ -104,7 +116,11 @@ class ClientConnection:
         try:
             async for frame in self.ws:
                 if isinstance(frame, str):
-                    self._receive(frame)
+                    message = self._receive(frame)
+                    if message is not None:
+                        # Paced here, before the next frame is read: see :mod:`.flow`.
+                        refusal = await self._pace(message)
+                        self._dispatch(message, refusal)
         except ConnectionClosed:
             pass
         finally:
@@ -122,6 +138,12 @@ class ClientConnection:
                 with contextlib.suppress(asyncio.CancelledError):
                     await writer
 
+    def cut(self, code: int, reason: str) -> None:
+        """Close the connection now: its credential is no longer good (nothing more of it is
+        answered; its prompts go on in their agent hosts)."""
+        self.principal = None
+        self._spawn(self.ws.close(code, reason))
+
     async def drain(self, timeout: float) -> None:
         """Wait (bounded) for the requests in flight to be answered; a prompt is not waited
         for: it goes on in its agent host, and the client resumes it on another node."""
@@ -134,28 +156,84 @@ class ClientConnection:
                 return
             await asyncio.wait(tasks, timeout=left)
 
-    def _receive(self, frame: str) -> None:
-        """One frame in; whatever it holds, a fault in handling it never ends the connection."""
+    def _receive(self, frame: str) -> Message | Invalid | Batch | None:
+        """One frame in, parsed; None when it was answered already (or could not be handled:
+        a fault in handling a frame never ends the connection)."""
         try:
-            self._on_frame(frame)
+            return self._parse(frame)
         except Exception:
             log.exception("a frame from %s could not be handled", self.id)
             self.send(jsonrpc.error_reply(None, RpcError(jsonrpc.INTERNAL_ERROR, "internal error")))
+            return None
 
-    def _on_frame(self, frame: str) -> None:
+    def _parse(self, frame: str) -> Message | Invalid | Batch | None:
         if len(frame.encode()) > self.settings.max_message_bytes:
             too_big = RpcError(jsonrpc.INVALID_REQUEST, "message too large")
             self.send(jsonrpc.error_reply(None, too_big))
-            return
+            return None
         depth = self.settings.max_json_depth
         if self.protocol_version == v2.V1:  # batches are v2's (the v1 schema has none)
-            message: Message | Invalid | Batch = jsonrpc.parse_frame(frame, max_depth=depth)
-        else:
-            message = jsonrpc.parse_frame_or_batch(frame, max_depth=depth)
-        if isinstance(message, Batch):
-            self._on_batch(message)
-        else:
-            self._on_message(message, None)
+            return jsonrpc.parse_frame(frame, max_depth=depth, strict_numbers=True)
+        return jsonrpc.parse_frame_or_batch(
+            frame,
+            max_depth=depth,
+            max_entries=self.settings.max_batch_entries,
+            strict_numbers=True,
+        )
+
+    async def _pace(self, message: Message | Invalid | Batch) -> RpcError | None:
+        """Wait as long as the frame's requests need (:mod:`.flow`); the error that refuses
+        them when the credential's budget has no room within ``max_pace`` seconds."""
+        entries = message.entries if isinstance(message, Batch) else (message,)
+        requests = sum(1 for entry in entries if isinstance(entry, Request))
+        if not requests:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.max_pace
+        await self._room_in_flight(requests, deadline)
+        wait = self.pace.spend(requests)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        subject = counted_subject(self.principal)
+        if not subject:
+            return None
+        while True:
+            try:
+                wait = await self.methods.access.rates.take(subject, requests)
+            except RedisError:
+                log.warning("could not count %s's requests; serving them", subject, exc_info=True)
+                return None
+            if not wait:
+                return None
+            if loop.time() + wait > deadline:
+                return token_rate_limit(self.settings)
+            await asyncio.sleep(wait)
+
+    async def _room_in_flight(self, requests: int, deadline: float) -> None:
+        """Wait (until ``deadline`` at most) for room for ``requests`` more in flight; past it,
+        the ones with no room are refused by :meth:`_on_message`."""
+        limit = self.settings.max_requests_in_flight
+        loop = asyncio.get_running_loop()
+        while len(self._inflight) + min(requests, limit) > limit:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._room = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room, left)
+
+    def _dispatch(self, message: Message | Invalid | Batch, refusal: RpcError | None) -> None:
+        """Run a parsed frame's requests (or answer each with ``refusal``)."""
+        try:
+            if refusal is not None:
+                message = _refused(message, refusal)
+            if isinstance(message, Batch):
+                self._on_batch(message)
+            else:
+                self._on_message(message, None)
+        except Exception:
+            log.exception("a frame from %s could not be handled", self.id)
+            self.send(jsonrpc.error_reply(None, RpcError(jsonrpc.INTERNAL_ERROR, "internal error")))
 
     def _on_message(self, message: Message | Invalid, batch: BatchReplies | None) -> None:
         if isinstance(message, Invalid):
@@ -168,6 +246,8 @@ class ClientConnection:
         elif message.id is not None and message.id in self._inflight:
             duplicate = RpcError(jsonrpc.INVALID_REQUEST, "a request with this id is in flight")
             self._respond(jsonrpc.error_reply(message.id, duplicate), batch)
+        elif message.id is not None and len(self._inflight) >= self.settings.max_requests_in_flight:
+            self._respond(jsonrpc.error_reply(message.id, in_flight_limit(self.settings)), batch)
         else:
             task = self._spawn(self._handle(message))
             if message.id is not None:
@@ -216,6 +296,9 @@ class ClientConnection:
         finally:
             if request.id is not None:
                 self._inflight.pop(request.id, None)
+                room = self._room
+                if room is not None and not room.done():
+                    room.set_result(None)
 
     async def _answer(self, request: Request) -> None:
         try:
@@ -536,6 +619,20 @@ class ClientConnection:
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run work tied to this connection's life."""
         return self._spawn(coro)
+
+
+def _refused(message: Message | Invalid | Batch, error: RpcError) -> Message | Invalid | Batch:
+    """The frame with each of its requests replaced by ``error`` (answers to this side's
+    requests go through: they are not paced)."""
+    if isinstance(message, Batch):
+        return Batch(tuple(_refused_entry(entry, error) for entry in message.entries))
+    return _refused_entry(message, error)
+
+
+def _refused_entry(entry: Message | Invalid, error: RpcError) -> Message | Invalid:
+    if not isinstance(entry, Request):
+        return entry
+    return Invalid(jsonrpc.error_reply(entry.id, error) if entry.id is not None else None)
 
 
 _CORKED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[ClientConnection]] = (

@@ -32,9 +32,10 @@ from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
 from ...store.log import SessionLog, SessionMissing
+from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
 from ..fanout import FanoutHub
-from .access import Access
+from .access import Access, connection_limit
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 
@@ -73,7 +74,7 @@ class AcpMethods:
                 INVALID_REQUEST, "the connection is not initialized: send initialize first"
             )
         try:
-            self.access.check(conn.principal, conn.bucket, request)
+            self.access.check(conn.principal, request)
         except RpcError:
             if request.is_notification:
                 return None
@@ -123,9 +124,12 @@ class AcpMethods:
         """ACP ``authenticate`` (v1) and ``auth/login`` (v2): a token in ``_meta``."""
         if not self.access.enabled:
             raise RpcError(METHOD_NOT_FOUND, "authentication is off: no authMethods advertised")
-        principal = await self.access.login(request.params)
+        principal = await self.access.login(request.params, conn.login_attempts)
         if conn.principal is not None and principal.tenant != conn.tenant and conn.active:
             raise invalid_params("close this connection's sessions before changing tenant")
+        refusal = self.access.rebind_connection(conn.id, principal)
+        if refusal is not None:
+            raise connection_limit(refusal)
         conn.principal, conn.tenant = principal, principal.tenant
         return {}
 
@@ -136,6 +140,7 @@ class AcpMethods:
         for session_id in list(conn.active):
             await conn.deactivate(session_id)
         conn.principal = None
+        self.access.rebind_connection(conn.id, None)
         return {}
 
     # -- session setup ----------------------------------------------------------------------
@@ -381,15 +386,27 @@ def _acp_fingerprint(tenant: str, cwd: str | None) -> str:
 
 
 def _session_id(params: JsonObject) -> str:
+    """The request's ``sessionId``, which must have the one shape the broker's ids have
+    (so that no id, however spelled, names another tenant's keys)."""
     session_id = params.get("sessionId")
     if not isinstance(session_id, str) or not session_id:
         raise invalid_params("sessionId must be a non-empty string")
+    if not is_session_id(session_id):
+        raise invalid_params(f"sessionId is not a session id of this broker ({SESSION_ID_RULE})")
     return session_id
 
 
 def _absolute(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not posixpath.isabs(value):
+    """An absolute POSIX path in normal form (a trailing ``/`` aside): no NUL, no ``.`` or
+    ``..`` component, no ``//``, since it is handed to an agent as where it works."""
+    if not isinstance(value, str) or not value.startswith("/"):
         raise invalid_params(f"{name} must be an absolute path")
+    if "\0" in value:
+        raise invalid_params(f"{name} must not hold a NUL character")
+    if ".." in value.split("/"):
+        raise invalid_params(f"{name} must not hold a '..' component")
+    if posixpath.normpath("/" + value.lstrip("/")) != normalize_cwd(value):
+        raise invalid_params(f"{name} must be a normalized path (no '.' component, no '//')")
     return value
 
 

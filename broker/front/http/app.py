@@ -29,6 +29,7 @@ from starlette.routing import Route
 from ...config import Settings
 from ..acp import websocket_only
 from .console import Console
+from .guard import guarded_h11
 from .mcp import mcp_server
 from .rest import PATHS, RestApi
 from .sessions import SessionsService
@@ -120,6 +121,8 @@ class FrontHttp:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            http=guarded_h11(self.settings.http_header_timeout),
+            timeout_keep_alive=self.settings.http_keep_alive_timeout,
             ssl_certfile=self.settings.tls_cert,
             ssl_keyfile=self.settings.tls_key,
         )

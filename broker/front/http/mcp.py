@@ -32,6 +32,9 @@ TOOL_TITLE = "List sessions"
 STATUS_WIDTH = 7  # RUNNING, STOPPED, DELETED
 KIND_WIDTH = 8  # combined
 NO_SESSIONS = "(no sessions)"
+UNAUTHORIZED = -32001
+"""The JSON-RPC error of ``tools/list`` without a good credential (a server error code:
+MCP has none of its own for this)."""
 
 
 def session_list_tool() -> types.Tool:
@@ -82,6 +85,12 @@ def mcp_server(sessions: SessionsService) -> Server:
     async def list_tools(
         ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        # With authentication on, what the broker offers is shown to callers with a good
+        # credential only (initialize, which says nothing of the tools, stays open).
+        try:
+            await sessions.authenticate(_credentials(ctx))
+        except ApiError as error:
+            raise MCPError(UNAUTHORIZED, f"{error.code}: {error.message}") from None
         return types.ListToolsResult(tools=[session_list_tool()])
 
     async def call_tool(

@@ -24,12 +24,21 @@ def openapi_document() -> JsonObject:
         },
         "servers": [{"url": "/"}],
         "paths": {"/v1/sessions": {"get": _list_operation()}},
+        "security": [{"bearer": []}],
         "components": {
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API token (`acpb_…`, from `acp-broker token create`) or "
+                    "a JWT, with the `read` scope. Not needed when authentication is off.",
+                }
+            },
             "schemas": {
                 "Session": _session_schema(),
                 "SessionList": _list_schema(),
                 "Problem": _problem_schema(),
-            }
+            },
         },
     }
 
@@ -64,7 +73,8 @@ def _list_operation() -> JsonObject:
                 },
             },
             "400": _problem_response("`invalid_argument` or `invalid_cursor`."),
-            "401": _problem_response("`unauthorized`."),
+            "401": _problem_response("`unauthorized`: no credential, or not a good one."),
+            "403": _problem_response("`forbidden`: the credential lacks the `read` scope."),
             "503": _problem_response("`unavailable`: the session store cannot be reached."),
         },
     }

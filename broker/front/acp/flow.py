@@ -1,0 +1,87 @@
+"""Flow control: a client that sends faster than it may is slowed down, not refused.
+
+A connection's requests are paced where they are read. After each frame, the
+connection's :class:`Pace` (``rate_per_connection`` a second, bursts of twice that)
+says how long to wait before the next frame is read; while the broker waits it does
+not read the socket, so the client's writes back up in TCP, as any stream does. A
+client that waits for each reply is thus never refused, however fast it goes: it only
+goes at the rate. What is refused (-32005) is a connection that keeps more than
+``max_requests_in_flight`` requests unanswered at once.
+
+A credential's requests are counted across the deployment in Redis
+(:class:`TokenRates`): one counter a second per credential, which every node adds to in
+leases of a tenth of the rate, so a node asks Redis a few times a second per busy
+credential, not once a request. A frame whose credential has spent this second's
+``rate_per_token`` waits for the next second; when none has room for it within
+``max_pace`` seconds, its requests are refused (-32005, ``rate_per_token``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ...store.client import Store
+from ...store.keys import PREFIX
+
+WINDOW_TTL = 5
+"""Seconds a per-second counter outlives its second (clocks of nodes differ a little)."""
+
+
+@dataclass
+class Pace:
+    """``rate`` requests a second, bursts up to ``2 * rate``; a burst beyond it is owed."""
+
+    rate: float
+    tokens: float | None = None  # None: a full bucket
+    stamp: float = field(default_factory=time.monotonic)
+
+    def spend(self, requests: int) -> float:
+        """Count ``requests`` in; the seconds to wait before reading on (0: read on now)."""
+        now = time.monotonic()
+        capacity = 2 * self.rate
+        tokens = capacity if self.tokens is None else self.tokens
+        self.tokens = min(capacity, tokens + (now - self.stamp) * self.rate) - requests
+        self.stamp = now
+        return -self.tokens / self.rate if self.tokens < 0 else 0.0
+
+
+def rate_key(subject: str, second: int) -> str:
+    """The counter of one credential's requests in one second (all nodes add to it)."""
+    return f"{PREFIX}:rate:{{{subject}}}:{second}"
+
+
+class TokenRates:
+    """Per-credential request budgets, counted in Redis across every node."""
+
+    def __init__(self, redis: Store, rate: float) -> None:
+        self.redis = redis
+        self.limit = max(1, int(rate))
+        self.lease = max(1, self.limit // 10)
+        self._leased: dict[str, tuple[int, int]] = {}  # subject -> (second, requests left)
+
+    async def take(self, subject: str, requests: int) -> float:
+        """Take ``requests`` from the credential's budget of this second: 0.0 if taken, else
+        the seconds until the next second, when to try again (nothing was taken)."""
+        now = time.time()
+        second = math.floor(now)
+        leased_second, left = self._leased.get(subject, (second, 0))
+        if leased_second != second:
+            left = 0
+        if left < requests:
+            want = max(self.lease, requests - left)
+            key = rate_key(subject, second)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.incrby(key, want)
+                pipe.expire(key, WINDOW_TTL)
+                total, _ = await pipe.execute()
+            before = int(total) - want
+            left += max(0, min(want, self.limit - before))
+        if left < requests:
+            self._leased[subject] = (second, left)
+            return second + 1 - now
+        self._leased[subject] = (second, left - requests)
+        if len(self._leased) > 10_000:  # credentials gone quiet: forget their leases
+            self._leased = {s: v for s, v in self._leased.items() if v[0] == second}
+        return 0.0
