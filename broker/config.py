@@ -140,6 +140,9 @@ class Settings(BaseSettings):
     """Seconds of clock skew allowed on a JWT's ``exp`` and ``nbf``."""
     jwt_default_scopes: list[Literal["read", "write", "admin"]] = ["read", "write"]
     """The scopes of a JWT that has neither a ``scope`` nor a ``scopes`` claim."""
+    login_timeout: float = Field(default=10.0, gt=0)
+    """Seconds a connection admitted without credentials (``allow_in_band_auth``) has to
+    authenticate in band; then it is closed (4001), checked with the credentials."""
     credential_check_interval: float = Field(default=5.0, gt=0)
     """How often open connections' credentials are checked again: a revoked API token or an
     expired JWT is cut (close code 4001) within this many seconds."""

@@ -392,6 +392,23 @@ async def test_in_band_logins_keep_to_the_connection_cap_and_the_guess_limit(
             await conn.close()
 
 
+async def test_connections_that_never_log_in_are_closed(redis_url: str, tmp_path: Path) -> None:
+    async with secured(
+        redis_url,
+        tmp_path,
+        allow_in_band_auth=True,
+        login_timeout=0.5,
+        credential_check_interval=0.2,
+    ) as node:
+        idle = await client(node)
+        logged_in = await client(node)
+        credential = await token(redis_url, "team-a", ["read"])
+        assert (await logged_in.call("authenticate", login(credential)))["result"] == {}
+        assert await closed_with(idle, 10) == (4001, "not authenticated in time")
+        assert "result" in await logged_in.call("session/list", {})
+        await logged_in.close()
+
+
 async def _logged_in(node: BrokerProcess, credential: str) -> bool:
     """Whether a new connection logs in (each try on its own: logins are paced)."""
     conn = await client(node)

@@ -127,6 +127,7 @@ class FrontNode:
             self.authenticator.tokens,
             lambda: self.connections,
             settings.credential_check_interval,
+            settings.login_timeout,
         )
 
     @property

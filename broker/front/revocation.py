@@ -4,7 +4,9 @@ A credential is verified when a connection opens (or authenticates in band), but
 connection can live for days. :class:`CredentialWatch` looks at every open connection
 of the node each ``credential_check_interval`` seconds: one whose JWT is past its
 ``exp`` (plus the leeway) or whose API token has been revoked (or deleted) is closed
-with :data:`CLOSE_CREDENTIAL_REVOKED`, so the cut comes within that interval. Between
+with :data:`CLOSE_CREDENTIAL_REVOKED`, so the cut comes within that interval; so is one
+admitted without credentials (in-band auth) that has not authenticated within
+``login_timeout``, so that anonymous sockets cannot hold the node's places for good. Between
 two checks, an expired JWT's requests are already refused (-32000) by
 :meth:`~.access.Access.check`.
 """
@@ -31,6 +33,8 @@ class Watched(Protocol):
     """What the watch needs of a connection."""
 
     principal: Principal | None
+    unauthenticated_since: float | None
+    """``time.monotonic()`` since when it has had no principal (in-band auth pending)."""
 
     def cut(self, code: int, reason: str) -> None:
         """Close the connection (at once, without waiting for anything in flight)."""
@@ -44,10 +48,12 @@ class CredentialWatch:
         tokens: TokenStore,
         connections: Callable[[], Iterable[Watched]],
         interval: float,
+        login_timeout: float,
     ) -> None:
         self.tokens = tokens
         self.connections = connections
         self.interval = interval
+        self.login_timeout = login_timeout
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -69,11 +75,14 @@ class CredentialWatch:
 
     async def check(self) -> None:
         """One round: cut what is expired now or revoked in the store."""
-        now = time.time()
+        now, clock = time.time(), time.monotonic()
         by_token: dict[str, list[Watched]] = {}
         for conn in list(self.connections()):
             principal = conn.principal
             if principal is None:
+                since = conn.unauthenticated_since
+                if since is not None and clock - since > self.login_timeout:
+                    conn.cut(CLOSE_CREDENTIAL_REVOKED, "not authenticated in time")
                 continue
             if principal.expired(now):
                 log.info("closing a connection of %s: its credential expired", principal.subject)

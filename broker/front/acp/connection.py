@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
 from collections import deque
 from typing import Any, Protocol
@@ -89,6 +90,7 @@ class ClientConnection:
         self.settings = methods.settings
         self.principal = principal
         self.tenant = principal.tenant if principal else ""
+        self.unauthenticated_since: float | None = None if principal else time.monotonic()
         self.pace = Pace(self.settings.rate_per_connection)
         self.login_attempts = Pace(LOGINS_PER_SECOND)
         self.protocol_version: int | None = None
@@ -141,7 +143,7 @@ class ClientConnection:
     def cut(self, code: int, reason: str) -> None:
         """Close the connection now: its credential is no longer good (nothing more of it is
         answered; its prompts go on in their agent hosts)."""
-        self.principal = None
+        self.principal, self.unauthenticated_since = None, None
         self._spawn(self.ws.close(code, reason))
 
     async def drain(self, timeout: float) -> None:

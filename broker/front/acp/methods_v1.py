@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,7 @@ class AcpMethods:
         if refusal is not None:
             raise connection_limit(refusal)
         conn.principal, conn.tenant = principal, principal.tenant
+        conn.unauthenticated_since = None
         return {}
 
     async def logout(self, conn: ClientConnection, request: Request) -> JsonObject:
@@ -139,7 +141,7 @@ class AcpMethods:
             raise RpcError(METHOD_NOT_FOUND, "authentication is off: no authMethods advertised")
         for session_id in list(conn.active):
             await conn.deactivate(session_id)
-        conn.principal = None
+        conn.principal, conn.unauthenticated_since = None, time.monotonic()
         self.access.rebind_connection(conn.id, None)
         return {}
 
