@@ -67,7 +67,8 @@ async def test_a_session_whose_agent_cannot_fork_is_refused_naming_the_capabilit
     reply = await client.call("session/fork", {"sessionId": plain, "cwd": "/tmp/fork"})
     assert reply["error"]["code"] == -32602
     assert "sessionCapabilities.fork" in reply["error"]["message"]
-    missing = await client.call("session/fork", {"sessionId": "sess_nope", "cwd": "/tmp/fork"})
+    nope = "sess_" + "0" * 32
+    missing = await client.call("session/fork", {"sessionId": nope, "cwd": "/tmp/fork"})
     assert missing["error"]["code"] == -32002
-    assert missing["error"]["data"] == {"sessionId": "sess_nope"}
+    assert missing["error"]["data"] == {"sessionId": nope}
     await client.close()

@@ -250,6 +250,7 @@ SCOPED_CALLS: list[tuple[str, dict[str, Any], str]] = [
     ("session/load", {"cwd": "/s", "mcpServers": []}, "read"),
     ("session/resume", {"cwd": "/s"}, "read"),
     ("session/new", {"cwd": "/s", "mcpServers": []}, "write"),
+    ("session/fork", {"cwd": "/s"}, "write"),
     ("session/prompt", {"prompt": text("/notool hi")}, "write"),
     ("session/set_mode", {"modeId": "code"}, "write"),
     ("session/set_config_option", {"configId": "style", "value": "shouty"}, "write"),
