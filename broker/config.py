@@ -206,6 +206,19 @@ class Settings(BaseSettings):
     """The most events one session's log may hold; past it appends fail (a runaway agent)."""
     max_sessions_per_tenant: int = Field(default=100_000, ge=1)
     """The most sessions (deleted ones until purged included) one tenant may have."""
+    # Deadlines (seconds): every request is answered or failed within its own.
+    request_timeout: float = Field(default=30.0, gt=0)
+    """A client request other than a prompt (session/new, load, list, REST, MCP…)."""
+    prompt_timeout: float = Field(default=3600.0, gt=0)
+    """A whole prompt turn, permission questions included."""
+    redis_timeout: float = Field(default=5.0, gt=0)
+    """One Redis command (a stalled Redis fails it, and it is tried again or reported)."""
+    client_request_timeout: float = Field(default=600.0, gt=0)
+    """An agent's question to a client (a permission a person decides on, fs/*, terminal/*)."""
+    client_reask_interval: float = Field(default=5.0, gt=0)
+    """How often an unanswered agent question is asked again (same id: never twice a person)."""
+    answer_timeout: float = Field(default=30.0, gt=0)
+    """How long a front keeps trying to hand a client's answer to the agent host."""
 
     @field_validator("tenant")
     @classmethod

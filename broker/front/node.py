@@ -91,7 +91,9 @@ class FrontNode:
             reply_channel=self.hub.node_channel,
             ack_timeout=settings.ack_timeout,
         )
-        self.hub.listener = NodeRouter(self.redis, self.hub, self.agents)
+        self.hub.listener = NodeRouter(
+            self.redis, self.hub, self.agents, answer_timeout=settings.answer_timeout
+        )
         self.authenticator = Authenticator(settings, self.redis)
         if not self.authenticator.enabled and not _loopback_only(settings):
             log.warning(

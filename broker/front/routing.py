@@ -17,9 +17,11 @@ the first answer from any of them wins, and the others are withdrawn.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections import OrderedDict
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from ..auth.principal import Scope
 from ..protocol import commands
@@ -28,11 +30,15 @@ from ..protocol.jsonrpc import JsonObject, RpcError
 from ..store.client import Store
 from ..store.events import LogEvent
 from ..store.keys import INBOX_MAXLEN, SessionKeys
+from ..store.retry import retrying
 from .acp.connection import ClientConnection
 from .agents import RemoteAgents
 from .fanout import FanoutHub, HubListener
 
 log = logging.getLogger(__name__)
+
+ANSWERS_KEPT = 10_000
+"""Answers a node remembers, for hosts that ask again (a few hundred bytes each)."""
 
 # Which client capability a request needs: (capability path) per method prefix.
 _NEEDS: dict[str, tuple[str, ...]] = {
@@ -76,11 +82,18 @@ def may_act(conn: ClientConnection) -> bool:
 class NodeRouter(HubListener):
     """Routes replies to the gateway and agent requests to this node's connections."""
 
-    def __init__(self, redis: Store, hub: FanoutHub, agents: RemoteAgents) -> None:
+    def __init__(
+        self, redis: Store, hub: FanoutHub, agents: RemoteAgents, *, answer_timeout: float = 30.0
+    ) -> None:
         self.redis = redis
         self.hub = hub
         self.agents = agents
+        self.answer_timeout = answer_timeout
         self._asking: dict[str, asyncio.Task[Any]] = {}
+        # The answers given lately, by request id: a host that asks again (it never got the
+        # answer) gets the same answer, and the person is not asked twice.
+        self._answered: OrderedDict[str, JsonObject] = OrderedDict()
+        self._sending: set[asyncio.Task[None]] = set()
 
     def on_node_message(self, message: dict[str, Any]) -> None:
         self.agents.on_reply(message)
@@ -91,11 +104,18 @@ class NodeRouter(HubListener):
     def on_session_message(self, keys: SessionKeys, message: dict[str, Any]) -> None:
         kind, rid = message.get("kind"), str(message.get("rid"))
         if kind == SessionMessage.CLIENT_REQUEST:
+            if rid in self._asking:
+                return  # asked again while this node's client is still deciding
+            if rid in self._answered:
+                self._spawn_answer(message, self._answered[rid])
+                return
             task = asyncio.ensure_future(self._ask(keys, message))
             self._asking[rid] = task
             task.add_done_callback(lambda _: self._asking.pop(rid, None))
-        elif kind == SessionMessage.CLIENT_SETTLED and rid in self._asking:
-            self._asking[rid].cancel()
+        elif kind == SessionMessage.CLIENT_SETTLED:
+            self._answered.pop(rid, None)
+            if rid in self._asking:
+                self._asking[rid].cancel()
 
     async def _ask(self, keys: SessionKeys, message: JsonObject) -> None:
         method, prefer = str(message["method"]), message.get("prefer")
@@ -151,9 +171,33 @@ class NodeRouter(HubListener):
                 ask.cancel()  # a pending ask is withdrawn from its client ($/cancel_request)
             await asyncio.wait(asks)
 
+    def _spawn_answer(self, message: JsonObject, answer: JsonObject) -> None:
+        task = asyncio.ensure_future(self._answer(message, answer))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
     async def _answer(self, message: JsonObject, answer: JsonObject) -> None:
-        reply = commands.client_reply(message["rid"], self.hub.node_id, answer)
-        with contextlib.suppress(Exception):
-            await self.redis.xadd(
-                str(message["reply"]), {"m": commands.encode(reply)}, maxlen=INBOX_MAXLEN
+        """Hand the answer to the agent host, trying again while Redis is out of reach.
+
+        The same request id each time: the host takes the first copy. An answer that still
+        cannot be written is logged; the host, hearing none, asks again and gets it from
+        :attr:`_answered`."""
+        rid = str(message["rid"])
+        if not answer.get("none"):  # a decline is not kept: a connection may come meanwhile
+            self._answered[rid] = answer
+            while len(self._answered) > ANSWERS_KEPT:
+                self._answered.popitem(last=False)
+        data = commands.encode(commands.client_reply(rid, self.hub.node_id, answer))
+        inbox = str(message["reply"])
+        try:
+            await retrying(
+                lambda: self.redis.xadd(inbox, {"m": data}, maxlen=INBOX_MAXLEN, approximate=True),
+                self.answer_timeout,
+            )
+        except (RedisError, OSError) as exc:
+            log.error(
+                "could not hand the answer to %s to its agent host: %s: %s",
+                rid,
+                type(exc).__name__,
+                exc,
             )

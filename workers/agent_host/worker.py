@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import secrets
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
 from broker.protocol import commands
@@ -33,73 +32,17 @@ from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, sessio
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.failures import rpc_failure
-from broker.store.keys import CAPABILITIES_KEY, SessionKeys, host_inbox, host_queue
+from broker.store.keys import CAPABILITIES_KEY, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
+from broker.store.retry import retrying
 
+from .clients import RemoteClients
 from .host import AgentHost
 from .leases import HeldElsewhere, Leases
 
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hosts"
-
-
-class RemoteClients:
-    """Agent-to-client requests, through the session's live channel to the front nodes."""
-
-    def __init__(self, redis: Store, inbox: str, *, timeout: float = 600.0) -> None:
-        self.redis = redis
-        self.inbox = inbox
-        self.timeout = timeout
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, tuple[asyncio.Future[Any], int, set[str]]] = {}
-
-    async def request_client(
-        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
-    ) -> Any:
-        channel = SessionKeys(tenant, session_id).channel
-        for target in (prefer, None) if prefer else (None,):
-            rid = f"{self.inbox}#{next(self._ids)}"
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            message = commands.client_request(rid, self.inbox, method, params, target)
-            receivers = await self.redis.spublish(channel, commands.encode(message))
-            if not receivers:
-                break
-            self._waiting[rid] = (future, int(receivers), set())
-            try:
-                return await asyncio.wait_for(future, self.timeout)
-            except _NobodyAnswered:
-                continue
-            finally:
-                self._waiting.pop(rid, None)
-                with contextlib.suppress(Exception):
-                    await self.redis.spublish(
-                        channel, commands.encode(commands.client_settled(rid))
-                    )
-        raise RpcError(
-            INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
-        )
-
-    def on_reply(self, message: JsonObject) -> None:
-        """A front node's answer: a result, an error, or "no connection of mine can"."""
-        entry = self._waiting.get(str(message.get("rid")))
-        if entry is None:
-            return
-        future, receivers, declined = entry
-        if future.done():
-            return
-        if message.get("none"):
-            declined.add(str(message.get("node")))
-            if len(declined) >= receivers:
-                future.set_exception(_NobodyAnswered())
-        elif "error" in message:
-            future.set_exception(commands.rpc_error(message["error"]))
-        else:
-            future.set_result(message.get("result"))
-
-
-class _NobodyAnswered(Exception):
-    pass
 
 
 class HostWorker:
@@ -118,7 +61,12 @@ class HostWorker:
         self.host_id = host_id or f"host-{secrets.token_hex(6)}"
         self.inbox = host_inbox(self.host_id)
         self.leases = Leases(redis, self.host_id, ttl=settings.lease_ttl)
-        self.clients = RemoteClients(redis, self.inbox)
+        self.clients = RemoteClients(
+            redis,
+            self.inbox,
+            timeout=settings.client_request_timeout,
+            reask_interval=settings.client_reask_interval,
+        )
         self.host = AgentHost(
             settings.agent_list(),
             SessionLog(
@@ -273,8 +221,21 @@ class HostWorker:
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
 
     async def _send(self, channel: str, message: JsonObject) -> None:
-        with contextlib.suppress(Exception):
-            await self.redis.spublish(channel, commands.encode(message))
+        """An acknowledgement or a reply to a front node, tried again while Redis is away;
+        one that still cannot be sent is logged (the front's deadline then fails the request
+        for its client)."""
+        data = commands.encode(message)
+        try:
+            await retrying(lambda: self.redis.spublish(channel, data), self.settings.answer_timeout)
+        except (RedisError, OSError) as exc:
+            log.error(
+                "could not send %s %s to %s: %s: %s",
+                message.get("t"),
+                message.get("rid"),
+                channel,
+                type(exc).__name__,
+                exc,
+            )
 
     async def _publish_capabilities(self, name: str, capabilities: JsonObject) -> None:
         with contextlib.suppress(Exception):

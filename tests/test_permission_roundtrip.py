@@ -1,0 +1,160 @@
+"""An agent's question to a client is never lost: the answer that comes back before
+``SPUBLISH`` returns is taken, a question nobody heard is asked again under the same id, and
+one that nobody answers fails in bounded time with a clear error.
+
+Then a permission-heavy run with no fault: thousands of prompts, each asking for a
+permission, over two front nodes and two agent hosts (real processes on a real Redis), and
+not one hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.protocol.jsonrpc import RpcError
+from workers.agent_host.clients import RemoteClients
+
+from .support.client import RawClient, text
+from .test_scale_out import cluster_of
+
+
+class _Channel:
+    """A store stand-in whose SPUBLISH lets a test decide what the nodes do with a message."""
+
+    def __init__(self, on_publish: Any) -> None:
+        self.on_publish = on_publish
+        self.published: list[dict[str, Any]] = []
+
+    async def spublish(self, channel: str, data: str) -> int:
+        message = json.loads(data)
+        self.published.append(message)
+        return int(self.on_publish(message))
+
+
+async def test_an_answer_that_arrives_before_the_publish_returns_is_taken() -> None:
+    clients: RemoteClients
+
+    def answer_at_once(message: dict[str, Any]) -> int:
+        if message["kind"] == "creq":
+            clients.on_reply({"rid": message["rid"], "node": "n1", "result": {"ok": 1}})
+        return 1
+
+    clients = RemoteClients(_Channel(answer_at_once), "inbox", timeout=5, reask_interval=1)
+    answer = await asyncio.wait_for(
+        clients.request_client("t", "s", "session/request_permission", {}, None), 5
+    )
+    assert answer == {"ok": 1}
+    assert clients.waiting() == 0
+
+
+async def test_a_question_nobody_heard_is_asked_again_under_the_same_id() -> None:
+    clients: RemoteClients
+    asks: list[str] = []
+
+    def drop_the_first(message: dict[str, Any]) -> int:
+        if message["kind"] == "creq":
+            asks.append(message["rid"])
+            if len(asks) == 2:
+                clients.on_reply({"rid": message["rid"], "node": "n1", "result": {"ok": 2}})
+        return 1
+
+    clients = RemoteClients(_Channel(drop_the_first), "inbox", timeout=5, reask_interval=0.05)
+    answer = await asyncio.wait_for(
+        clients.request_client("t", "s", "session/request_permission", {}, None), 5
+    )
+    assert answer == {"ok": 2}
+    assert len(asks) == 2 and asks[0] == asks[1]
+
+
+async def test_a_question_nobody_answers_fails_within_its_deadline() -> None:
+    clients = RemoteClients(_Channel(lambda _: 1), "inbox", timeout=0.3, reask_interval=0.1)
+    with pytest.raises(RpcError, match="no client answered session/request_permission"):
+        await asyncio.wait_for(
+            clients.request_client("t", "s", "session/request_permission", {}, None), 5
+        )
+    assert clients.waiting() == 0
+
+
+async def test_every_node_declining_ends_the_question_at_once() -> None:
+    clients: RemoteClients
+
+    def decline(message: dict[str, Any]) -> int:
+        if message["kind"] == "creq":
+            clients.on_reply({"rid": message["rid"], "node": "n1", "none": True})
+        return 1
+
+    clients = RemoteClients(_Channel(decline), "inbox", timeout=30, reask_interval=10)
+    with pytest.raises(RpcError, match="no connected client"):
+        await asyncio.wait_for(clients.request_client("t", "s", "fs/read_text_file", {}, None), 5)
+
+
+SESSIONS = 40
+PROMPT_DEADLINE = 20.0
+RUN_BUDGET = 45.0
+TARGET_PROMPTS = 2000
+
+
+async def _drive(url: str, cwd: str, stop_at: float, counts: dict[str, int]) -> None:
+    """One connection, one session: prompt after prompt, allowing every permission."""
+    loop = asyncio.get_running_loop()
+    client = await RawClient.connect(url)
+    try:
+        await client.initialize()
+        reply = await client.call("session/new", {"cwd": cwd, "mcpServers": []}, timeout=30)
+        session_id = reply["result"]["sessionId"]
+        n = 0
+        while loop.time() < stop_at and counts["done"] + counts["hung"] < TARGET_PROMPTS:
+            n += 1
+            prompt_id = f"p{n}"
+            await client.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": prompt_id,
+                    "method": "session/prompt",
+                    "params": {"sessionId": session_id, "prompt": text(f"read {n}")},
+                }
+            )
+            deadline = loop.time() + PROMPT_DEADLINE
+            try:
+                while True:
+                    message = await client.recv(max(0.01, deadline - loop.time()))
+                    if message.get("method") == "session/request_permission":
+                        counts["asked"] += 1
+                        option = message["params"]["options"][0]["optionId"]
+                        outcome = {"outcome": "selected", "optionId": option}
+                        await client.send(
+                            {"jsonrpc": "2.0", "id": message["id"], "result": {"outcome": outcome}}
+                        )
+                    elif message.get("id") == prompt_id and "method" not in message:
+                        assert message.get("result", {}).get("stopReason") == "end_turn", message
+                        counts["done"] += 1
+                        break
+            except TimeoutError:
+                counts["hung"] += 1
+                return
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+async def test_thousands_of_permission_prompts_over_two_fronts_none_hangs(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=2) as deployment:
+        counts = {"done": 0, "hung": 0, "asked": 0}
+        stop_at = asyncio.get_running_loop().time() + RUN_BUDGET
+        await asyncio.gather(
+            *(
+                _drive(deployment.nodes[i % 2].url, f"/soak/{i}", stop_at, counts)
+                for i in range(SESSIONS)
+            )
+        )
+        print("permission soak:", counts)
+        assert counts["hung"] == 0, counts
+        assert counts["done"] >= 1000, counts  # thousands in the budget, else it proves little
+        assert counts["asked"] >= counts["done"], counts

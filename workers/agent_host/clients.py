@@ -1,0 +1,151 @@
+"""Agent-to-client requests, asked through a session's live channel, answered in the inbox.
+
+An agent's request (``session/request_permission``, ``fs/*``, ``terminal/*``) is published on
+the session's channel, where every front node with the session active sees it. A node asks
+one of its connections and writes the answer, under the request's id (``rid``), to this
+host's inbox stream; the first answer wins.
+
+Nothing of the round trip may be lost:
+
+* the waiter is registered *before* the request is published, so an answer that arrives
+  before ``SPUBLISH`` returns finds it;
+* the request is published again, under the same ``rid``, every ``reask_interval`` seconds
+  until it is answered (pub/sub may drop a message; a node's answer may have failed to reach
+  the inbox): a node that is still asking its client ignores the repeat, one that already
+  answered writes its answer again, so the client is never asked twice;
+* after ``timeout`` seconds without an answer the request fails with a clear error, which the
+  agent receives as the answer to its request (and which ends the prompt turn for an agent
+  that cannot go on without it), never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from broker.protocol import commands
+from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
+from broker.store.client import Store
+from broker.store.keys import SessionKeys
+
+log = logging.getLogger(__name__)
+
+
+class NobodyAnswered(Exception):
+    """Every node that heard the request said that none of its connections can answer it."""
+
+
+@dataclass
+class _Waiter:
+    """One request waiting for its answer: which nodes heard it, which declined."""
+
+    future: asyncio.Future[Any]
+    receivers: int | None = None
+    declined: set[str] = field(default_factory=set)
+
+    def check_declined(self) -> None:
+        heard_all = self.receivers is not None and len(self.declined) >= self.receivers
+        if heard_all and not self.future.done():
+            self.future.set_exception(NobodyAnswered())
+
+
+class RemoteClients:
+    """Agent-to-client requests, through the session's live channel to the front nodes.
+
+    ``timeout`` bounds how long a request waits for its answer (a person may be deciding on
+    a permission); ``reask_interval`` is how often an unanswered request is published again.
+    """
+
+    def __init__(
+        self, redis: Store, inbox: str, *, timeout: float = 600.0, reask_interval: float = 5.0
+    ) -> None:
+        self.redis = redis
+        self.inbox = inbox
+        self.timeout = timeout
+        self.reask_interval = reask_interval
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, _Waiter] = {}
+
+    async def request_client(
+        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
+    ) -> Any:
+        """Ask the client (``prefer``: that connection first) and return its answer.
+
+        Raises :class:`RpcError` when no connection can answer, or none did in time.
+        """
+        channel = SessionKeys(tenant, session_id).channel
+        for target in (prefer, None) if prefer else (None,):
+            rid = f"{self.inbox}#{next(self._ids)}"
+            message = commands.client_request(rid, self.inbox, method, params, target)
+            waiter = _Waiter(asyncio.get_running_loop().create_future())
+            self._waiting[rid] = waiter  # before publishing: the answer may come first
+            try:
+                return await self._until_answered(channel, commands.encode(message), waiter, method)
+            except NobodyAnswered:
+                continue
+            finally:
+                self._waiting.pop(rid, None)
+                await self._settled(channel, rid)
+        raise RpcError(
+            INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
+        )
+
+    async def _until_answered(self, channel: str, data: str, waiter: _Waiter, method: str) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            try:
+                receivers = int(await self.redis.spublish(channel, data))
+            except RedisError as exc:
+                # The store is out of reach: the answer cannot come back either. Ask again
+                # at the next interval, until the deadline.
+                log.warning("asking for %s failed: %s: %s", method, type(exc).__name__, exc)
+            else:
+                if not receivers and not waiter.future.done():
+                    raise NobodyAnswered
+                waiter.receivers = receivers
+                waiter.check_declined()
+            left = deadline - loop.time()
+            if left <= 0:
+                raise RpcError(
+                    INTERNAL_ERROR,
+                    f"no client answered {method} within {self.timeout:g} s; the request is "
+                    "withdrawn",
+                )
+            try:
+                return await asyncio.wait_for(
+                    asyncio.shield(waiter.future), min(self.reask_interval, left)
+                )
+            except TimeoutError:
+                continue
+
+    async def _settled(self, channel: str, rid: str) -> None:
+        """Tell the other nodes the request is settled (withdraws it from their clients)."""
+        try:
+            await self.redis.spublish(channel, commands.encode(commands.client_settled(rid)))
+        except RedisError as exc:
+            # Not an answer: a node that misses it withdraws the request when its own
+            # client's answer reaches a host that no longer waits for it.
+            log.info("could not announce that %s is settled: %s", rid, exc)
+
+    def on_reply(self, message: JsonObject) -> None:
+        """A front node's answer: a result, an error, or "no connection of mine can"."""
+        waiter = self._waiting.get(str(message.get("rid")))
+        if waiter is None or waiter.future.done():
+            return
+        if message.get("none"):
+            waiter.declined.add(str(message.get("node")))
+            waiter.check_declined()
+        elif "error" in message:
+            waiter.future.set_exception(commands.rpc_error(message["error"]))
+        else:
+            waiter.future.set_result(message.get("result"))
+
+    def waiting(self) -> int:
+        """How many requests wait for an answer now."""
+        return len(self._waiting)
