@@ -229,7 +229,7 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
         raise SystemExit("acp-broker rebuild-index: --redis-url is required")
 
     async def run() -> dict[str, int]:
-        redis = connect(settings.redis_url)
+        redis = connect(settings.redis_url, timeout=settings.redis_timeout)
         location = settings.archive_location()
         archive = open_archive(location) if location is not None else None
         try:
@@ -256,7 +256,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
         raise SystemExit("acp-broker token: --redis-url is required (tokens live in Redis)")
 
     async def run() -> int:
-        redis = connect(settings.redis_url)
+        redis = connect(settings.redis_url, timeout=settings.redis_timeout)
         try:
             store = TokenStore(redis)
             if args.action == "create":

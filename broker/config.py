@@ -219,6 +219,9 @@ class Settings(BaseSettings):
     """How often an unanswered agent question is asked again (same id: never twice a person)."""
     answer_timeout: float = Field(default=30.0, gt=0)
     """How long a front keeps trying to hand a client's answer to the agent host."""
+    max_pending_updates: int = Field(default=10_000, ge=16)
+    """Agent updates an agent host keeps, in order, while the store is unreachable; past
+    that their sessions are failed (an error event once the store is back, and in the log)."""
 
     @field_validator("tenant")
     @classmethod

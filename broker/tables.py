@@ -20,7 +20,7 @@ async def print_sessions(settings: Settings, inputs: Mapping[str, Any], *, cwd: 
     if settings.redis_url is None:
         print("acp-broker sessions: --redis-url is required (the embedded store lives in `serve`)")
         return 2
-    redis = connect(settings.redis_url)
+    redis = connect(settings.redis_url, timeout=settings.redis_timeout)
     try:
         query = dataclasses.replace(parse_query(inputs), cwd=cwd)
         lister = SessionLister(redis, CursorCodec(settings.cursor_keys()))

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 async def run_agent_host(settings: Settings) -> None:
     """An agent host; on SIGTERM it hands its sessions over to the other hosts."""
-    redis = connect(settings.redis_url)
+    redis = connect(settings.redis_url, timeout=settings.redis_timeout)
     location = settings.archive_location()
     worker = HostWorker(redis, settings, archive=open_archive(location) if location else None)
     await worker.start()
@@ -34,7 +34,7 @@ async def run_agent_host(settings: Settings) -> None:
 async def run_projector_role(settings: Settings) -> None:
     """A projector; several may run, they share the feeds through a consumer group. With an
     archive store configured it is also the archiving role (archive idle logs, purge)."""
-    redis = connect(settings.redis_url)
+    redis = connect(settings.redis_url, timeout=settings.redis_timeout)
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
     tasks = [asyncio.create_task(Projector(redis).run())]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import fastjson
+from ..failures import FailureLog
 from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
@@ -92,6 +93,8 @@ class FanoutHub:
         self._node_readers: dict[str, asyncio.Task[Any]] = {}
         self._readers: list[asyncio.Task[Any]] = []
         self._probes_unanswered = 0
+        self.read_failures = FailureLog(log, "pub/sub read")
+        self.check_failures = FailureLog(log, "position check")
 
     async def start(self) -> None:
         if is_cluster(self.redis):
@@ -206,10 +209,11 @@ class FanoutHub:
                     messages = [] if message is None else [message]
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("pub/sub read failed; retrying")
+            except Exception as exc:
+                self.read_failures.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            self.read_failures.succeeded()
             if messages:
                 await self._on_messages(messages)
 
@@ -299,10 +303,11 @@ class FanoutHub:
             try:
                 await self._probe()
                 await self.check_positions()
+                self.check_failures.succeeded()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("position check failed")
+            except Exception as exc:
+                self.check_failures.failed(exc)
 
     async def _probe(self) -> None:
         """Publish to ourselves: a subscription that stops hearing its own probes is dead."""

@@ -74,7 +74,11 @@ class FrontNode:
         if redis is None and settings.redis_url is None:
             log.warning("%s", embedded_warning())
         self._owns_redis = redis is None
-        self.redis = redis if redis is not None else connect(settings.redis_url)
+        self.redis = (
+            redis
+            if redis is not None
+            else connect(settings.redis_url, timeout=settings.redis_timeout)
+        )
         location = settings.archive_location()
         self.archive = open_archive(location) if location is not None else None
         self.log = SessionLog(

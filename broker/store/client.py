@@ -12,7 +12,10 @@ from typing import Any
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = logging.getLogger(__name__)
 
@@ -26,25 +29,44 @@ POOL_SIZE = 64
 POOL_WAIT = 20.0
 
 
-def connect(url: str | None) -> Store:
+COMMAND_TIMEOUT = 5.0
+"""Seconds a Redis command may take (the setting ``redis_timeout``): a stalled server fails
+the command instead of hanging its caller."""
+RECONNECT_RETRIES = 2
+"""A command whose connection turns out dead (the server restarted since it was last used) is
+sent again on a fresh connection, at most this many times, after a short backoff."""
+
+
+def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     """A client for ``url``, or for a new embedded store when ``url`` is None.
 
     ``redis+cluster://HOST:PORT`` (or ``rediss+cluster://``) names any node of a Redis
-    Cluster; the client discovers the rest and follows MOVED/ASK and failovers.
+    Cluster; the client discovers the rest and follows MOVED/ASK and failovers. ``timeout``
+    bounds each command and each connection attempt.
     """
     if url is None:
         return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     scheme, sep, rest = url.partition("://")
+    bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if sep and scheme in CLUSTER_SCHEMES:
         return RedisCluster.from_url(
-            f"{CLUSTER_SCHEMES[scheme]}://{rest}", decode_responses=True, health_check_interval=30
+            f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            decode_responses=True,
+            health_check_interval=30,
+            **bounded,
         )
+    # Only connection errors are retried: a timeout may hide a command that did run.
+    retry = Retry(
+        ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,)
+    )
     pool = BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         health_check_interval=30,
         max_connections=POOL_SIZE,
         timeout=POOL_WAIT,
+        retry=retry,
+        **bounded,
     )
     pool.connection_class = packed_by_hiredis(pool.connection_class)
     return Redis.from_pool(pool)

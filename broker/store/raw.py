@@ -16,6 +16,7 @@ import hiredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import Store, is_single_server
 
@@ -62,6 +63,8 @@ class RawConnection(asyncio.Protocol):
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._transport: asyncio.Transport | None = None
         self.lost = False
+        self.timeout: float = CONNECT_TIMEOUT
+        """Seconds a call waits for its reply before the connection is given up."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -91,7 +94,14 @@ class RawConnection(asyncio.Protocol):
         future = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         self._transport.write(command(*args))
-        reply = await future
+        try:
+            async with asyncio.timeout(self.timeout):
+                reply = await future
+        except TimeoutError:
+            # A stalled server: the calls behind this one would wait as long. Give the
+            # connection up; the next call opens another (or fails to, in bounded time).
+            self.close()
+            raise RedisTimeoutError(f"no reply within {self.timeout:g} s") from None
         if isinstance(reply, hiredis.ReplyError):
             raise ResponseError(str(reply))
         return reply
@@ -113,6 +123,7 @@ async def open_raw(options: dict[str, Any]) -> RawConnection:
             else:
                 host, port = options.get("host", "localhost"), int(options.get("port", 6379))
                 _, raw = await loop.create_connection(RawConnection, host, port)
+            raw.timeout = float(options.get("socket_timeout") or CONNECT_TIMEOUT)
             for step in handshake(options):
                 await raw.call(*step)
     except (OSError, TimeoutError, ResponseError) as exc:

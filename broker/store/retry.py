@@ -12,24 +12,29 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 T = TypeVar("T")
+
+STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What a store that is out of reach raises (restarting, loading its data, stalled, failing
+over); an error reply to a command is not among them: trying it again would fail again."""
 
 FIRST_PAUSE = 0.05
 MAX_PAUSE = 1.0
 
 
 async def retrying(call: Callable[[], Awaitable[T]], deadline: float) -> T:
-    """``await call()``, again after each :class:`RedisError` or :class:`OSError`, for at
-    most ``deadline`` seconds in all; then the last error is raised."""
+    """``await call()``, again after each error of :data:`STORE_AWAY`, for at most
+    ``deadline`` seconds in all; then the last error is raised."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + deadline
     pause = FIRST_PAUSE
     while True:
         try:
             return await call()
-        except (RedisError, OSError):
+        except STORE_AWAY:
             if loop.time() + pause > give_up:
                 raise
         await asyncio.sleep(pause)

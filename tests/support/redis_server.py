@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -96,3 +97,60 @@ def password_server(password: str) -> Iterator[str]:
         with redis.Redis.from_url(url) as admin:
             admin.config_set("requirepass", password)
         yield url
+
+
+class RestartableRedis:
+    """A redis-server of our own that a fault test kills, restarts and stalls, on one port.
+
+    ``aof``: with the append-only file on (fsync on every write), a restart keeps every
+    write Redis acknowledged.
+    """
+
+    def __init__(self, *, aof: bool) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="acpb-redis-"))
+        self.port = free_port()
+        self.aof = aof
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def _options(self) -> tuple[str, ...]:
+        return ("--appendonly", "yes", "--appendfsync", "always") if self.aof else ()
+
+    def start(self) -> None:
+        self.proc = spawn_redis(self.port, self.folder, *self._options())
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (what the append-only file holds survives)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def wipe(self) -> None:
+        """Forget every file: the next start is an empty Redis."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its connections and answers nothing (a stall)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.resume()
+            stop_redis(self.proc)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def restartable_redis(*, aof: bool) -> Iterator[RestartableRedis]:
+    server = RestartableRedis(aof=aof)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

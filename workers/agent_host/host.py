@@ -40,6 +40,7 @@ from broker.store.log import (
     call_ids,
     new_session_id,
 )
+from broker.store.retry import STORE_AWAY
 
 from .leases import Leases
 from .process import AgentEvents, AgentFailed, AgentProcess
@@ -58,6 +59,8 @@ USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
 APPEND_BATCH = 16
 APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
 """Seconds between attempts to log an agent's updates while the store is unreachable."""
+STORE_AWAY_PAUSE = 1.0
+"""Seconds between attempts once those are spent: the updates wait, kept in order."""
 """Agent requests that block the running prompt on a person: logged as ``state`` events."""
 
 RUNAWAY_NOTICE = (
@@ -90,6 +93,10 @@ def _fork_copies(body: JsonObject) -> bool:
     if isinstance(update, dict) and update.get("sessionUpdate") == "notice":
         return False
     return body.get("type") in _FORK_COPIES
+
+
+class _Failed(Exception):
+    """The updates of a batch were given up on (their sessions are failed)."""
 
 
 _ABANDONED_PROMPT: JsonObject = {
@@ -137,8 +144,10 @@ class AgentHost(AgentEvents):
         cancel_grace: float = 10.0,
         agent_env: Sequence[str] = DEFAULT_AGENT_ENV,
         on_agent_started: Callable[[str, JsonObject], Awaitable[None]] | None = None,
+        max_pending_updates: int = 10_000,
     ) -> None:
         self.specs = {spec.name: spec for spec in agents}
+        self.max_pending_updates = max_pending_updates
         self.default_agent = agents[0].name
         self.log = session_log
         self.clients = clients
@@ -157,6 +166,7 @@ class AgentHost(AgentEvents):
         self._orphans: dict[tuple[int, str], list[JsonObject]] = {}
         self._updates: list[tuple[HeldSession, JsonObject]] = []  # waiting for the log
         self._appender: asyncio.Future[None] | None = None
+        self._store_away = False
 
     # -- commands -------------------------------------------------------------------------
 
@@ -429,9 +439,15 @@ class AgentHost(AgentEvents):
             batch, self._updates = self._updates[:APPEND_BATCH], self._updates[APPEND_BATCH:]
             items = [(h.tenant, h.session_id, body, h.fence) for h, body in batch]
             try:
-                results = await self._log_retrying(items)
-            except Exception:
-                log.exception("could not log %d agent updates", len(items))
+                results = await self._log_kept(batch, items)
+            except _Failed:
+                continue
+            except Exception as exc:  # the store refused them: trying again would not help
+                log.error(
+                    "could not log %d agent updates: %s: %s", len(items), type(exc).__name__, exc
+                )
+                for held in {id(h): h for h, _ in batch}.values():
+                    self._fail(held, f"agent updates could not be logged ({type(exc).__name__})")
                 continue
             for (held, _), result in zip(batch, results, strict=True):
                 if isinstance(result, Fenced):
@@ -441,20 +457,87 @@ class AgentHost(AgentEvents):
                 elif isinstance(result, Exception):
                     log.warning("update of %s not logged: %s", held.session_id, result)
 
+    async def _log_kept(
+        self, batch: list[tuple[HeldSession, JsonObject]], items: list[Any]
+    ) -> list[Position | Exception]:
+        """Log a batch, however long the store is out of reach, with the same call ids each
+        time (an append whose outcome was unknown lands once), while the updates waiting
+        fit; past that their sessions are failed and :class:`_Failed` raised."""
+        calls = call_ids(len(items))
+        while True:
+            try:
+                return await self._log_retrying(items, calls)
+            except STORE_AWAY as exc:
+                if not self._keep_or_fail(exc, batch):
+                    raise _Failed from None
+                await asyncio.sleep(STORE_AWAY_PAUSE)
+
+    def _keep_or_fail(
+        self, exc: BaseException, batch: list[tuple[HeldSession, JsonObject]]
+    ) -> bool:
+        """Updates are waiting for a store that is away: say so once an outage, and fail the
+        sessions whose updates no longer fit in ``max_pending_updates`` (False then)."""
+        if not self._store_away:
+            self._store_away = True
+            log.warning(
+                "the session store is unreachable (%s: %s): keeping %d agent updates until "
+                "it is back",
+                type(exc).__name__,
+                exc,
+                len(self._updates),
+            )
+        if len(batch) + len(self._updates) <= self.max_pending_updates:
+            return True
+        lost: dict[str, tuple[HeldSession, int]] = {}
+        for held, _ in [*batch, *self._updates]:
+            lost[held.session_id] = (held, lost.get(held.session_id, (held, 0))[1] + 1)
+        self._updates = []
+        for held, count in lost.values():
+            reason = (
+                f"{count} agent updates could not be logged: the session store was "
+                f"unreachable for too long ({type(exc).__name__}: {exc})"
+            )
+            self._fail(held, reason)
+        return False
+
+    def _fail(self, held: HeldSession, reason: str) -> None:
+        """Stop running a session whose updates were lost, and record it as failed."""
+        log.error("session %s failed: %s", held.session_id, reason)
+        self._drop(held)
+        task = asyncio.ensure_future(self._fail_when_back(held, reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _fail_when_back(self, held: HeldSession, reason: str) -> None:
+        """Record the session as failed once the store answers again (its viewers see it)."""
+        pause = STORE_AWAY_PAUSE
+        while True:
+            try:
+                await self._mark_error(held, reason)
+                return
+            except STORE_AWAY:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 10.0)
+
     async def _log_retrying(
-        self, items: list[tuple[str, str, JsonObject, str]]
+        self, items: list[tuple[str, str, JsonObject, str]], calls: list[str] | None = None
     ) -> list[Position | Exception]:
         """Append, trying again while the store is unreachable (a failover takes a second or
         two): the same calls, so an append that did land the first time lands only once.
         Raises the last failure when the store stays out of reach."""
-        calls = call_ids(len(items))
+        calls = calls or call_ids(len(items))
         for pause in APPEND_RETRY_PAUSES:
             try:
-                return await self.log.append_many(items, calls)
-            except Exception:
-                log.warning("logging %d events failed; trying again", len(items))
+                return self._store_back(await self.log.append_many(items, calls))
+            except STORE_AWAY:
                 await asyncio.sleep(pause)
-        return await self.log.append_many(items, calls)
+        return self._store_back(await self.log.append_many(items, calls))
+
+    def _store_back(self, results: list[Position | Exception]) -> list[Position | Exception]:
+        if self._store_away:
+            self._store_away = False
+            log.warning("the session store answers again: logging the agent updates kept")
+        return results
 
     async def settle(self, agent: AgentProcess | None = None) -> None:
         """Return once every agent update received so far is in the log."""

@@ -26,6 +26,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
+from broker.failures import FailureLog
 from broker.protocol import commands
 from broker.protocol.commands import Op
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
@@ -78,16 +79,18 @@ class HostWorker:
             self.clients,
             self.leases,
             request_timeout=settings.agent_request_timeout,
+            max_pending_updates=settings.max_pending_updates,
             cancel_grace=settings.cancel_grace,
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
         )
+        self.read_failures = FailureLog(log, "reading commands")
+        self.lease_failures = FailureLog(log, "lease upkeep")
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
-        with contextlib.suppress(ResponseError):
-            await self.redis.xgroup_create(host_queue(), QUEUE_GROUP, id="$", mkstream=True)
+        await self._create_group("$")  # commands queued before this deployment are stale
         self._loops = [
             asyncio.create_task(self._read_inbox(), name="host-inbox"),
             asyncio.create_task(self._read_queue(), name="host-queue"),
@@ -125,13 +128,30 @@ class HostWorker:
                     last = entry_id
                     self._take(json.loads(fields["m"]))
 
+    async def _create_group(self, start: str) -> None:
+        try:
+            await self.redis.xgroup_create(host_queue(), QUEUE_GROUP, id=start, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _queue_batch(self) -> Any:
+        try:
+            return await self.redis.xreadgroup(
+                QUEUE_GROUP, self.host_id, {host_queue(): ">"}, count=10, block=1000
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # Redis came back empty (no persistence, a fresh replica, a flush): the group
+            # is gone with the queue. Make it again, from the start of the new queue.
+            log.warning("the command queue's consumer group is gone: creating it again")
+            await self._create_group("0")
+            return None
+
     async def _read_queue(self) -> None:
         while True:
-            replies = await self._guarded(
-                self.redis.xreadgroup(
-                    QUEUE_GROUP, self.host_id, {host_queue(): ">"}, count=10, block=1000
-                )
-            )
+            replies = await self._guarded(self._queue_batch())
             for _, entries in replies or []:
                 for entry_id, fields in entries:
                     await self.redis.xack(host_queue(), QUEUE_GROUP, entry_id)
@@ -140,16 +160,18 @@ class HostWorker:
     async def _guarded(self, call: Any) -> Any:
         """A blocking read that survives Redis hiccups (and notices cancellation)."""
         try:
-            return await call
+            result = await call
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise asyncio.CancelledError from None
-            log.exception("reading commands failed; retrying")
+            self.read_failures.failed(exc)
             await asyncio.sleep(0.5)
             return None
+        self.read_failures.succeeded()
+        return result
 
     def _take(self, command: JsonObject) -> None:
         if command.get("op") == Op.CLIENT_REPLY:
@@ -252,10 +274,11 @@ class HostWorker:
                     del tenant
                     self.host.lose(session_id)
                 await self._take_over()
+                self.lease_failures.succeeded()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("lease upkeep failed")
+            except Exception as exc:
+                self.lease_failures.failed(exc)
 
     async def _take_over(self) -> None:
         """Give the agent back every session whose host died (its lease lapsed)."""

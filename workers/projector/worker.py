@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from broker.failures import FailureLog
 from broker.store.client import Store, is_cluster
 from broker.store.index import SessionIndex
 from broker.store.keys import PARTITIONS, feed_key
@@ -24,6 +25,8 @@ from broker.store.log import SessionLog, SessionMissing
 log = logging.getLogger(__name__)
 
 GROUP = "projector"
+RETRY_PAUSE = 1.0
+"""Seconds between attempts while the store is out of reach."""
 
 
 class Projector:
@@ -51,6 +54,7 @@ class Projector:
         self.coalesce = coalesce
         self._last_read = 0.0
         self._unacked: list[tuple[str, list[str]]] = []
+        self.failures = FailureLog(log, "projection")
 
     async def ensure_groups(self) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -63,26 +67,35 @@ class Projector:
 
     async def run(self) -> None:
         """Project until cancelled: what this consumer left pending, then new notices, and
-        now and then what a dead projector read but never acknowledged."""
-        await self.ensure_groups()
+        now and then what a dead projector read but never acknowledged. Survives Redis
+        going away, and coming back empty (the consumer groups are made again)."""
         loop = asyncio.get_running_loop()
-        pending, next_claim = True, 0.0
+        pending, next_claim, groups_made = True, 0.0, False
         while True:
             if _cancelling():
                 raise asyncio.CancelledError
             try:
+                if not groups_made:
+                    await self.ensure_groups()
+                    groups_made = True
                 if loop.time() >= next_claim:
                     await self.claim_abandoned()
                     next_claim = loop.time() + self.claim_idle_ms / 2000
                 await self._drain(pending=pending)
                 pending = False
+                self.failures.succeeded()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 if _cancelling():
                     raise asyncio.CancelledError from None
-                log.exception("projection failed; retrying")
-                await asyncio.sleep(1.0)
+                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                    # Redis came back empty: the feeds' consumer groups went with it.
+                    log.warning("the change feeds' consumer groups are gone: making them again")
+                    groups_made, pending = False, True
+                else:
+                    self.failures.failed(exc)
+                await asyncio.sleep(RETRY_PAUSE)
 
     async def _drain(self, *, pending: bool) -> None:
         loop = asyncio.get_running_loop()

@@ -38,6 +38,7 @@ from ...protocol.render import client_sees_notices, is_notice, origin_of, sessio
 from ...store.events import EventType, LogEvent
 from ...store.failures import rpc_failure
 from ...store.log import SessionLog
+from ..deadlines import deadline_for, within_deadline
 from ..fanout import FanoutHub
 from .access import (
     LOGINS_PER_SECOND,
@@ -304,7 +305,11 @@ class ClientConnection:
 
     async def _answer(self, request: Request) -> None:
         try:
-            result = await self.methods.dispatch(self, request)
+            result = await within_deadline(
+                self.methods.dispatch(self, request),
+                request.method,
+                deadline_for(request.method, self.settings),
+            )
         except RpcError as exc:
             if request.id is not None:
                 self.send(jsonrpc.error_reply(request.id, exc))

@@ -132,7 +132,7 @@ def _version() -> str:
 
 async def serve_stdio(settings: Settings) -> None:
     """``acp-broker mcp``: the MCP server on stdin/stdout, reading the index in Redis."""
-    store = connect(settings.redis_url)
+    store = connect(settings.redis_url, timeout=settings.redis_timeout)
     try:
         server = mcp_server(sessions_service(settings, store))
         async with stdio_server() as (read_stream, write_stream):

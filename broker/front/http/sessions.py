@@ -8,6 +8,7 @@ REST (:mod:`.rest`) and MCP (:mod:`.mcp`) only translate its answers and its
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -55,17 +56,27 @@ AFTER_REST = (
 class SessionsService:
     """Lists a caller's sessions: authenticate, validate, read one page."""
 
-    def __init__(self, lister: SessionLister, authenticate: Authenticator) -> None:
+    def __init__(
+        self, lister: SessionLister, authenticate: Authenticator, *, deadline: float = 30.0
+    ) -> None:
         self.lister = lister
         self.authenticate = authenticate
+        self.deadline = deadline
 
     async def page(self, args: Mapping[str, Any], credentials: Credentials) -> SessionPage:
-        """One page for these inputs; :class:`ApiError` when the call cannot be answered."""
+        """One page for these inputs, within :attr:`deadline` seconds; :class:`ApiError`
+        when the call cannot be answered."""
         try:
-            tenant = await self.authenticate(credentials)
-            return await self.lister.page(tenant, parse_query(args))
+            async with asyncio.timeout(self.deadline):
+                tenant = await self.authenticate(credentials)
+                return await self.lister.page(tenant, parse_query(args))
         except ApiError:
             raise
+        except TimeoutError as exc:
+            raise ApiError(
+                ErrorCode.UNAVAILABLE,
+                f"the session store did not answer within {self.deadline:g} s; retry later",
+            ) from exc
         except RedisError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
@@ -81,9 +92,10 @@ def sessions_service(
     """The service for a node (its authenticator) or for ``acp-broker mcp`` over stdio
     (no authenticator: whoever runs it holds the Redis URL and acts as the settings' tenant)."""
     lister = SessionLister(store, CursorCodec(settings.cursor_keys()))
+    deadline = settings.request_timeout
     if authenticator is None or not authenticator.enabled:
-        return SessionsService(lister, open_access(settings.tenant))
-    return SessionsService(lister, bearer_access(authenticator))
+        return SessionsService(lister, open_access(settings.tenant), deadline=deadline)
+    return SessionsService(lister, bearer_access(authenticator), deadline=deadline)
 
 
 def input_properties(*, after: str = AFTER_TOOL) -> dict[str, JsonObject]:
