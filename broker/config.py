@@ -219,6 +219,12 @@ class Settings(BaseSettings):
     """How often an unanswered agent question is asked again (same id: never twice a person)."""
     answer_timeout: float = Field(default=30.0, gt=0)
     """How long a front keeps trying to hand a client's answer to the agent host."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Where a role running alone (``worker agent-host``/``projector``) serves ``/metrics``,
+    ``/livez`` and ``/readyz`` (0: any free port; unset: nowhere). ``serve`` uses its HTTP
+    port."""
+    health_timeout: float = Field(default=2.0, gt=0)
+    """Each readiness check of ``/readyz`` (Redis PING, pub/sub, loops) within this."""
     max_pending_updates: int = Field(default=10_000, ge=16)
     """Agent updates an agent host keeps, in order, while the store is unreachable; past
     that their sessions are failed (an error event once the store is back, and in the log)."""

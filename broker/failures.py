@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from .ops import metrics
+
 SUMMARY_INTERVAL = 10.0
 """Seconds between the summaries of a failure that goes on."""
 
@@ -54,6 +56,7 @@ class FailureLog:
         """One more failure: a line for the first, a summary now and then for the rest."""
         now = self.clock()
         self.errors += 1
+        metrics.REDIS_ERRORS.labels(self.what).inc()
         if self.on_failure is not None:
             self.on_failure(exc)
         if self.since is None:
@@ -73,6 +76,7 @@ class FailureLog:
         """An attempt worked: a line if it ends a failure."""
         if self.since is None:
             return
+        metrics.REDIS_RECOVERIES.labels(self.what).inc()
         self.logger.warning(
             "%s recovered after %.1f s (%d errors)",
             self.what,

@@ -21,6 +21,7 @@ from .config import Settings
 from .front.http.app import http_url
 from .front.node import FrontNode
 from .loops import cancel_and_wait
+from .ops.health import tasks_running
 from .signals import until_stopped
 from .store.client import Store
 
@@ -35,13 +36,18 @@ class Broker(FrontNode):
             self.worker = HostWorker(self.redis, settings, archive=self.archive)
             # Started in this order and stopped in reverse: the host hands its sessions
             # over while the projector (and the archiving role) still runs.
-            self.colocated.append(LoopTask("projector", Projector(self.redis).run))
+            projector = LoopTask("projector", Projector(self.redis).run)
+            self.colocated.append(projector)
+            self.health.add("projector loop", tasks_running(projector.loops))
             if self.archive is not None:
                 archive = self.archive
-                self.colocated.append(
-                    LoopTask("archiving", lambda: archiving_role(self.redis, archive, settings))
+                archiving = LoopTask(
+                    "archiving", lambda: archiving_role(self.redis, archive, settings)
                 )
+                self.colocated.append(archiving)
+                self.health.add("archiving loop", tasks_running(archiving.loops))
             self.colocated.append(self.worker)
+            self.health.add("agent host loops", tasks_running(self.worker.loops))
 
 
 class LoopTask:
@@ -51,6 +57,9 @@ class LoopTask:
         self.name = name
         self.run = run
         self._task: asyncio.Task[None] | None = None
+
+    def loops(self) -> list[asyncio.Task[None] | None]:
+        return [self._task]
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name=self.name)

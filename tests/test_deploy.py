@@ -170,9 +170,14 @@ def test_k8s_front_probes_service_and_budgets_match() -> None:
         "ws": int(config["ACP_BROKER_PORT"]),
         "http": int(config["ACP_BROKER_HTTP_PORT"]),
     }
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    # Liveness asks only whether the process serves; readiness whether it can work now.
+    for probe, path in (
+        ("startupProbe", "/livez"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/livez"),
+    ):
         get = container[probe]["httpGet"]
-        assert (get["path"], get["port"]) == ("/healthz", "http"), probe
+        assert (get["path"], get["port"]) == (path, "http"), probe
     assert "preStop" in container["lifecycle"]
     # The grace period covers the preStop pause and the broker's own drain, with room to spare.
     pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
@@ -301,7 +306,21 @@ def test_scaled_compose_roles() -> None:
     assert "./nginx.conf:/etc/nginx/nginx.conf:ro" in lb["volumes"]
     assert (DEPLOY / "nginx.conf").is_file()
     for name in ("agent-host", "projector"):
-        assert services[name]["healthcheck"] == {"disable": True}, name  # no listener
+        port = services[name]["environment"]["ACP_BROKER_METRICS_PORT"]
+        check = " ".join(services[name]["healthcheck"]["test"])
+        assert f"'127.0.0.1', {port}" in check and "/readyz" in check, name
+
+
+def test_k8s_workers_are_probed_on_their_metrics_port() -> None:
+    for name in ("acp-broker-agent-host", "acp-broker-projector"):
+        deployment = k8s_by_kind("Deployment")[name]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"metrics": int(env["ACP_BROKER_METRICS_PORT"])}, name
+        for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/livez")):
+            get = container[probe]["httpGet"]
+            assert (get["path"], get["port"]) == (path, "metrics"), (name, probe)
 
 
 # -- nginx --------------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ is lost: a client watching a streaming prompt sees every chunk once, in order.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,18 @@ async def _until(check: Callable[[], Awaitable[bool]], timeout: float) -> float:
             pass
         await asyncio.sleep(0.2)
     raise AssertionError(f"not recovered within {timeout} s")
+
+
+def _get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def _readyz(node: BrokerProcess) -> tuple[int, Any]:
+    return await asyncio.to_thread(_get_json, f"http://127.0.0.1:{node.port}/readyz")
 
 
 async def _works(node: BrokerProcess) -> bool:
@@ -173,6 +188,11 @@ async def test_a_stalled_redis_fails_requests_in_time_and_drops_no_update(
             async def stall() -> None:
                 redis.pause()
                 try:
+                    # Health tells the truth: not ready while Redis does not answer.
+                    started = time.monotonic()
+                    status, report = await _readyz(node)
+                    assert status == 503 and not report["checks"]["redis"]["ok"], report
+                    assert time.monotonic() - started < 2 + SLACK
                     stop = time.monotonic() + 20
                     while time.monotonic() < stop:
                         started = time.monotonic()
@@ -192,5 +212,7 @@ async def test_a_stalled_redis_fails_requests_in_time_and_drops_no_update(
             assert reply.get("result", {}).get("stopReason") == "end_turn", reply
             await client.read_until(lambda: len(_chunks(client, session_id)) >= 60, 20)
             assert _chunks(client, session_id) == [f"chunk {i}" for i in range(1, 61)]
+            status, report = await _readyz(node)
+            assert status == 200 and report["status"] == "ok", report
             print(f"stall: a new session took a prompt {recovery[0]:.1f} s after SIGCONT")
             print(f"stall: session/list waits {[round(w, 1) for w in waits]}, {answers}")

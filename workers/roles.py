@@ -1,15 +1,23 @@
-"""The worker roles as processes: run until SIGINT/SIGTERM, then stop cleanly."""
+"""The worker roles as processes: run until SIGINT/SIGTERM, then stop cleanly.
+
+With ``metrics_port`` set, a role also serves ``/metrics``, ``/livez`` and ``/readyz``
+(:mod:`broker.ops.server`); its ready line says where.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 from broker.config import Settings
 from broker.loops import cancel_and_wait
+from broker.ops.health import Health, redis_answers, tasks_running
+from broker.ops.server import OpsServer
 from broker.signals import until_stopped
 from broker.store.archive import open_archive
-from broker.store.client import connect
+from broker.store.client import Store, connect
 
 from .agent_host.worker import HostWorker
 from .projector.archiving import archiving_role
@@ -18,16 +26,39 @@ from .projector.worker import Projector
 log = logging.getLogger(__name__)
 
 
+@contextlib.asynccontextmanager
+async def _ops(settings: Settings, health: Health) -> AsyncIterator[str]:
+    """The operator's port while the block runs; yields what the ready line adds."""
+    if settings.metrics_port is None:
+        yield ""
+        return
+    server = OpsServer(health, settings.host, settings.metrics_port)
+    await server.start()
+    try:
+        yield f" (metrics on http://{settings.host}:{server.port}/metrics)"
+    finally:
+        await server.stop()
+
+
+def _health(settings: Settings, redis: Store) -> Health:
+    health = Health(timeout=settings.health_timeout)
+    health.add("redis", redis_answers(redis))
+    return health
+
+
 async def run_agent_host(settings: Settings) -> None:
     """An agent host; on SIGTERM it hands its sessions over to the other hosts."""
     redis = connect(settings.redis_url, timeout=settings.redis_timeout)
     location = settings.archive_location()
     worker = HostWorker(redis, settings, archive=open_archive(location) if location else None)
+    health = _health(settings, redis)
+    health.add("agent host loops", tasks_running(worker.loops))
     await worker.start()
-    print(f"acp-broker agent host {worker.host_id} ready", flush=True)
-    await until_stopped()
-    log.info("agent host %s draining: handing its sessions over", worker.host_id)
-    await worker.stop(hand_over=True)
+    async with _ops(settings, health) as where:
+        print(f"acp-broker agent host {worker.host_id} ready{where}", flush=True)
+        await until_stopped()
+        log.info("agent host %s draining: handing its sessions over", worker.host_id)
+        await worker.stop(hand_over=True)
     await redis.aclose()
 
 
@@ -37,13 +68,18 @@ async def run_projector_role(settings: Settings) -> None:
     redis = connect(settings.redis_url, timeout=settings.redis_timeout)
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
-    tasks = [asyncio.create_task(Projector(redis).run())]
+    tasks = [asyncio.create_task(Projector(redis).run(), name="projector")]
     if archive is not None:
-        tasks.append(asyncio.create_task(archiving_role(redis, archive, settings)))
-    print("acp-broker projector ready", flush=True)
-    await until_stopped()
-    for task in tasks:
-        await cancel_and_wait(task)
+        tasks.append(
+            asyncio.create_task(archiving_role(redis, archive, settings), name="archiving")
+        )
+    health = _health(settings, redis)
+    health.add("projector loops", tasks_running(lambda: tasks))
+    async with _ops(settings, health) as where:
+        print(f"acp-broker projector ready{where}", flush=True)
+        await until_stopped()
+        for task in tasks:
+            await cancel_and_wait(task)
     if archive is not None:
         await archive.close()
     await redis.aclose()

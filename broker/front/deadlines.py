@@ -23,6 +23,10 @@ LONG_METHODS = frozenset({"session/prompt"})
 """Methods bounded by ``prompt_timeout`` rather than ``request_timeout``."""
 
 
+class DeadlinePassed(RpcError):
+    """A request was not answered within its deadline."""
+
+
 def deadline_for(method: str, settings: Settings) -> float:
     """Seconds a request for ``method`` may take before its client gets an error."""
     return settings.prompt_timeout if method in LONG_METHODS else settings.request_timeout
@@ -43,7 +47,7 @@ async def within_deadline(work: Awaitable[T], method: str, seconds: float) -> T:
         async with asyncio.timeout(seconds):
             return await work
     except TimeoutError:
-        raise RpcError(
+        raise DeadlinePassed(
             INTERNAL_ERROR, f"{method} was not answered within {seconds:g} s; try again shortly"
         ) from None
     except RedisError as exc:

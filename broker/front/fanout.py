@@ -17,11 +17,14 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import fastjson
 from ..failures import FailureLog
+from ..ops import metrics
+from ..ops.health import Unhealthy
 from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
@@ -135,6 +138,20 @@ class FanoutHub:
                 self._node_readers[name] = task
                 self._readers.append(task)
 
+    def loops(self) -> list[asyncio.Task[Any]]:
+        """The hub's loops: the position check and the pub/sub reader(s)."""
+        return [*self._tasks, *self._readers]
+
+    async def check_subscribed(self) -> str | None:
+        """Readiness: the pub/sub reader is subscribed and hears its own probes."""
+        if not self._readers or all(task.done() for task in self._readers):
+            raise Unhealthy("the pub/sub reader is not subscribed")
+        if self._probes_unanswered >= 2:
+            raise Unhealthy(
+                f"the pub/sub reader heard none of its last {self._probes_unanswered} probes"
+            )
+        return None
+
     async def stop(self) -> None:
         tasks = self._tasks + self._readers
         for task in tasks:
@@ -161,6 +178,7 @@ class FanoutHub:
                 raise
         await asyncio.shield(feed.ready)
         feed.subscribers.add(subscriber)
+        metrics.SESSIONS_ACTIVE.set(len(self._feeds))
         assert feed.last is not None
         return feed.last
 
@@ -172,6 +190,7 @@ class FanoutHub:
         feed.subscribers.discard(subscriber)
         if not feed.subscribers and feed.ready.done():
             del self._feeds[channel]
+            metrics.SESSIONS_ACTIVE.set(len(self._feeds))
             with contextlib.suppress(Exception):
                 await self._pubsub.sunsubscribe(channel)
 
@@ -276,6 +295,7 @@ class FanoutHub:
 
     async def _catch_up(self, feed: SessionFeed, until: int | None = None) -> None:
         assert feed.last is not None
+        metrics.CATCH_UP_READS.inc()
         try:
             events = await self.log.read(
                 feed.keys.tenant,
@@ -292,8 +312,12 @@ class FanoutHub:
     def _hand_out(self, feed: SessionFeed, event: LogEvent) -> None:
         feed.last = event.seq
         feed.heard = True
-        for subscriber in list(feed.subscribers):
+        subscribers = list(feed.subscribers)
+        for subscriber in subscribers:
             subscriber.deliver(feed.keys.session_id, event)
+        if subscribers:
+            metrics.EVENTS_DELIVERED.inc(len(subscribers))
+            metrics.FANOUT_LAG.observe(max(0.0, time.time() - event.ts / 1000))
         if self.listener is not None:
             self.listener.on_event(event)
 

@@ -31,6 +31,9 @@ from ..auth.authenticator import (
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
 from ..logs import install_redaction
+from ..ops import metrics
+from ..ops.health import Health, Unhealthy, tasks_running
+from ..ops.server import ops_response
 from ..protocol import v2
 from ..store.archive import open_archive
 from ..store.client import Store, connect, embedded_warning
@@ -47,7 +50,6 @@ from .agents import RemoteAgents
 from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
 from .http.console import Console, same_origin_console
-from .http.rest import HEALTH_PATH
 from .http.sessions import sessions_service
 from .revocation import CredentialWatch
 from .routing import NodeRouter
@@ -116,14 +118,6 @@ class FrontNode:
             self.access,
             surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
         )
-        console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
-        self.http = FrontHttp(
-            settings,
-            sessions_service(settings, self.redis, self.authenticator),
-            console,
-            readiness=lambda: store_readiness(self.redis),
-        )
-        self.http.websocket_port = lambda: self.port
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
         self._server: Server | None = None
@@ -135,6 +129,26 @@ class FrontNode:
             settings.credential_check_interval,
             settings.login_timeout,
         )
+        self.health = Health(timeout=settings.health_timeout)
+        """Readiness checks of this process: Redis, pub/sub, the loops of every role here."""
+        self.health.add("redis", self._store_ready)
+        self.health.add("pubsub", self.hub.check_subscribed)
+        self.health.add("fanout loops", tasks_running(self.hub.loops))
+        console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
+        self.http = FrontHttp(
+            settings,
+            sessions_service(settings, self.redis, self.authenticator),
+            console,
+            self.health,
+        )
+        self.http.websocket_port = lambda: self.port
+
+    async def _store_ready(self) -> str | None:
+        """Readiness of the store: it answers (a full one still serves reads: ready, and said)."""
+        ready, why = await store_readiness(self.redis)
+        if not ready:
+            raise Unhealthy(why)
+        return None if why == "ready" else why
 
     @property
     def port(self) -> int:
@@ -209,9 +223,11 @@ class FrontNode:
         _forget_handshake(ws)
         conn = ClientConnection(ws, self.methods, principal=principal)
         self.connections.add(conn)
+        metrics.CONNECTIONS.inc()
         try:
             await conn.run()
         finally:
+            metrics.CONNECTIONS.dec()
             self.connections.discard(conn)
 
     async def _process_request(
@@ -220,8 +236,9 @@ class FrontNode:
         path = request.path.split("?", 1)[0]
         if path == self.settings.path:
             return await self._admit(ws, request)
-        if path == HEALTH_PATH:
-            return ws.respond(http.HTTPStatus.OK, "ok\n")
+        ops = await ops_response(ws, path, self.health)  # health and metrics
+        if ops is not None:
+            return ops
         # One HTTP path: REST, OpenAPI and MCP are the HTTP port's (its app answers them).
         elsewhere = f"{http_url(self.settings, self.http_port)}{path}"
         return ws.respond(

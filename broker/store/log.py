@@ -17,6 +17,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from .. import fastjson
+from ..ops import metrics
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
 from .client import Store, is_cluster
 from .events import (
@@ -206,10 +207,12 @@ class SessionLog:
             counts.append(len(one_args))
             args += one_args
         replies = await self._script(self._append_batch, keys, [len(items), *counts, *args])
-        return [
+        results: list[Position | Exception] = [
             _append_error(r) if isinstance(r, ResponseError) else Position(int(r[0]), str(r[1]))
             for r in replies
         ]
+        metrics.EVENTS_APPENDED.inc(sum(isinstance(r, Position) for r in results))
+        return results
 
     def _call(
         self,
@@ -264,6 +267,7 @@ class SessionLog:
             seq, got_epoch = await self._script(self._append, keys, args)
         except ResponseError as exc:
             raise _append_error(exc) from None
+        metrics.EVENTS_APPENDED.inc()
         return Position(int(seq), str(got_epoch))
 
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import hiredis
 
+from ..ops import metrics
 from .raw import CONNECT_TIMEOUT, bare_options, command, handshake
 
 Message = dict[str, Any]
@@ -95,6 +96,7 @@ class BatchSubscriber:
         self._parser = hiredis.Reader(encoding="utf-8", errors="replace")
         self._connecting = asyncio.Lock()
         self._closed = False
+        self._connected_before = False
 
     async def ssubscribe(self, *channels: str) -> None:
         self.channels.update(channels)
@@ -162,6 +164,9 @@ class BatchSubscriber:
                 raise ConnectionError(f"pub/sub could not connect: {exc}") from exc
             self._parser = hiredis.Reader(encoding="utf-8", errors="replace")
             self._stream = stream
+            if self._connected_before:
+                metrics.REDIS_RECOVERIES.labels("pub/sub connection").inc()
+            self._connected_before = True
             if self.channels:
                 self._send("SSUBSCRIBE", *sorted(self.channels))
 

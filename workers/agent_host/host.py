@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
+from broker.ops import metrics
 from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import (
@@ -368,6 +369,7 @@ class AgentHost(AgentEvents):
                     await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
                 await self.leases.release(held.tenant, held.session_id, hand_over=hand_over)
         await asyncio.gather(*(p.stop() for p in self._processes.values()), return_exceptions=True)
+        metrics.AGENT_PROCESSES.dec(len(self._processes))
         self._processes.clear()
 
     def kind_of(self, agent: str) -> str:
@@ -388,6 +390,10 @@ class AgentHost(AgentEvents):
     def held_sessions(self) -> list[tuple[str, str]]:
         """(tenant, session id) of every session held here, for lease renewal."""
         return [(h.tenant, h.session_id) for h in self._held.values()]
+
+    def fences(self) -> dict[str, str]:
+        """Session id -> the fencing token this host holds it with."""
+        return {h.session_id: h.fence for h in self._held.values()}
 
     def lose(self, session_id: str) -> None:
         """The lease was lost (this host stalled): stop running the session here."""
@@ -486,6 +492,7 @@ class AgentHost(AgentEvents):
                 exc,
                 len(self._updates),
             )
+        metrics.UPDATES_WAITING.set(len(batch) + len(self._updates))
         if len(batch) + len(self._updates) <= self.max_pending_updates:
             return True
         lost: dict[str, tuple[HeldSession, int]] = {}
@@ -536,6 +543,7 @@ class AgentHost(AgentEvents):
     def _store_back(self, results: list[Position | Exception]) -> list[Position | Exception]:
         if self._store_away:
             self._store_away = False
+            metrics.UPDATES_WAITING.set(0)
             log.warning("the session store answers again: logging the agent updates kept")
         return results
 
@@ -572,6 +580,7 @@ class AgentHost(AgentEvents):
     def on_agent_failed(self, agent: AgentProcess, reason: str) -> None:
         if self._processes.get(agent.name) is agent:
             del self._processes[agent.name]
+            metrics.AGENT_PROCESSES.dec()
         for held in [h for h in self._held.values() if h.agent is agent]:
             self._drop(held)
             task = asyncio.ensure_future(self._mark_error(held, reason))
@@ -598,6 +607,8 @@ class AgentHost(AgentEvents):
                 await process.stop()
                 raise RpcError(INTERNAL_ERROR, str(exc)) from None
             self._processes[name] = process
+            metrics.AGENT_PROCESSES.inc()
+            metrics.AGENT_STARTS.inc()
             if self.on_agent_started is not None:
                 await self.on_agent_started(name, process.capabilities)
             return process

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -75,18 +76,25 @@ class Leases:
         await self.redis.zadd(leases_key(), {_member(tenant, session_id): self._expiry()})
         return Lease(tenant, session_id, str(value))
 
-    async def renew(self, leases: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Renew many leases at once; returns those this host no longer holds."""
+    async def renew(
+        self, leases: list[tuple[str, str]], fences: Mapping[str, str] | None = None
+    ) -> list[tuple[str, str]]:
+        """Renew many leases at once; returns those this host no longer holds.
+
+        ``fences`` (session id -> the fencing token this host holds) lets a lease that
+        lapsed be taken back when no other host took it meanwhile (see ``lease.lua``)."""
         if not leases:
             return []
-        results = await self._renew_all(leases)
+        results = await self._renew_all(leases, fences or {})
         pairs = list(zip(leases, results, strict=True))
         kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok}
         if kept:
             await self.redis.zadd(leases_key(), kept)
         return [lease for lease, ok in pairs if not ok]
 
-    async def _renew_all(self, leases: list[tuple[str, str]]) -> list[Any]:
+    async def _renew_all(
+        self, leases: list[tuple[str, str]], fences: Mapping[str, str]
+    ) -> list[Any]:
         if is_cluster(self.redis):
             # redis-py refuses scripts in a cluster pipeline: one call each, all at once.
             return list(
@@ -94,9 +102,9 @@ class Leases:
                     *(
                         self._script(
                             keys=[keys.lease, keys.snapshot],
-                            args=["renew", self.host_id, self.ttl_ms],
+                            args=["renew", self.host_id, self.ttl_ms, fences.get(s, "")],
                         )
-                        for keys in (SessionKeys(t, s) for t, s in leases)
+                        for s, keys in ((s, SessionKeys(t, s)) for t, s in leases)
                     )
                 )
             )
@@ -105,7 +113,10 @@ class Leases:
         async with self.redis.pipeline(transaction=False) as pipe:
             for tenant, session_id in leases:
                 keys = SessionKeys(tenant, session_id)
-                pipe.evalsha(sha, 2, keys.lease, keys.snapshot, "renew", self.host_id, self.ttl_ms)
+                fence = fences.get(session_id, "")
+                pipe.evalsha(
+                    sha, 2, keys.lease, keys.snapshot, "renew", self.host_id, self.ttl_ms, fence
+                )
             return list(await pipe.execute())
 
     async def release(self, tenant: str, session_id: str, *, hand_over: bool = False) -> None:

@@ -27,6 +27,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
 from broker.failures import FailureLog
+from broker.ops import metrics
 from broker.protocol import commands
 from broker.protocol.commands import Op
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
@@ -98,6 +99,10 @@ class HostWorker:
         ]
         if self.settings.prestart_agents:
             await self.host.start()
+
+    def loops(self) -> list[asyncio.Task[Any]]:
+        """The role's loops: the inbox, the shared queue, the leases."""
+        return list(self._loops)
 
     async def stop(self, *, hand_over: bool = False) -> None:
         for task in self._loops:
@@ -270,10 +275,13 @@ class HostWorker:
         while True:
             await asyncio.sleep(interval)
             try:
-                for tenant, session_id in await self.leases.renew(self.host.held_sessions()):
+                for tenant, session_id in await self.leases.renew(
+                    self.host.held_sessions(), self.host.fences()
+                ):
                     del tenant
                     self.host.lose(session_id)
                 await self._take_over()
+                metrics.LEASES_HELD.set(len(self.host.held_sessions()))
                 self.lease_failures.succeeded()
             except asyncio.CancelledError:
                 raise
@@ -286,6 +294,7 @@ class HostWorker:
             try:
                 await self.host.attach(tenant, session_id, {})
                 log.info("took over session %s", session_id)
+                metrics.LEASES_TAKEN_OVER.inc()
             except HeldElsewhere:
                 continue
             except (RpcError, SessionMissing) as exc:

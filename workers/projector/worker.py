@@ -17,6 +17,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from broker.failures import FailureLog
+from broker.ops import metrics
 from broker.store.client import Store, is_cluster
 from broker.store.index import SessionIndex
 from broker.store.keys import PARTITIONS, feed_key
@@ -80,6 +81,7 @@ class Projector:
                     groups_made = True
                 if loop.time() >= next_claim:
                     await self.claim_abandoned()
+                    await self.measure_backlog()
                     next_claim = loop.time() + self.claim_idle_ms / 2000
                 await self._drain(pending=pending)
                 pending = False
@@ -186,6 +188,22 @@ class Projector:
     async def project(self, tenant: str, session_id: str) -> None:
         with contextlib.suppress(SessionMissing):
             await self.index.project(await self.log.snapshot(tenant, session_id))
+            metrics.PROJECTED.inc()
+
+    async def measure_backlog(self) -> int:
+        """The notices no projector has read yet, over every feed (``XINFO GROUPS`` lag),
+        published as :data:`~broker.ops.metrics.PROJECTOR_BACKLOG`."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for feed in self.feeds:
+                pipe.xinfo_groups(feed)
+            replies = await pipe.execute(raise_on_error=False)
+        backlog = 0
+        for groups in replies:
+            for group in groups if isinstance(groups, list) else []:
+                if group.get("name") == GROUP:
+                    backlog += int(group.get("lag") or 0)
+        metrics.PROJECTOR_BACKLOG.set(backlog)
+        return backlog
 
 
 def _cancelling() -> bool:

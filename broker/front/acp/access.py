@@ -22,6 +22,7 @@ from typing import Any
 from ...auth.authenticator import ACP_AUTH_METHOD, TOKEN_META_KEY, Authenticator
 from ...auth.principal import AuthError, Principal, Scope
 from ...config import Settings
+from ...ops import metrics
 from ...protocol.jsonrpc import AUTH_REQUIRED, JsonObject, Request, RpcError, invalid_params
 from .flow import Pace, TokenRates
 
@@ -174,6 +175,7 @@ def connection_limit(reason: str) -> RpcError:
 
 
 def _limit(name: str, value: Any) -> RpcError:
+    metrics.REFUSED.labels(name).inc()
     return RpcError(LIMIT_EXCEEDED, f"limit exceeded: {name} ({value}/s)", {"limit": name})
 
 

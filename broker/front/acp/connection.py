@@ -31,6 +31,8 @@ from websockets.protocol import State
 
 from ...auth.principal import Principal
 from ...config import Settings
+from ...failures import describe
+from ...ops import metrics
 from ...protocol import jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.pending import PeerGone, PendingRequests
@@ -38,7 +40,7 @@ from ...protocol.render import client_sees_notices, is_notice, origin_of, sessio
 from ...store.events import EventType, LogEvent
 from ...store.failures import rpc_failure
 from ...store.log import SessionLog
-from ..deadlines import deadline_for, within_deadline
+from ..deadlines import DeadlinePassed, deadline_for, within_deadline
 from ..fanout import FanoutHub
 from .access import (
     LOGINS_PER_SECOND,
@@ -304,6 +306,18 @@ class ClientConnection:
                     room.set_result(None)
 
     async def _answer(self, request: Request) -> None:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            outcome = await self._answer_now(request)
+        finally:
+            elapsed = time.perf_counter() - started
+            metrics.REQUESTS.labels(metrics.method_label(request.method), outcome).observe(elapsed)
+            if request.method == "session/list":
+                metrics.LIST_SECONDS.labels("acp").observe(elapsed)
+
+    async def _answer_now(self, request: Request) -> str:
+        """Answer ``request``; how it went: ``ok``, ``error`` or ``timeout``."""
         try:
             result = await within_deadline(
                 self.methods.dispatch(self, request),
@@ -313,21 +327,22 @@ class ClientConnection:
         except RpcError as exc:
             if request.id is not None:
                 self.send(jsonrpc.error_reply(request.id, exc))
-            return
+            return "timeout" if isinstance(exc, DeadlinePassed) else "error"
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             failure = rpc_failure(exc)
             if failure is None:
-                log.exception("handling %s failed", request.method)
+                log.error("handling %s failed: %s", request.method, describe(exc), exc_info=exc)
                 failure = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
             else:
                 log.warning("%s failed: %s", request.method, failure.message)
             if request.id is not None:
                 self.send(jsonrpc.error_reply(request.id, failure))
-            return
+            return "error"
         if not isinstance(result, Deferred):
             self.reply(request, result)
+        return "ok"
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -353,6 +368,8 @@ class ClientConnection:
         many connections are sent (its wire bytes are made once, see :func:`_wire`)."""
         if self._closing:
             return
+        metrics.FRAMES_SENT.inc()
+        metrics.BYTES_SENT.inc(len(text))
         queue = self._queue
         if not queue and self._write_now(text, shared):
             return
@@ -364,6 +381,7 @@ class ClientConnection:
             self._closing = True
             queue.clear()
             log.warning("connection %s is too slow; disconnecting it", self.id)
+            metrics.CLOSES.labels("slow_consumer").inc()
             self._spawn(self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full"))
             return
         if self._writer is None:

@@ -3,7 +3,8 @@
 MCP's streamable HTTP transport needs POST, which the WebSocket server cannot take,
 so a node runs a second listener (setting ``http_port``): an ASGI app from the
 ``mcp`` SDK, served by uvicorn in the node's event loop. It also answers
-``/v1/sessions``, ``/v1/openapi.json`` and ``/healthz`` (:class:`~.rest.RestApi`).
+``/v1/sessions`` and ``/v1/openapi.json`` (:class:`~.rest.RestApi`), and health
+(``/livez``, ``/readyz``, ``/healthz``: :mod:`broker.ops.health`).
 This is the only HTTP path: the WebSocket port answers ``/acp`` and health, and
 points a request for anything else here (:func:`broker.front.node.FrontNode`).
 
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -27,6 +28,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...config import Settings
+from ...ops.health import HEALTH_PATHS, Health
+from ...ops.metrics import METRICS_PATH, exposition
 from ..acp import websocket_only
 from .console import Console
 from .guard import guarded_h11
@@ -49,11 +52,12 @@ class FrontHttp:
         settings: Settings,
         sessions: SessionsService,
         console: Console | None = None,
-        readiness: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
+        health: Health | None = None,
     ) -> None:
         self.settings = settings
         self.console = console
-        self.rest = RestApi(sessions, readiness)
+        self.health = health or Health()
+        self.rest = RestApi(sessions)
         self.mcp = mcp_server(sessions)
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -68,8 +72,11 @@ class FrontHttp:
         return self._port
 
     def asgi_app(self) -> Starlette:
-        """The HTTP port's app: the SDK's streamable HTTP app, the console, the REST routes."""
-        routes = [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
+        """The HTTP port's app: the SDK's streamable HTTP app, the console, health, metrics and
+        the REST routes."""
+        routes = [Route(path, self._health_endpoint, methods=["GET"]) for path in HEALTH_PATHS]
+        routes.append(Route(METRICS_PATH, _metrics_endpoint, methods=["GET"]))
+        routes += [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
         routes.append(Route(self.settings.path, self._acp_endpoint, methods=_ALL_METHODS))
         routes.append(Route("/{path:path}", self._rest_endpoint, methods=_ALL_METHODS))
         app = self.mcp.streamable_http_app(
@@ -103,6 +110,11 @@ class FrontHttp:
             self.settings, self.websocket_port(), request.headers.get("host")
         )
         return Response(body, 404, media_type="text/plain")
+
+    async def _health_endpoint(self, request: Request) -> Response:
+        answer = await self.health.answer(request.url.path)
+        assert answer is not None  # routed here for the health paths only
+        return Response(answer.body, answer.status, media_type=answer.content_type)
 
     async def _rest_endpoint(self, request: Request) -> Response:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -151,6 +163,11 @@ class FrontHttp:
         with contextlib.suppress(asyncio.CancelledError, SystemExit):
             await self._task
         self._server = self._task = None
+
+
+async def _metrics_endpoint(request: Request) -> Response:
+    body, content_type = exposition()
+    return Response(body, 200, headers={"Content-Type": content_type})
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -21,9 +21,7 @@ from .sessions import SessionsService
 
 SESSIONS_PATH = "/v1/sessions"
 OPENAPI_PATH = "/v1/openapi.json"
-HEALTH_PATH = "/healthz"
-READY_PATH = "/readyz"
-PATHS = (SESSIONS_PATH, OPENAPI_PATH, HEALTH_PATH, READY_PATH)
+PATHS = (SESSIONS_PATH, OPENAPI_PATH)
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
 
@@ -64,18 +62,11 @@ def problem(error: ApiError) -> HttpAnswer:
 class RestApi:
     """Answers the REST endpoints for any transport."""
 
-    def __init__(
-        self,
-        sessions: SessionsService,
-        readiness: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
-    ) -> None:
+    def __init__(self, sessions: SessionsService) -> None:
         self.sessions = sessions
-        self.readiness = readiness
         self._routes: dict[str, Callable[[str, Mapping[str, str]], Awaitable[HttpAnswer]]] = {
             SESSIONS_PATH: self._list_sessions,
             OPENAPI_PATH: self._openapi,
-            HEALTH_PATH: self._health,
-            READY_PATH: self._ready,
         }
 
     async def answer(self, method: str, target: str, headers: Mapping[str, str]) -> HttpAnswer:
@@ -107,17 +98,6 @@ class RestApi:
 
     async def _openapi(self, query: str, headers: Mapping[str, str]) -> HttpAnswer:
         return json_answer(200, openapi_document())
-
-    async def _health(self, query: str, headers: Mapping[str, str]) -> HttpAnswer:
-        return HttpAnswer(200, [("Content-Type", "text/plain; charset=utf-8")], b"ok\n")
-
-    async def _ready(self, query: str, headers: Mapping[str, str]) -> HttpAnswer:
-        """200 while the store answers (saying when it is full), else 503; why, in one line."""
-        ready, why = (True, "ready") if self.readiness is None else await self.readiness()
-        body = (why + "\n").encode()
-        return HttpAnswer(
-            200 if ready else 503, [("Content-Type", "text/plain; charset=utf-8")], body
-        )
 
 
 def _query_args(query: str) -> dict[str, str]:

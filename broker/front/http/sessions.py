@@ -19,6 +19,7 @@ from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...config import Settings
 from ...errors import ApiError, ErrorCode
+from ...ops import metrics
 from ...store.client import Store
 from ...store.cursors import CursorCodec
 from ...store.events import JsonObject
@@ -69,7 +70,8 @@ class SessionsService:
         try:
             async with asyncio.timeout(self.deadline):
                 tenant = await self.authenticate(credentials)
-                return await self.lister.page(tenant, parse_query(args))
+                with metrics.LIST_SECONDS.labels("http").time():
+                    return await self.lister.page(tenant, parse_query(args))
         except ApiError:
             raise
         except TimeoutError as exc:

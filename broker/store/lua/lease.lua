@@ -5,8 +5,17 @@
 -- acquire: {1, fence} when this host now holds the lease (a new fence if it was free),
 --          {0, holder} when another host holds it; error NOSESSION if there is no session.
 -- renew / release: 1 if this host held the lease, else 0.
+-- renew with ARGV 4 (the fence this host holds) also takes back a lease that lapsed while
+-- nobody else took it (the fence is unchanged): a Redis that stalled past the TTL, or came
+-- back from its append-only file after it, does not take the session from a live host.
 local lease, snap, op, host = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local holder = redis.call('GET', lease)
+if op == 'renew' and not holder and ARGV[4] and ARGV[4] ~= '' then
+  if redis.call('HGET', snap, 'fence') == ARGV[4] then
+    redis.call('SET', lease, host, 'PX', ARGV[3])
+    return 1
+  end
+end
 if op == 'acquire' then
   if redis.call('EXISTS', snap) == 0 then
     return redis.error_reply('NOSESSION no such session')

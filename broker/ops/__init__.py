@@ -1,0 +1,1 @@
+"""What an operator reads off every role: health (``/livez``, ``/readyz``) and metrics."""

@@ -1,0 +1,113 @@
+"""Prometheus metrics of every role, in the process's default registry.
+
+The front serves them at ``/metrics`` on its HTTP port; a role running alone
+(``acp-broker worker agent-host`` / ``projector``) serves them on its own port
+(setting ``metrics_port``). Names follow Prometheus' conventions: ``_total`` for counters,
+``_seconds`` and ``_bytes`` for units. Request latency is labelled by method (the ACP
+methods the broker knows; anything else is ``other``, so a client cannot grow the label
+set) and outcome (``ok``, ``error``, ``timeout``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+METRICS_PATH = "/metrics"
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# -- front: connections, fan-out, requests --------------------------------------------------
+CONNECTIONS = Gauge("acp_broker_connections", "Client WebSocket connections open on this node")
+SESSIONS_ACTIVE = Gauge(
+    "acp_broker_sessions_active", "Sessions active on at least one connection of this node"
+)
+FRAMES_SENT = Counter("acp_broker_frames_sent_total", "WebSocket frames sent to clients")
+BYTES_SENT = Counter("acp_broker_sent_bytes_total", "Bytes of WebSocket frames sent to clients")
+EVENTS_DELIVERED = Counter(
+    "acp_broker_events_delivered_total", "Session events handed to client connections"
+)
+FANOUT_LAG = Histogram(
+    "acp_broker_fanout_lag_seconds",
+    "From an event's append to its delivery to this node's connections",
+    buckets=LATENCY_BUCKETS,
+)
+CATCH_UP_READS = Counter(
+    "acp_broker_catch_up_reads_total", "Log reads that filled a gap pub/sub left (or lost)"
+)
+REQUESTS = Histogram(
+    "acp_broker_request_seconds",
+    "Client requests by method and outcome (ok, error, timeout)",
+    ["method", "outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+LIST_SECONDS = Histogram(
+    "acp_broker_list_seconds",
+    "Session listings (ACP session/list, REST /v1/sessions, MCP session_list)",
+    ["api"],
+    buckets=LATENCY_BUCKETS,
+)
+REFUSED = Counter(
+    "acp_broker_requests_refused_total", "Requests refused by a rate limit", ["limit"]
+)
+CLOSES = Counter("acp_broker_closes_total", "Connections the broker closed, by reason", ["reason"])
+
+# -- agent host -----------------------------------------------------------------------------
+EVENTS_APPENDED = Counter("acp_broker_events_appended_total", "Events appended to session logs")
+AGENT_PROCESSES = Gauge("acp_broker_agent_processes", "Agent processes running on this host")
+AGENT_STARTS = Counter(
+    "acp_broker_agent_starts_total", "Agent processes started (the first and every restart)"
+)
+LEASES_HELD = Gauge("acp_broker_leases_held", "Sessions this agent host holds by lease")
+LEASES_TAKEN_OVER = Counter(
+    "acp_broker_leases_taken_over_total", "Sessions taken over from agent hosts that died"
+)
+UPDATES_WAITING = Gauge(
+    "acp_broker_updates_waiting", "Agent updates waiting for the store (kept while it is away)"
+)
+
+# -- projector ------------------------------------------------------------------------------
+PROJECTED = Counter("acp_broker_projected_total", "Sessions projected into the index")
+PROJECTOR_BACKLOG = Gauge(
+    "acp_broker_projector_backlog", "Change notices not yet read by the projectors (feed lag)"
+)
+
+# -- Redis ----------------------------------------------------------------------------------
+REDIS_ERRORS = Counter(
+    "acp_broker_redis_errors_total", "Failed Redis operations of the retrying loops", ["loop"]
+)
+REDIS_RECOVERIES = Counter(
+    "acp_broker_redis_reconnects_total",
+    "Loops that got Redis back after failing (pub/sub: each new subscription connection)",
+    ["loop"],
+)
+
+KNOWN_METHODS = frozenset(
+    {
+        "initialize",
+        "authenticate",
+        "session/new",
+        "session/load",
+        "session/resume",
+        "session/list",
+        "session/prompt",
+        "session/cancel",
+        "session/close",
+        "session/delete",
+        "session/set_mode",
+        "session/set_model",
+        "session/set_config_option",
+        "session/set_title",
+        "auth/login",
+        "auth/logout",
+    }
+)
+
+
+def method_label(method: str) -> str:
+    """``method`` as a label value: itself when the broker knows it, else ``other``."""
+    return method if method in KNOWN_METHODS else "other"
+
+
+def exposition() -> tuple[bytes, str]:
+    """The metrics in Prometheus' text format, and its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST

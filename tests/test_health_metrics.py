@@ -1,0 +1,143 @@
+"""Health that tells the truth, and metrics that move with the traffic.
+
+``/livez`` and ``/readyz`` on both ports (JSON with each check), ``/healthz`` an alias of
+readiness; ``/metrics`` in Prometheus' text format, parsed with ``prometheus_client``'s own
+parser; a role running alone serves both on its ``metrics_port``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.serve import Broker
+
+from .support.client import RawClient, text
+from .support.roles import role_process
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read().decode()
+
+
+async def get(url: str) -> tuple[int, str, str]:
+    return await asyncio.to_thread(_get, url)
+
+
+def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a ``/metrics`` page, by name and labels."""
+    found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def total(found: dict[Any, float], name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in found.items() if n == name and wanted <= set(ls))
+
+
+async def test_livez_and_readyz_answer_json_with_each_check_on_both_ports(
+    broker: Broker,
+) -> None:
+    for port in (broker.port, broker.http_port):
+        status, kind, body = await get(f"http://127.0.0.1:{port}/livez")
+        assert (status, json.loads(body)) == (200, {"status": "ok"}), port
+        for path in ("/readyz", "/healthz"):
+            status, kind, body = await get(f"http://127.0.0.1:{port}{path}")
+            report = json.loads(body)
+            assert status == 200 and kind.startswith("application/json"), (port, path, body)
+            assert report["status"] == "ok"
+            checks = report["checks"]
+            assert {"redis", "pubsub", "fanout loops", "agent host loops", "projector loop"} <= set(
+                checks
+            ), checks
+            assert all(check["ok"] for check in checks.values()), checks
+
+
+async def test_readyz_fails_when_a_loop_stops(broker: Broker) -> None:
+    assert broker.worker is not None
+    broker.worker.loops()[0].cancel()
+    await asyncio.sleep(0)
+    status, _, body = await get(f"http://127.0.0.1:{broker.http_port}/readyz")
+    report = json.loads(body)
+    assert status == 503 and report["status"] == "unavailable", body
+    assert not report["checks"]["agent host loops"]["ok"]
+    assert "host-inbox" in report["checks"]["agent host loops"]["error"]
+
+
+async def test_metrics_parse_and_move_with_traffic(broker: Broker) -> None:
+    url = f"http://127.0.0.1:{broker.http_port}/metrics"
+    status, kind, body = await get(url)
+    assert status == 200 and kind.startswith("text/plain"), kind
+    before = samples(body)
+    client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+    await client.initialize()
+    reply = await client.call("session/new", {"cwd": "/metrics", "mcpServers": []}, timeout=30)
+    session_id = reply["result"]["sessionId"]
+    reply = await client.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 20")}, timeout=30
+    )
+    assert reply["result"]["stopReason"] == "end_turn"
+    await client.call("session/list", {})
+    after = samples((await get(url))[2])
+    await client.close()
+
+    def grew(name: str, by: float = 1, **labels: str) -> None:
+        assert total(after, name, **labels) - total(before, name, **labels) >= by, (name, labels)
+
+    grew("acp_broker_events_appended_total", 20)
+    grew("acp_broker_events_delivered_total", 20)
+    grew("acp_broker_frames_sent_total", 20)
+    grew("acp_broker_sent_bytes_total", 200)
+    grew("acp_broker_request_seconds_count", method="session/prompt", outcome="ok")
+    grew("acp_broker_request_seconds_count", method="session/new", outcome="ok")
+    grew("acp_broker_list_seconds_count", api="acp")
+    grew("acp_broker_fanout_lag_seconds_count", 20)
+    grew("acp_broker_agent_starts_total")
+    assert total(after, "acp_broker_connections") >= 1
+    assert total(after, "acp_broker_sessions_active") >= 1
+    assert total(after, "acp_broker_agent_processes") >= 1
+    for name in (
+        "acp_broker_catch_up_reads_total",
+        "acp_broker_projector_backlog",
+        "acp_broker_leases_held",
+        "acp_broker_leases_taken_over_total",
+        "acp_broker_closes_total",
+        "acp_broker_requests_refused_total",
+        "acp_broker_redis_errors_total",
+        "acp_broker_redis_reconnects_total",
+    ):
+        assert f"# TYPE {name.removesuffix('_total')}" in (await get(url))[2], name
+    # The WebSocket port serves the same page.
+    status, _, body = await get(f"http://127.0.0.1:{broker.port}/metrics")
+    assert status == 200 and "acp_broker_events_appended_total" in body
+
+
+async def test_a_role_running_alone_serves_metrics_and_health(
+    redis_url: str, tmp_path: Path
+) -> None:
+    env = {"ACP_BROKER_METRICS_PORT": "0"}
+    for role in ("projector", "agent-host"):
+        async with role_process(role, redis_url, tmp_path / f"{role}.log", env=env) as proc:
+            match = re.search(r"metrics on (http://\S+)/metrics", proc.ready_line)
+            assert match, proc.ready_line
+            base = match.group(1)
+            status, _, body = await get(f"{base}/metrics")
+            assert status == 200 and "acp_broker_redis_errors_total" in body
+            status, _, body = await get(f"{base}/readyz")
+            assert status == 200, body
+            assert json.loads(body)["checks"]["redis"]["ok"]
+            assert (await get(f"{base}/livez"))[0] == 200
