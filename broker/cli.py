@@ -5,15 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from . import archive_cli, loops
 from .config import AgentSpec, Settings, load_settings
+from .failures import describe
+from .logs import configure as configure_logging
 from .logs import install_redaction
+from .store.client import masked_url
 
 log = logging.getLogger("acp-broker")
 
@@ -23,6 +29,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="redis://… (default: the embedded store)")
     parser.add_argument("--tenant", help="tenant to act as (default: 'default')")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("ACP_BROKER_LOG_FORMAT", "text"),
+        help="text lines, or one JSON object a line for log collectors "
+        "(default: text, or $ACP_BROKER_LOG_FORMAT)",
+    )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("acp-broker")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A broker for the Agent Client Protocol: many clients, many agents, "
         "sessions kept as event logs in Redis.",
     )
+    parser.add_argument("--version", action="version", version=f"acp-broker {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run a broker node (front, agent host and projector)")
@@ -306,19 +327,30 @@ _COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logging(
+        verbose=getattr(args, "verbose", False),
+        log_format=getattr(args, "log_format", "text"),
     )
     install_redaction()
     try:
         return _COMMANDS[args.command](args)
     except (ValidationError, ValueError, FileNotFoundError) as exc:
-        print(f"acp-broker {args.command}: {exc}", file=sys.stderr)
+        print(f"acp-broker {args.command}: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except (RedisError, OSError) as exc:
+        # One sentence, no traceback: what could not be reached, and why.
+        url = masked_url(getattr(args, "redis_url", None) or os.environ.get("ACP_BROKER_REDIS_URL"))
+        print(
+            f"acp-broker {args.command}: cannot use the store at {url}: {describe(exc)}",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

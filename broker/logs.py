@@ -1,4 +1,4 @@
-"""Logging hygiene: credentials never reach a log, whatever the level.
+"""Logging: credentials never reach a log, whatever the level; text or JSON lines.
 
 :class:`RedactCredentials` masks, in every record it sees: the credential headers that
 ``websockets`` logs at DEBUG level; the query string of a logged request line (a client
@@ -11,8 +11,11 @@ on the root logger's handlers, which every record that propagates reaches.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import sys
+from datetime import UTC, datetime
 
 _SECRET_HEADER = re.compile(
     r"^([<>] (?:authorization|cookie|sec-websocket-protocol|set-cookie): ).*$",
@@ -60,3 +63,44 @@ def install_redaction() -> None:
     for target in targets:
         if not any(isinstance(f, RedactCredentials) for f in target.filters):
             target.addFilter(RedactCredentials())
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line (``--log-format json``), for log collectors: ``ts`` (ISO 8601,
+    UTC), ``level``, ``logger``, ``message``, and ``error`` (the exception's class and
+    message) when a record carries one; its traceback only at DEBUG level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure(*, verbose: bool, log_format: str) -> None:
+    """Set up the root logger on stderr: ``text`` (the default) or ``json``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def start_line(role: str, store: str, roles: list[str], agents: list[str]) -> str:
+    """What a process says first: what it is, which store (password masked), which roles
+    run in it, which agents it may start."""
+    return (
+        f"acp-broker {role} starting: store {store}; roles: {', '.join(roles)}; "
+        f"agents: {', '.join(agents) or 'none'}"
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,10 +21,13 @@ from workers.projector.worker import Projector
 from .config import Settings
 from .front.http.app import http_url
 from .front.node import FrontNode
+from .logs import start_line
 from .loops import cancel_and_wait
 from .ops.health import tasks_running
 from .signals import until_stopped
-from .store.client import Store
+from .store.client import Store, masked_url
+
+log = logging.getLogger(__name__)
 
 
 class Broker(FrontNode):
@@ -71,6 +75,9 @@ class LoopTask:
 
 async def run_broker(settings: Settings) -> None:
     """Run a broker until SIGINT or SIGTERM."""
+    roles = ["front"] + (["agent host", "projector"] if settings.workers else [])
+    agents = [spec.name for spec in settings.agent_list()]
+    log.info("%s", start_line("serve", masked_url(settings.redis_url), roles, agents))
     broker = Broker(settings)
     await broker.start()
     # What start-up made (modules, settings, the app) lives as long as the process: keep it

@@ -12,12 +12,13 @@ import logging
 from collections.abc import AsyncIterator
 
 from broker.config import Settings
+from broker.logs import start_line
 from broker.loops import cancel_and_wait
 from broker.ops.health import Health, redis_answers, tasks_running
 from broker.ops.server import OpsServer
 from broker.signals import until_stopped
 from broker.store.archive import open_archive
-from broker.store.client import Store, connect
+from broker.store.client import Store, connect, masked_url
 
 from .agent_host.worker import HostWorker
 from .projector.archiving import archiving_role
@@ -48,6 +49,9 @@ def _health(settings: Settings, redis: Store) -> Health:
 
 async def run_agent_host(settings: Settings) -> None:
     """An agent host; on SIGTERM it hands its sessions over to the other hosts."""
+    agents = [spec.name for spec in settings.agent_list()]
+    store = masked_url(settings.redis_url)
+    log.info("%s", start_line("worker agent-host", store, ["agent host"], agents))
     redis = connect(settings.redis_url, timeout=settings.redis_timeout)
     location = settings.archive_location()
     worker = HostWorker(redis, settings, archive=open_archive(location) if location else None)
@@ -65,7 +69,11 @@ async def run_agent_host(settings: Settings) -> None:
 async def run_projector_role(settings: Settings) -> None:
     """A projector; several may run, they share the feeds through a consumer group. With an
     archive store configured it is also the archiving role (archive idle logs, purge)."""
+    log.info(
+        "%s", start_line("worker projector", masked_url(settings.redis_url), ["projector"], [])
+    )
     redis = connect(settings.redis_url, timeout=settings.redis_timeout)
+    await redis.ping()  # a store that cannot be reached at start is an error, not "ready"
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
     tasks = [asyncio.create_task(Projector(redis).run(), name="projector")]

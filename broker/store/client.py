@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
@@ -94,6 +95,19 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
         name = f"Hiredis{connection_class.__name__}"
         _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
     return _PACKED[connection_class]
+
+
+def masked_url(url: str | None) -> str:
+    """A store URL fit for a log: its password replaced by ``***`` ("embedded" for None)."""
+    if url is None:
+        return "embedded (in-process, not durable)"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.hostname or ""
+    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def is_cluster(redis: Store) -> bool:
