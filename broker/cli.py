@@ -24,9 +24,15 @@ from .store.client import masked_url
 log = logging.getLogger("acp-broker")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    parser.add_argument("--redis-url", help="redis://… (default: the embedded store)")
+    parser.add_argument(
+        "--redis-url",
+        help="redis://… (default: the embedded store, inside this process)"
+        if embedded
+        else "redis://… of the broker's Redis (required, or ACP_BROKER_REDIS_URL: the embedded "
+        "store lives inside `serve` and no other process can reach it)",
+    )
     parser.add_argument("--tenant", help="tenant to act as (default: 'default')")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument(
@@ -55,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run a broker node (front, agent host and projector)")
-    _common(serve)
+    _common(serve, embedded=True)
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8765; 0 = any free port)")
     serve.add_argument(

@@ -14,6 +14,7 @@ refuses writes cleanly and keeps serving reads.
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -141,11 +142,12 @@ async def test_a_full_redis_refuses_writes_and_keeps_reads(tmp_path: Path) -> No
             ready = f"http://127.0.0.1:{node.http_port}/readyz"
             with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
                 assert answer.status == 200  # reads are served: still ready, and says why
-                assert "store full" in answer.read().decode()
+                assert "store full" in json.loads(answer.read())["checks"]["redis"]["note"]
 
             await _drain(filler)
             with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
-                assert answer.read().decode() == "ready\n"
+                report = json.loads(answer.read())
+                assert report["status"] == "ok" and "note" not in report["checks"]["redis"]
             reply = await client.prompt(session_id, "/notool space again")
             assert reply.stop_reason == "end_turn"
             await client.close()
