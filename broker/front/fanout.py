@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .. import fastjson
 from ..failures import FailureLog
-from ..ops import metrics
+from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
@@ -313,8 +313,9 @@ class FanoutHub:
         feed.last = event.seq
         feed.heard = True
         subscribers = list(feed.subscribers)
-        for subscriber in subscribers:
-            subscriber.deliver(feed.keys.session_id, event)
+        with tracing.span("acp-broker fanout", seq=event.seq, connections=len(subscribers)):
+            for subscriber in subscribers:
+                subscriber.deliver(feed.keys.session_id, event)
         if subscribers:
             metrics.EVENTS_DELIVERED.inc(len(subscribers))
             metrics.FANOUT_LAG.observe(max(0.0, time.time() - event.ts / 1000))

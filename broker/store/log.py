@@ -17,7 +17,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from .. import fastjson
-from ..ops import metrics
+from ..ops import metrics, tracing
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
 from .client import Store, is_cluster
 from .events import (
@@ -206,7 +206,8 @@ class SessionLog:
             keys += one_keys
             counts.append(len(one_args))
             args += one_args
-        replies = await self._script(self._append_batch, keys, [len(items), *counts, *args])
+        with tracing.span("acp-broker append", events=len(items)):
+            replies = await self._script(self._append_batch, keys, [len(items), *counts, *args])
         results: list[Position | Exception] = [
             _append_error(r) if isinstance(r, ResponseError) else Position(int(r[0]), str(r[1]))
             for r in replies
@@ -264,7 +265,8 @@ class SessionLog:
     async def _run(self, keys: list[str], args: list[Any]) -> Position:
         """One call of the append script (keys and arguments from :meth:`_call`)."""
         try:
-            seq, got_epoch = await self._script(self._append, keys, args)
+            with tracing.span("acp-broker append", events=1):
+                seq, got_epoch = await self._script(self._append, keys, args)
         except ResponseError as exc:
             raise _append_error(exc) from None
         metrics.EVENTS_APPENDED.inc()

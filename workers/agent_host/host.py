@@ -31,6 +31,7 @@ from broker.protocol.jsonrpc import (
     invalid_params,
     session_not_found,
 )
+from broker.protocol.trace import trace_fields, with_trace
 from broker.store.events import EventType, SessionSnapshot, Status
 from broker.store.log import (
     Fenced,
@@ -694,6 +695,7 @@ class AgentHost(AgentEvents):
             base["additionalDirectories"] = (
                 params.get("additionalDirectories") or snapshot.additional_directories
             )
+        base = with_trace(base, trace_fields(params))  # the client's trace context
         agent_sid = snapshot.agent_session_id or ""
         if agent_sid and (process.supports_load() or process.supports("resume")):
             method = "session/load" if process.supports_load() else "session/resume"

@@ -32,11 +32,12 @@ from websockets.protocol import State
 from ...auth.principal import Principal
 from ...config import Settings
 from ...failures import describe
-from ...ops import metrics
+from ...ops import metrics, tracing
 from ...protocol import jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.pending import PeerGone, PendingRequests
 from ...protocol.render import client_sees_notices, is_notice, origin_of, session_updates
+from ...protocol.trace import with_trace
 from ...store.events import EventType, LogEvent
 from ...store.failures import rpc_failure
 from ...store.log import SessionLog
@@ -319,11 +320,14 @@ class ClientConnection:
     async def _answer_now(self, request: Request) -> str:
         """Answer ``request``; how it went: ``ok``, ``error`` or ``timeout``."""
         try:
-            result = await within_deadline(
-                self.methods.dispatch(self, request),
-                request.method,
-                deadline_for(request.method, self.settings),
-            )
+            with tracing.request_span(request.method, request.params) as onward:
+                if onward and isinstance(request.params, dict):
+                    request.params.update(with_trace(request.params, onward))
+                result = await within_deadline(
+                    self.methods.dispatch(self, request),
+                    request.method,
+                    deadline_for(request.method, self.settings),
+                )
         except RpcError as exc:
             if request.id is not None:
                 self.send(jsonrpc.error_reply(request.id, exc))

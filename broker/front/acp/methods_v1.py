@@ -29,6 +29,7 @@ from ...protocol.jsonrpc import (
     session_not_found,
 )
 from ...protocol.render import POSITION_META, check_position
+from ...protocol.trace import trace_fields, with_trace, without_trace
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
@@ -166,12 +167,17 @@ class AcpMethods:
         if dirs:
             agent_params["additionalDirectories"] = dirs
         if user_meta:
-            agent_params["_meta"] = user_meta
+            agent_params["_meta"] = user_meta  # the trace context too: the agent's to follow
         await check_session_quota(
             self.index.redis, conn.tenant, self.settings.max_sessions_per_tenant
         )
         session_id, reply = await self.host.new_session(
-            conn.tenant, agent_params, agent=agent, kind=kind, meta=user_meta, origin=conn.id
+            conn.tenant,
+            agent_params,
+            agent=agent,
+            kind=kind,
+            meta=without_trace(user_meta),
+            origin=conn.id,
         )
         await self.project(conn.tenant, session_id)
         await conn.activate(conn.tenant, session_id, replay_after=0, replay_now=False)
@@ -250,7 +256,7 @@ class AcpMethods:
         out: JsonObject = {"mcpServers": _list(params.get("mcpServers"), "mcpServers")}
         if params.get("additionalDirectories"):
             out["additionalDirectories"] = params["additionalDirectories"]
-        return out
+        return with_trace(out, trace_fields(params))
 
     # -- prompt turn ------------------------------------------------------------------------
 

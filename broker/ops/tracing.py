@@ -1,0 +1,67 @@
+"""OpenTelemetry spans for requests, appends and fan-out, with the ``[otel]`` extra.
+
+Without ``opentelemetry-api`` installed every function here does nothing and costs nothing.
+With it, the spans go to whatever tracer provider the process configured (the SDK with an
+exporter, e.g. ``opentelemetry-instrument`` or code that calls ``set_tracer_provider``); with
+none configured the API's no-op tracer records nothing.
+
+A client request's span continues the trace in its ``_meta.traceparent``/``tracestate``
+(W3C trace context, as ACP's meta-propagation RFD reserves them), and what the broker sends
+on to the agent carries the broker's span as parent, so an agent's own spans nest under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..protocol.trace import trace_fields
+
+try:
+    from opentelemetry import propagate
+    from opentelemetry import trace as otel
+except ImportError:  # the [otel] extra is not installed
+    otel = None  # type: ignore[assignment]
+    propagate = None  # type: ignore[assignment]
+
+TRACER_NAME = "acp-broker"
+
+
+def available() -> bool:
+    """Whether the OpenTelemetry API is installed."""
+    return otel is not None
+
+
+@contextlib.contextmanager
+def request_span(method: str, params: Any) -> Iterator[dict[str, str]]:
+    """A span for one client request; yields the trace context to send on to the agent
+    (the client's own when nothing traces here)."""
+    incoming = trace_fields(params)
+    if otel is None or propagate is None:
+        yield incoming
+        return
+    tracer = otel.get_tracer(TRACER_NAME)
+    attributes = {"rpc.system": "jsonrpc", "rpc.method": method}
+    with tracer.start_as_current_span(
+        f"acp {method}",
+        context=propagate.extract(incoming),
+        kind=otel.SpanKind.SERVER,
+        attributes=attributes,
+    ) as span:
+        if not span.get_span_context().is_valid:
+            yield incoming
+            return
+        onward: dict[str, str] = {}
+        propagate.inject(onward)
+        yield {**incoming, **onward}
+
+
+@contextlib.contextmanager
+def span(name: str, **attributes: Any) -> Iterator[None]:
+    """An internal span (an append, a fan-out) under the current one, if any."""
+    if otel is None:
+        yield
+        return
+    with otel.get_tracer(TRACER_NAME).start_as_current_span(name, attributes=attributes):
+        yield
