@@ -33,12 +33,21 @@ def available() -> bool:
     return otel is not None
 
 
+def _tracing() -> bool:
+    """Whether spans would go anywhere: the API is installed and a provider is set (the
+    hot paths then skip even the no-op tracer's context switching)."""
+    if otel is None:
+        return False
+    provider = otel.get_tracer_provider()
+    return not isinstance(provider, otel.ProxyTracerProvider | otel.NoOpTracerProvider)
+
+
 @contextlib.contextmanager
 def request_span(method: str, params: Any) -> Iterator[dict[str, str]]:
     """A span for one client request; yields the trace context to send on to the agent
     (the client's own when nothing traces here)."""
     incoming = trace_fields(params)
-    if otel is None or propagate is None:
+    if otel is None or propagate is None or not _tracing():
         yield incoming
         return
     tracer = otel.get_tracer(TRACER_NAME)
@@ -60,7 +69,7 @@ def request_span(method: str, params: Any) -> Iterator[dict[str, str]]:
 @contextlib.contextmanager
 def span(name: str, **attributes: Any) -> Iterator[None]:
     """An internal span (an append, a fan-out) under the current one, if any."""
-    if otel is None:
+    if otel is None or not _tracing():
         yield
         return
     with otel.get_tracer(TRACER_NAME).start_as_current_span(name, attributes=attributes):
