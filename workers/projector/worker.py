@@ -182,8 +182,10 @@ class Projector:
         session that cannot be projected is skipped, logged: it must not hold up the feed
         behind it. A gone session has nothing to project."""
         snapshots = [s for s in await self.log.snapshots(sessions) if s is not None]
-        for snapshot, error in await self.index.project_many(snapshots):
+        failed = await self.index.project_many(snapshots)
+        for snapshot, error in failed:
             log.error("could not project session %s; skipped: %r", snapshot.session_id, error)
+        metrics.PROJECTED.inc(len(snapshots) - len(failed))
 
     async def project(self, tenant: str, session_id: str) -> None:
         with contextlib.suppress(SessionMissing):
