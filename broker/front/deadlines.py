@@ -12,10 +12,9 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
-
 from ..config import Settings
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
+from ..store.retry import STORE_AWAY
 
 T = TypeVar("T")
 
@@ -32,7 +31,7 @@ def deadline_for(method: str, settings: Settings) -> float:
     return settings.prompt_timeout if method in LONG_METHODS else settings.request_timeout
 
 
-def store_unreachable(exc: RedisError) -> RpcError:
+def store_unreachable(exc: BaseException) -> RpcError:
     """The error a client sees when the session store failed its request."""
     return RpcError(
         INTERNAL_ERROR,
@@ -42,7 +41,8 @@ def store_unreachable(exc: RedisError) -> RpcError:
 
 async def within_deadline(work: Awaitable[T], method: str, seconds: float) -> T:
     """``await work``, or raise :class:`RpcError` after ``seconds`` (the work is cancelled)
-    or when the store fails it."""
+    or when the store cannot be reached (other store errors, a full store say, go on to the
+    caller, which names them)."""
     try:
         async with asyncio.timeout(seconds):
             return await work
@@ -50,5 +50,5 @@ async def within_deadline(work: Awaitable[T], method: str, seconds: float) -> T:
         raise DeadlinePassed(
             INTERNAL_ERROR, f"{method} was not answered within {seconds:g} s; try again shortly"
         ) from None
-    except RedisError as exc:
+    except STORE_AWAY as exc:
         raise store_unreachable(exc) from None

@@ -36,7 +36,7 @@ from ..ops.health import Health, Unhealthy, tasks_running
 from ..ops.server import ops_response
 from ..protocol import v2
 from ..store.archive import open_archive
-from ..store.client import Store, connect, embedded_warning
+from ..store.client import Store, connect, embedded_warning, is_cluster, is_single_server
 from ..store.cursors import CursorCodec
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
@@ -144,7 +144,11 @@ class FrontNode:
         self.http.websocket_port = lambda: self.port
 
     async def _store_ready(self) -> str | None:
-        """Readiness of the store: it answers (a full one still serves reads: ready, and said)."""
+        """Readiness of the store: it answers (a full one still serves reads: ready, and said).
+        The embedded store has no memory report: a PING."""
+        if not (is_cluster(self.redis) or is_single_server(self.redis)):
+            await self.redis.ping()
+            return None
         ready, why = await store_readiness(self.redis)
         if not ready:
             raise Unhealthy(why)
