@@ -143,6 +143,9 @@ async def test_a_full_redis_refuses_writes_and_keeps_reads(tmp_path: Path) -> No
             with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
                 assert answer.status == 200  # reads are served: still ready, and says why
                 assert "store full" in json.loads(answer.read())["checks"]["redis"]["note"]
+            metrics = await _metrics(f"http://127.0.0.1:{node.http_port}/metrics")
+            assert metrics["acp_broker_store_full"] == 1  # the metrics say why too
+            assert metrics["acp_broker_writes_refused_total{reason=store_full}"] >= 2
 
             await _drain(filler)
             with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
@@ -154,6 +157,20 @@ async def test_a_full_redis_refuses_writes_and_keeps_reads(tmp_path: Path) -> No
         finally:
             await filler.aclose()
             await node.stop()
+
+
+async def _metrics(url: str) -> dict[str, float]:
+    """The samples of ``/metrics``, keyed ``name{label=value,…}`` (parsed by prometheus-client)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with await asyncio.to_thread(urllib.request.urlopen, url, timeout=10) as answer:
+        text = answer.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
 
 
 async def _fill(redis: Any) -> None:

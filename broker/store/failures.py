@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from ..ops import metrics
 from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 from .archive import ArchiveCorrupt
 from .log import ArchiveUnavailable, SessionFull, StoreFull, is_oom
@@ -27,6 +28,15 @@ def store_full(exc: BaseException) -> bool:
 
 def rpc_failure(exc: BaseException) -> RpcError | None:
     """The JSON-RPC error for a store failure; None for anything else."""
+    failure = _rpc_failure(exc)
+    if failure is not None and isinstance(failure.data, dict):
+        reason = str(failure.data.get("reason"))
+        if reason != "archive_unreadable":
+            metrics.WRITES_REFUSED.labels(reason).inc()
+    return failure
+
+
+def _rpc_failure(exc: BaseException) -> RpcError | None:
     if store_full(exc):
         return RpcError(INTERNAL_ERROR, STORE_FULL_MESSAGE, {"reason": "store_full"})
     if isinstance(exc, SessionFull):

@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from ..ops import metrics
 from .client import Store
 
 READY_TIMEOUT = 2.0
@@ -26,8 +27,19 @@ async def store_readiness(redis: Store) -> tuple[bool, str]:
     except (RedisError, OSError, TimeoutError) as exc:
         return False, f"not ready: Redis cannot be reached ({exc})"
     nodes = info.values() if all(isinstance(v, dict) for v in info.values()) else [info]
+    _measure(list(nodes))
     notes = [note for node in nodes if (note := _memory_note(node))]
     return True, "; ".join(["ready", *notes])
+
+
+def _measure(nodes: list[dict[str, Any]]) -> None:
+    """The store's memory as metrics (a cluster: summed over its masters)."""
+    used = [int(node.get("used_memory", 0)) for node in nodes]
+    limits = [int(node.get("maxmemory", 0)) for node in nodes]
+    metrics.STORE_USED.set(sum(used))
+    metrics.STORE_LIMIT.set(sum(limits))
+    full = any(limit and u >= limit for u, limit in zip(used, limits, strict=True))
+    metrics.STORE_FULL.set(1 if full else 0)
 
 
 def _memory_note(node: dict[str, Any]) -> str | None:
