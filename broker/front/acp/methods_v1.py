@@ -160,14 +160,7 @@ class AcpMethods:
         if kind not in SESSION_KINDS:
             raise invalid_params(f"_meta.{KIND_META_KEY} must be one of {', '.join(SESSION_KINDS)}")
         user_meta = {k: v for k, v in meta.items() if k not in (AGENT_META_KEY, KIND_META_KEY)}
-        agent_params: JsonObject = {
-            "cwd": cwd,
-            "mcpServers": _list(params.get("mcpServers"), "mcpServers"),
-        }
-        if dirs:
-            agent_params["additionalDirectories"] = dirs
-        if user_meta:
-            agent_params["_meta"] = user_meta  # the trace context too: the agent's to follow
+        agent_params = _agent_params(params, cwd, dirs, user_meta)
         await check_session_quota(
             self.index.redis, conn.tenant, self.settings.max_sessions_per_tenant
         )
@@ -194,14 +187,7 @@ class AcpMethods:
         dirs = _directories(params.get("additionalDirectories"))
         meta = _object(params.get("_meta"), "_meta")
         user_meta = {k: v for k, v in meta.items() if k not in (AGENT_META_KEY, KIND_META_KEY)}
-        agent_params: JsonObject = {
-            "cwd": cwd,
-            "mcpServers": _list(params.get("mcpServers"), "mcpServers"),
-        }
-        if dirs:
-            agent_params["additionalDirectories"] = dirs
-        if user_meta:
-            agent_params["_meta"] = user_meta
+        agent_params = _agent_params(params, cwd, dirs, user_meta)
         session_id, reply, copied = await self.host.fork(
             conn.tenant, snapshot.session_id, agent_params, meta=user_meta, origin=conn.id
         )
@@ -469,6 +455,22 @@ def title_update(params: JsonObject) -> JsonObject:
     if len(update) == 1:
         raise invalid_params("give title and/or _meta")
     return update
+
+
+def _agent_params(
+    params: JsonObject, cwd: str, dirs: list[str], user_meta: JsonObject
+) -> JsonObject:
+    """What the agent is sent to make a session (``session/new``, ``session/fork``); the
+    user's ``_meta`` goes with it, the trace context too: the agent's to follow."""
+    agent_params: JsonObject = {
+        "cwd": cwd,
+        "mcpServers": _list(params.get("mcpServers"), "mcpServers"),
+    }
+    if dirs:
+        agent_params["additionalDirectories"] = dirs
+    if user_meta:
+        agent_params["_meta"] = user_meta
+    return agent_params
 
 
 def _without_session_id(reply: JsonObject) -> JsonObject:
