@@ -21,7 +21,11 @@ from acp.client.connection import ClientSideConnection
 from acp.exceptions import RequestError
 from acp.schema import ClientCapabilities, FileSystemCapabilities
 
+from broker.store.log import new_session_id
+
 from .support.client import RecordingClient, acp_client, wait_for
+
+MISSING = new_session_id()  # the broker's id shape (a malformed one is -32602), never made
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 30.0
@@ -96,7 +100,7 @@ async def test_a_session_through_the_bridge(url: str, tmp_path: Path) -> None:
 
             # Errors cross the bridge as they are.
             with pytest.raises(RequestError) as err:
-                await conn.load_session(session_id="sess_missing", cwd="/work/x", mcp_servers=[])
+                await conn.load_session(session_id=MISSING, cwd="/work/x", mcp_servers=[])
             assert err.value.code == -32002
             with pytest.raises(RequestError) as err:
                 await conn.list_sessions(cursor="not-a-cursor")
