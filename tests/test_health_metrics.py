@@ -69,8 +69,9 @@ async def test_livez_and_readyz_answer_json_with_each_check_on_both_ports(
 
 async def test_readyz_fails_when_a_loop_stops(broker: Broker) -> None:
     assert broker.worker is not None
-    broker.worker.loops()[0].cancel()
-    await asyncio.sleep(0)
+    loop = broker.worker.loops()[0]
+    loop.cancel()
+    await asyncio.wait_for(asyncio.gather(loop, return_exceptions=True), 5)  # it has ended
     status, _, body = await get(f"http://127.0.0.1:{broker.http_port}/readyz")
     report = json.loads(body)
     assert status == 503 and report["status"] == "unavailable", body
