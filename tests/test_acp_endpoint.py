@@ -40,6 +40,23 @@ async def test_a_post_to_acp_on_the_websocket_port_gets_405_naming_the_url(
     assert f"ws://127.0.0.1:{broker.port}/acp" in text and "WebSocket" in text
 
 
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+async def test_other_paths_on_the_websocket_port_get_404_naming_the_http_port(
+    broker: Broker, method: str
+) -> None:
+    # A request with a body is refused by the handshake parser before process_request;
+    # it must still get the same answer as a GET, not a closed connection.
+    body = b'{"cwd": "/tmp"}'
+    request = (
+        f"{method} /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    answer = (await _raw_http(broker.port, request)).decode()
+    head, _, text = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 404"), answer
+    assert f"http://127.0.0.1:{broker.http_port}/v1/sessions" in text
+
+
 @pytest.mark.parametrize("method", ["GET", "POST"])
 async def test_acp_on_the_http_port_gets_404_naming_the_websocket_url(
     broker: Broker, method: str

@@ -174,7 +174,7 @@ class FrontNode:
             self.settings.port,
             process_request=self._process_request,
             process_response=self._process_response,
-            create_connection=websocket_only.connection_class(self.settings),
+            create_connection=websocket_only.connection_class(self.settings, self._http_base),
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
@@ -244,12 +244,11 @@ class FrontNode:
         if ops is not None:
             return ops
         # One HTTP path: REST, OpenAPI and MCP are the HTTP port's (its app answers them).
-        elsewhere = f"{http_url(self.settings, self.http_port)}{path}"
-        return ws.respond(
-            http.HTTPStatus.NOT_FOUND,
-            f"{path} is not served on the WebSocket port (ACP at {self.settings.path});"
-            f" REST, OpenAPI and MCP are on the HTTP port: {elsewhere}\n",
-        )
+        text = websocket_only.elsewhere(self.settings, path, self._http_base())
+        return ws.respond(http.HTTPStatus.NOT_FOUND, text)
+
+    def _http_base(self) -> str:
+        return http_url(self.settings, self.http_port)
 
     async def _admit(self, ws: ServerConnection, request: HttpRequest) -> HttpResponse | None:
         """Origin, credentials and connection limits of a WebSocket upgrade."""

@@ -9,12 +9,15 @@ names the WebSocket URL to use instead.
 A POST that carries a body never reaches ``process_request``: the ``websockets``
 handshake parser refuses request bodies and closes the connection without a word.
 :class:`WebSocketOnlyConnection` looks at the request line before that parser does
-(the request line and headers arrive in the first segment: clients write them at once).
+(the request line and headers arrive in the first segment: clients write them at once),
+and answers such a request to any other path as ``process_request`` answers a GET there:
+``404`` naming the HTTP port, where REST, OpenAPI and MCP live.
 """
 
 from __future__ import annotations
 
 import http
+from collections.abc import Callable
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
@@ -52,10 +55,23 @@ def not_here(settings: Settings, port: int, host_header: str | None) -> str:
     return refusal(websocket_url(settings, port, host_header))
 
 
+def elsewhere(settings: Settings, path: str, http_base: str) -> str:
+    """The text of the WebSocket port's 404 for ``path``: where it is served instead."""
+    return (
+        f"{path} is not served on the WebSocket port (ACP at {settings.path});"
+        f" REST, OpenAPI and MCP are on the HTTP port: {http_base}{path}\n"
+    )
+
+
 class WebSocketOnlyConnection(ServerConnection):
-    """A WebSocket port connection that answers a non-GET request to ``/acp`` with 405."""
+    """A WebSocket port connection that answers a non-GET request with an HTTP error.
+
+    ``/acp`` gets ``405`` naming the WebSocket URL; any other path ``404`` naming the
+    HTTP port (``http_base`` gives its base URL when the request comes).
+    """
 
     settings: Settings
+    http_base: Callable[[], str]
     _first = True
 
     def data_received(self, data: bytes) -> None:
@@ -74,21 +90,27 @@ class WebSocketOnlyConnection(ServerConnection):
             return None  # GET (the handshake), or not HTTP: the handshake parser decides
         path = rest.split(b" ", 1)[0].split(b"?", 1)[0].decode("ascii", "replace")
         if path != self.settings.path:
-            return None  # other paths: as before (the REST routes answer what they can)
+            text = elsewhere(self.settings, path, self.http_base())
+            return _answer(http.HTTPStatus.NOT_FOUND, text, "")
         port = int(self.transport.get_extra_info("sockname")[1])
-        status = http.HTTPStatus.METHOD_NOT_ALLOWED
-        body = refusal(websocket_url(self.settings, port, _host_header(data))).encode()
-        head = (
-            f"HTTP/1.1 {status.value} {status.phrase}\r\n"
-            f"Allow: GET\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        return head.encode() + body
+        text = refusal(websocket_url(self.settings, port, _host_header(data)))
+        return _answer(http.HTTPStatus.METHOD_NOT_ALLOWED, text, "Allow: GET\r\n")
 
 
-def connection_class(settings: Settings) -> Any:
+def connection_class(settings: Settings, http_base: Callable[[], str]) -> Any:
     """A :class:`WebSocketOnlyConnection` class bound to ``settings`` (for ``serve``)."""
-    return type("AcpConnection", (WebSocketOnlyConnection,), {"settings": settings})
+    fields = {"settings": settings, "http_base": staticmethod(http_base)}
+    return type("AcpConnection", (WebSocketOnlyConnection,), fields)
+
+
+def _answer(status: http.HTTPStatus, text: str, extra_headers: str) -> bytes:
+    body = text.encode()
+    head = (
+        f"HTTP/1.1 {status.value} {status.phrase}\r\n{extra_headers}"
+        f"Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def _host_header(data: bytes) -> str | None:
