@@ -189,6 +189,8 @@ class Settings(BaseSettings):
     agent_request_timeout: float = Field(default=60.0, gt=0)
     cancel_grace: float = Field(default=10.0, gt=0)
     feed_maxlen: int = Field(default=100_000, ge=1000)
+    feed_trim_interval: float = Field(default=30.0, gt=0)
+    """Seconds between two trims of the change feeds behind the projectors' group."""
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop ``serve`` and the workers run on (see :mod:`broker.loops`)."""
 

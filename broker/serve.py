@@ -16,6 +16,7 @@ from typing import Any
 
 from workers.agent_host.worker import HostWorker
 from workers.projector.archiving import archiving_role
+from workers.projector.feeds import run_feed_trimming
 from workers.projector.worker import Projector
 
 from .config import Settings
@@ -43,6 +44,12 @@ class Broker(FrontNode):
             projector = LoopTask("projector", Projector(self.redis).run)
             self.colocated.append(projector)
             self.health.add("projector loop", tasks_running(projector.loops))
+            trimming = LoopTask(
+                "feed trimming",
+                lambda: run_feed_trimming(self.redis, settings.feed_trim_interval),
+            )
+            self.colocated.append(trimming)
+            self.health.add("feed trimming loop", tasks_running(trimming.loops))
             if self.archive is not None:
                 archive = self.archive
                 archiving = LoopTask(

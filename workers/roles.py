@@ -22,6 +22,7 @@ from broker.store.client import Store, connect, masked_url
 
 from .agent_host.worker import HostWorker
 from .projector.archiving import archiving_role
+from .projector.feeds import run_feed_trimming
 from .projector.worker import Projector
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,12 @@ async def run_projector_role(settings: Settings) -> None:
     await redis.ping()  # a store that cannot be reached at start is an error, not "ready"
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
-    tasks = [asyncio.create_task(Projector(redis).run(), name="projector")]
+    tasks = [
+        asyncio.create_task(Projector(redis).run(), name="projector"),
+        asyncio.create_task(
+            run_feed_trimming(redis, settings.feed_trim_interval), name="feed trimming"
+        ),
+    ]
     if archive is not None:
         tasks.append(
             asyncio.create_task(archiving_role(redis, archive, settings), name="archiving")
