@@ -15,9 +15,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.store.client import connect
 from broker.store.direct import DirectCalls, direct_calls
-from broker.store.events import SessionSnapshot
+from broker.store.events import EventType, SessionSnapshot
 from broker.store.index import ACP_LISTING, SessionIndex, decode_row
-from broker.store.keys import TenantKeys
+from broker.store.keys import SessionKeys, TenantKeys
+from broker.store.log import SessionLog, SessionMissing
 
 from .support.client import wait_for
 from .support.redis_server import password_server
@@ -171,3 +172,37 @@ def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
 
     with password_server("s3cret") as url:
         asyncio.run(check(url))
+
+
+async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
+    redis_url: str,
+) -> None:
+    store = connect(redis_url)
+    direct, client = SessionLog(store, direct_reads=True), SessionLog(store)
+    try:
+        await direct.create("t", "sess_0001", {"type": EventType.CREATED, "cwd": "/w"})
+        for i in range(40):
+            text = f"chunk {i} é \u2028"
+            update = {"sessionUpdate": "agent_message_chunk", "content": {"text": text}}
+            await direct.append("t", "sess_0001", {"type": EventType.UPDATE, "update": update})
+        ranges = [{}, {"after": 5}, {"after": 5, "until": 20}, {"after": 3, "count": 4}]
+        for kwargs in ranges:
+            assert await direct.read("t", "sess_0001", **kwargs) == await client.read(
+                "t", "sess_0001", **kwargs
+            )
+        assert direct._direct is not None and direct._direct._connection is not None
+        # An entry whose fields are in another order reads the same.
+        key = SessionKeys("t", "sess_0001").log
+        await store.xadd(key, {"ev": '{"type":"update","update":{}}', "ts": "7"}, id="42-0")
+        (odd,) = await direct.read("t", "sess_0001", after=41)
+        assert (odd.seq, odd.ts, odd.body) == (42, 7, {"type": "update", "update": {}})
+        with pytest.raises(SessionMissing):
+            await direct.read("t", "sess_0002")
+        # The direct connection is cut: this read goes through the client, the next one
+        # through the connection opened again.
+        await store.client_kill_filter(_type="normal", skipme=True)
+        for _ in range(3):
+            assert len(await direct.read("t", "sess_0001")) == 42
+    finally:
+        direct.close()
+        await store.aclose()

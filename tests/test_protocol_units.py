@@ -307,6 +307,57 @@ def test_parse_frame_never_raises_on_arbitrary_bytes(data: bytes) -> None:
     _check_parse_outcome(parse_frame(data))
 
 
+# -- session/update frames ---------------------------------------------------------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=12,
+)
+_update_bodies = st.one_of(
+    st.builds(
+        lambda kind, rest: {"type": EventType.UPDATE, "update": {"sessionUpdate": kind, **rest}},
+        st.sampled_from(["agent_message_chunk", "notice", "tool_call"]),
+        st.dictionaries(st.text(), _json_values, max_size=3),
+    ),
+    st.builds(
+        lambda blocks: {"type": EventType.PROMPT, "prompt": blocks},
+        st.lists(st.dictionaries(st.text(), _json_values, max_size=2), max_size=3),
+    ),
+    st.builds(lambda text: {"type": EventType.NOTICE, "text": text}, st.text()),
+    st.just({"type": EventType.CREATED, "cwd": "/w"}),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _update_bodies,
+    st.integers(min_value=1, max_value=2**53),
+    st.text(st.characters(codec="utf-8"), max_size=8),
+    st.booleans(),
+)
+def test_session_update_frames_are_the_encoded_notifications(
+    body: dict[str, Any], seq: int, epoch: str, notices: bool
+) -> None:
+    from broker.protocol.render import session_update_frames, session_updates
+
+    event = LogEvent(seq, epoch, 1, body)
+    frames = session_update_frames(event, "sess_0001", notices)
+    messages = session_updates(event, "sess_0001", notices)
+    assert [json.loads(f) for f in frames] == [json.loads(jsonrpc.encode(m)) for m in messages]
+    assert frames == [jsonrpc.encode(m) for m in messages] or any(
+        isinstance(v, float) for v in _leaves(body)
+    )
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
 # -- cursors ----------------------------------------------------------------------------------
 
 KEY, OLD_KEY = b"k" * 32, b"old" * 11

@@ -88,6 +88,7 @@ class FrontNode:
             feed_maxlen=settings.feed_maxlen,
             archive=self.archive,
             max_events=settings.max_events_per_session,
+            direct_reads=True,
         )
         self.index = SessionIndex(self.redis)
         self.hub = FanoutHub(self.redis, self.log)
@@ -218,6 +219,7 @@ class FrontNode:
         if self.archive is not None:
             await self.archive.close()
         self.index.close()
+        self.log.close()
         if self._owns_redis:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()

@@ -44,6 +44,13 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.call(*command)
 
+    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """The replies to several commands sent together (see :meth:`call`)."""
+        connection = self._connection
+        if connection is None or connection.lost:
+            connection = await self._connect()
+        return await connection.calls(*commands)
+
     async def _connect(self) -> RawConnection:
         async with self._connecting:
             connection = self._connection

@@ -98,17 +98,41 @@ class RawConnection(asyncio.Protocol):
             async with asyncio.timeout(self.timeout):
                 reply = await future
         except TimeoutError:
-            # A stalled server: the calls behind this one would wait as long. Give the
-            # connection up; the next call opens another (or fails to, in bounded time).
-            self.close()
-            raise RedisTimeoutError(f"no reply within {self.timeout:g} s") from None
-        if isinstance(reply, hiredis.ReplyError):
-            raise ResponseError(str(reply))
-        return reply
+            raise self._stalled() from None
+        return _checked(reply)
+
+    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """The replies to several commands, sent in one write (a pipeline, not a
+        transaction); raises as :meth:`call` does, for the first error reply."""
+        if self.lost or self._transport is None:
+            raise RedisConnectionError("connection lost")
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in commands]
+        self._waiting.extend(futures)
+        self._transport.write(b"".join([command(*c) for c in commands]))
+        try:
+            async with asyncio.timeout(self.timeout):
+                replies = await asyncio.gather(*futures)
+        except TimeoutError:
+            raise self._stalled() from None
+        return [_checked(reply) for reply in replies]
+
+    def _stalled(self) -> RedisTimeoutError:
+        """A stalled server: the calls behind this one would wait as long. The connection
+        is given up; the next call opens another (or fails to, in bounded time)."""
+        self.close()
+        return RedisTimeoutError(f"no reply within {self.timeout:g} s")
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+def _checked(reply: Any) -> Any:
+    """A reply as it is, or ``ResponseError`` for an error reply."""
+    if isinstance(reply, hiredis.ReplyError):
+        raise ResponseError(str(reply))
+    return reply
 
 
 async def open_raw(options: dict[str, Any]) -> RawConnection:

@@ -36,7 +36,7 @@ from ...ops import metrics, tracing
 from ...protocol import jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.pending import PeerGone, PendingRequests
-from ...protocol.render import client_sees_notices, is_notice, origin_of, session_updates
+from ...protocol.render import client_sees_notices, is_notice, origin_of, session_update_frames
 from ...protocol.trace import with_trace
 from ...store.events import EventType, LogEvent
 from ...store.failures import rpc_failure
@@ -63,6 +63,8 @@ CLOSE_GOING_AWAY = 1001
 """Close code when the broker shuts down: reconnect (to any node)."""
 _TURN_SCAN = 256
 """Events read per step when looking back for the prompt turn a v2 viewer joins in."""
+_BURST = 512
+"""Frames of a run of events (a replay) written at a time, as they are made."""
 
 
 class Dispatcher(Protocol):
@@ -391,6 +393,45 @@ class ClientConnection:
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_queue(queue))
 
+    def _writes_directly(self) -> bool:
+        """Whether frames may go straight to the socket (:meth:`_write_texts`): nothing
+        queued before them, the socket keeps up, and no extension rewrites frames."""
+        ws = self.ws
+        return not (
+            self._closing
+            or self._queue
+            or ws.paused
+            or ws.send_in_progress is not None
+            or ws.protocol.state is not State.OPEN
+            or ws.protocol.extensions
+        )
+
+    def _write_texts(self, texts: list[str]) -> None:
+        """Write event frames now, in one system call, after the frames corked before them
+        (the caller checked :meth:`_writes_directly`). Frames of one connection (a replay)
+        are not kept for others (see :func:`_wire`)."""
+        if not texts or self.ws.protocol.state is not State.OPEN:
+            return
+        metrics.FRAMES_SENT.inc(len(texts))
+        metrics.BYTES_SENT.inc(sum(map(len, texts)))
+        try:
+            data = b"".join([_framed(text.encode()) for text in texts])
+        except UnicodeEncodeError:  # a lone surrogate somewhere: each frame on its own
+            data = b"".join(_framed_or_dropped(text, self.id) for text in texts)
+        self._uncork()
+        self.ws.transport.write(data)
+
+    def _cork(self) -> None:
+        """Have the frames gathered in :attr:`_corked` written once this step's work is done
+        (one callback writes every connection's, see :func:`_uncork_all`)."""
+        if not self._corked:
+            corked = self._cork_list
+            if corked is None:
+                corked = _cork_list(self)
+            if not corked:
+                asyncio.get_running_loop().call_soon(_uncork_all, corked)
+            corked.append(self)
+
     def _write_now(self, text: str, shared: bool) -> bool:
         """Write a frame straight to the socket, as ``websockets.broadcast`` does, when nothing
         waits in the queue before it and the socket is not backed up (no task switch, no
@@ -404,13 +445,7 @@ class ClientConnection:
                 # no extension rewrites it), so it is framed once, not once per connection.
                 # Frames of events that arrive together are written together: one system
                 # call per connection for a burst of events, not one per event.
-                if not self._corked:
-                    corked = self._cork_list
-                    if corked is None:
-                        corked = _cork_list(self)
-                    if not corked:
-                        asyncio.get_running_loop().call_soon(_uncork_all, corked)
-                    corked.append(self)
+                self._cork()
                 self._corked.append(_wire(text))
                 return True
             data = text.encode()
@@ -503,8 +538,7 @@ class ClientConnection:
         session.delivered = replay_after
         session.turn = await self._join_turn(session, replay_after, announce=False)
         if replay_now:
-            for event in events:
-                self._emit(session, event, replay=True)
+            self._emit_many(session, events, replay=True)
         else:
             assert session.held is not None
             session.held[:0] = events
@@ -559,8 +593,8 @@ class ClientConnection:
         if session is None or session.held is None:
             return
         held, session.held = session.held, None
-        for event in sorted(held, key=lambda e: e.seq):
-            self._emit(session, event, replay=False)
+        held.sort(key=lambda e: e.seq)
+        self._emit_many(session, held, replay=False)
 
     async def deactivate(self, session_id: str) -> None:
         session = self.active.pop(session_id, None)
@@ -603,6 +637,32 @@ class ClientConnection:
         if session.waiters:
             self._wake_waiters(session)
         if event.type == EventType.DELETED:
+            self._spawn(self.deactivate(session.session_id))
+
+    def _emit_many(self, session: ActiveSession, events: list[LogEvent], *, replay: bool) -> None:
+        """Events in order, as :meth:`_emit` sends each, their frames written together, a
+        burst at a time, as soon as each is made (a replay of 10,000 events: the client
+        reads the first frames while the rest are made, not once all are)."""
+        direct = self._writes_directly()
+        texts: list[str] = []
+        deleted = False
+        for event in events:
+            if event.seq <= session.delivered:
+                continue
+            session.delivered = event.seq
+            texts += self._frames(session, event, replay=replay)
+            deleted = deleted or event.type == EventType.DELETED
+            if direct and len(texts) >= _BURST:
+                self._write_texts(texts)
+                texts = []
+        if direct:
+            self._write_texts(texts)
+        else:
+            for text in texts:
+                self.send_text(text, shared=True)
+        if session.waiters:
+            self._wake_waiters(session)
+        if deleted:
             self._spawn(self.deactivate(session.session_id))
 
     def _frames(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
@@ -700,20 +760,31 @@ def _wire(text: str) -> bytes:
     """
     wire = _WIRE.get(text)
     if wire is None:
-        data = text.encode()
-        size = len(data)
-        if size < 126:
-            head = bytes((0x81, size))
-        elif size < 65536:
-            head = b"\x81\x7e" + size.to_bytes(2, "big")
-        else:
-            head = b"\x81\x7f" + size.to_bytes(8, "big")
-        wire = head + data
-        if size <= _WIRE_LARGEST:
+        wire = _framed(text.encode())
+        if len(wire) <= _WIRE_LARGEST:
             if len(_WIRE) >= _WIRE_ENTRIES:
                 _WIRE.clear()
             _WIRE[text] = wire
     return wire
+
+
+def _framed(data: bytes) -> bytes:
+    """A text frame's payload as this server puts it on the wire (FIN, unmasked, no
+    extensions)."""
+    size = len(data)
+    if size < 126:
+        return bytes((0x81, size)) + data
+    if size < 65536:
+        return b"\x81\x7e" + size.to_bytes(2, "big") + data
+    return b"\x81\x7f" + size.to_bytes(8, "big") + data
+
+
+def _framed_or_dropped(text: str, conn_id: str) -> bytes:
+    try:
+        return _framed(text.encode())
+    except UnicodeEncodeError:
+        log.exception("could not send a frame to %s; dropped it", conn_id)
+        return b""
 
 
 def _frames(event: LogEvent, session_id: str, notices: bool) -> list[str]:
@@ -723,7 +794,7 @@ def _frames(event: LogEvent, session_id: str, notices: bool) -> list[str]:
     key = "v1:notices" if notices else "v1"
     frames = event.frames.get(key)
     if frames is None:
-        frames = [jsonrpc.encode(m) for m in session_updates(event, session_id, notices)]
+        frames = session_update_frames(event, session_id, notices)
         event.frames[key] = frames
     return frames
 
