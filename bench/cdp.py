@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
+import signal
 import tempfile
 import urllib.request
 from collections.abc import AsyncIterator
@@ -88,7 +90,12 @@ class Browser:
 
 @contextlib.asynccontextmanager
 async def chromium() -> AsyncIterator[Browser]:
-    """Debian's Chromium with a private profile, headless, until the block ends."""
+    """Debian's Chromium with a private profile, headless, until the block ends.
+
+    It runs in a process group of its own: at the end it is asked to close (it then ends
+    its renderers and flushes its profile), and the group is killed if it has not gone in
+    5 s, so that no renderer outlives the run or writes into the profile being removed.
+    """
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="acpb-chromium-") as profile:
         proc = await asyncio.create_subprocess_exec(
@@ -100,16 +107,23 @@ async def chromium() -> AsyncIterator[Browser]:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             url = await _endpoint(port, 30.0)
             async with websockets.connect(url, max_size=None) as ws:
                 browser = Browser(ws)
-                yield browser
-                browser._reader.cancel()
+                try:
+                    yield browser
+                finally:
+                    browser._reader.cancel()
+                    with contextlib.suppress(ConnectionError, websockets.ConnectionClosed):
+                        await ws.send(json.dumps({"id": 0, "method": "Browser.close"}))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5)
         finally:
-            if proc.returncode is None:
-                proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group: the browser and its children
             await proc.wait()
 
 

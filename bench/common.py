@@ -292,10 +292,11 @@ def baseline_tree(rev: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def fronts_at(
-    tree: Path, redis_url: str, count: int, tag: str
+    tree: Path, redis_url: str, count: int, tag: str, *, ready_lines: list[str] | None = None
 ) -> AsyncIterator[list[tuple[str, int]]]:
     """``count`` front nodes running the code of ``tree`` (see :func:`baseline_tree`);
-    yields (url, pid) pairs."""
+    yields (url, pid) pairs. ``ready_lines`` gets each node's start-up line (it names the
+    HTTP port too)."""
     from tests.support.broker_process import READY
 
     code = (
@@ -339,6 +340,8 @@ async def fronts_at(
                 match = READY.search(line.decode())
                 if match:
                     nodes.append((match[1], proc.pid))
+                    if ready_lines is not None:
+                        ready_lines.append(line.decode())
                     break
             drains.append(asyncio.create_task(_drain_lines(proc.stdout)))
         yield nodes

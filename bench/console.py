@@ -17,6 +17,7 @@ copies every WebSocket frame out of the page and would be what is timed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from typing import Any
 from urllib.parse import urlencode
@@ -101,35 +102,47 @@ async def timed(browser: Any, url: str, condition: str, timeout_s: float) -> flo
 
 
 async def run_once(
-    rounds: int, turns: int, sessions: int, timeout_s: float
-) -> dict[str, list[float]]:
+    rounds: int, turns: int, sessions: int, baselines: list[str], timeout_s: float
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds per system (this tree, then each baseline) and page; the systems' loads take
+    turns in each round, on the same Redis, agent host and projector."""
     from bench.cdp import chromium
     from bench.listing import populate_redis
 
-    times: dict[str, list[float]] = {"session": [], "list": []}
+    systems = ["this tree", *(f"at {rev}" for rev in baselines)]
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"session": [], "list": []} for name in systems
+    }
     with common.private_redis() as url:
-        async with (
-            common.agent_host(url, "console"),
-            common.role_process("projector", url, common.LOGS / "console-projector.log"),
-            common.fronts(url, 1, "console") as nodes,
-            chromium() as browser,
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(common.agent_host(url, "console"))
+            log = common.LOGS / "console-projector.log"
+            await stack.enter_async_context(common.role_process("projector", url, log))
+            nodes = await stack.enter_async_context(common.fronts(url, 1, "console"))
+            bases = [f"http://127.0.0.1:{_http_port(nodes[0].stdout_lines)}/"]
+            for rev in baselines:
+                lines: list[str] = []
+                tree = common.baseline_tree(rev)
+                await stack.enter_async_context(
+                    common.fronts_at(tree, url, 1, f"console-{rev}", ready_lines=lines)
+                )
+                bases.append(f"http://127.0.0.1:{_http_port(lines)}/")
+            browser = await stack.enter_async_context(chromium())
             (session,) = await new_sessions(nodes[0].url, 1, CWD)
             await fill(url, session, turns)
             await populate_redis(url, sessions)
-            base = f"http://127.0.0.1:{_http_port(nodes[0].stdout_lines)}/"
+            link = f"#{urlencode({'session': session, 'cwd': CWD})}"
             for r in range(rounds + 1):  # the first round warms up
-                session_s = await timed(
-                    browser,
-                    f"{base}#{urlencode({'session': session, 'cwd': CWD})}",
-                    session_done(turns),
-                    timeout_s,
-                )
-                list_s = await timed(browser, base, LIST_SHOWN, timeout_s)
-                print(f"  round {r}: session {session_s:.3f} s, list {list_s:.3f} s", flush=True)
-                if r:
-                    times["session"].append(session_s)
-                    times["list"].append(list_s)
+                for name, base in zip(systems, bases, strict=True):
+                    session_s = await timed(browser, base + link, session_done(turns), timeout_s)
+                    list_s = await timed(browser, base, LIST_SHOWN, timeout_s)
+                    print(
+                        f"  round {r}, {name}: session {session_s:.3f} s, list {list_s:.3f} s",
+                        flush=True,
+                    )
+                    if r:
+                        times[name]["session"].append(session_s)
+                        times[name]["list"].append(list_s)
     return times
 
 
@@ -140,32 +153,36 @@ async def run(args: Any) -> None:
         raise SystemExit(f"bench console: {missing}")
     global VERBOSE
     VERBOSE = args.verbose
-    rounds = 1 if args.quick else 5
+    rounds = args.rounds or (1 if args.quick else 5)
     sessions = 1_000 if args.quick else SESSIONS
     turns = 20 if args.quick else TURNS
     events = turns * (CHUNKS + 2)
-    times: dict[str, list[float]] = {"session": [], "list": []}
+    times: dict[str, dict[str, list[float]]] = {}
     for r in range(args.runs):
         print(f"console: {events:,} events, {sessions:,} sessions (run {r + 1})")
-        for name, values in (await run_once(rounds, turns, sessions, 30.0)).items():
-            times[name].extend(values)
+        got = await run_once(rounds, turns, sessions, args.baseline, 30.0)
+        for system, pages in got.items():
+            for name, values in pages.items():
+                times.setdefault(system, {}).setdefault(name, []).extend(values)
     labels = {
         "session": f"{events:,}-event session, fully rendered",
         "list": f"first page of a {sessions:,}-session list",
     }
-    rows = [
-        [
-            labels[name],
-            common.median(v),
-            max(v),
-            TARGETS[name],
-            "yes" if common.median(v) < TARGETS[name] else "no",
-        ]
-        for name, v in times.items()
-    ]
+    ours = times["this tree"]
+    rows = []
+    for name in ("session", "list"):
+        row = [labels[name], common.median(ours[name]), max(ours[name])]
+        for system in list(times)[1:]:
+            base = common.median(times[system][name])
+            row += [base, common.ratio(common.median(ours[name]), base)]
+        met = "yes" if common.median(ours[name]) < TARGETS[name] else "no"
+        rows.append([*row, TARGETS[name], met])
+    head = ["page", "median s", "max s"]
+    for system in list(times)[1:]:
+        head += [f"{system} s", "ratio"]
     text = common.table(
-        f"Web console in headless Chromium, seconds, median of {len(times['session'])} cold loads",
-        ["page", "median s", "max s", "target s", "met"],
+        f"Web console in headless Chromium, seconds, median of {len(ours['session'])} cold loads",
+        [*head, "target s", "met"],
         rows,
     )
     data = {"quick": args.quick, "sessions": sessions, "events": events}
@@ -175,6 +192,8 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("console", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--verbose", action="store_true", help="print each load's timeline")
+    p.add_argument("--rounds", type=int, default=0, help="cold loads of each page per run")
+    common.add_baseline(p)
     asyncio.run(run(p.parse_args(argv)))
 
 

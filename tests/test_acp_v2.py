@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import websockets
 
+from broker.front.acp.connection import BATCHED_REPLAY_META
 from broker.protocol.v2 import REPLAY_POSITION
 from broker.serve import Broker
 from broker.store.keys import SessionKeys
@@ -19,6 +20,8 @@ from broker.store.keys import SessionKeys
 from .support.client import text
 from .support.schemas import WireChecker
 from .support.wire import INIT_PARAMS, CheckedClient
+
+START = {"type": "start"}
 
 
 def position(update: dict[str, Any]) -> dict[str, Any]:
@@ -281,6 +284,53 @@ async def test_replay_from_start_and_from_a_position_equals_the_live_stream(url:
     reply, replayed = await resume(reader, session_id, "/tmp/long", replayFrom=caught_up)
     assert "result" in reply and replayed == []
     for client in (typist, watcher, reader):
+        await client.close()
+
+
+async def test_a_replay_in_batches_is_the_same_updates_in_the_same_order(url: str) -> None:
+    """A client that asks for batches (as the console does) gets the replay as batch
+    arrays of the very notifications, in the very order, that another client gets one per
+    frame; each is valid against the v2 schema (every client here checks)."""
+    typist = await CheckedClient.open(url, 2)
+    session_id = await typist.new(cwd="/tmp/batched")
+    await typist.prompt(session_id, "/chunks 3000")
+    await typist.until_idle(session_id, timeout=60)
+    live = typist.updates(session_id)
+    plain = await CheckedClient.open(url, 2)
+    batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
+    v1 = await CheckedClient.open(url, 1, meta={BATCHED_REPLAY_META: True})  # v2 only
+    replays = []
+    for client in (plain, batched):
+        reply, replayed = await resume(client, session_id, "/tmp/batched", replayFrom=START)
+        assert "result" in reply
+        replays.append(replayed)
+    assert replays[0] == replays[1] == live
+    assert plain.batch_sizes == [] and typist.batch_sizes == []
+    assert len(batched.batch_sizes) >= 2 and sum(batched.batch_sizes) <= len(live)
+    assert sum(batched.batch_sizes) > len(live) - len(batched.batch_sizes)  # few bare ones
+    reply = await v1.call("session/load", {"sessionId": session_id, "cwd": "/tmp/batched"})
+    assert "result" in reply and v1.batch_sizes == [] and len(v1.updates(session_id)) > 3000
+    for client in (typist, plain, batched, v1):
+        await client.close()
+
+
+async def test_live_updates_follow_a_batched_replay_with_none_lost_or_twice(url: str) -> None:
+    typist = await CheckedClient.open(url, 2)
+    session_id = await typist.new(cwd="/tmp/batched")
+    await typist.prompt(session_id, "/chunks 2000")
+    await typist.until_idle(session_id, timeout=60)
+    await typist.prompt(session_id, "/slow 8")  # 8 chunks 0.2 s apart: live during the resume
+    await typist.read_until(lambda: typist.texts(session_id).count("chunk") > 2001, 10)
+    batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
+    reply, replayed = await resume(batched, session_id, "/tmp/batched", replayFrom=START)
+    assert "result" in reply and batched.batch_sizes
+    for client in (typist, batched):
+        await client.until_idle(session_id, count=2, timeout=30)
+    seqs = [position(u)["seq"] for u in batched.updates(session_id)]
+    assert seqs == sorted(seqs)  # in order (an event may make two updates: one seq)
+    assert batched.updates(session_id) == typist.updates(session_id)  # each once, none lost
+    assert len(replayed) < len(typist.updates(session_id))  # the rest came live
+    for client in (typist, batched):
         await client.close()
 
 

@@ -120,6 +120,50 @@ def test_batch_array_of_requests_is_an_invalid_request() -> None:
     assert_error_reply(result.reply, jsonrpc.INVALID_REQUEST, None)
 
 
+def _notes(sizes: list[int]) -> list[str]:
+    """Encoded notifications whose texts are about ``sizes`` characters long."""
+    return [
+        jsonrpc.encode(jsonrpc.notification("session/update", {"i": i, "pad": "x" * size}))
+        for i, size in enumerate(sizes)
+    ]
+
+
+def _unpacked(frames: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for text in frames:
+        value = json.loads(text)
+        out.extend(value if isinstance(value, list) else [value])
+    return out
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=300), max_size=60),
+    limit=st.integers(min_value=1, max_value=2000),
+)
+def test_packed_batches_hold_every_message_once_in_order_within_the_bound(
+    sizes: list[int], limit: int
+) -> None:
+    texts = _notes(sizes)
+    frames = jsonrpc.pack_batches(texts, limit)
+    assert _unpacked(frames) == [json.loads(t) for t in texts]
+    for text in frames:
+        value = json.loads(text)
+        if isinstance(value, list):  # a batch: never empty, never of one, within the bound
+            assert len(value) >= 2 and len(text) <= limit
+            assert all("id" not in m and m["method"] == "session/update" for m in value)
+        else:  # bare: alone because the next would not fit, or it is longer than the bound
+            assert text in texts
+
+
+def test_packed_batches_are_bare_for_one_message_and_nothing_for_none() -> None:
+    assert jsonrpc.pack_batches([], 100) == []
+    (one,) = _notes([10])
+    assert jsonrpc.pack_batches([one], 100) == [one]
+    assert jsonrpc.pack_batches([one, one], 10) == [one, one]  # each longer than the bound
+    assert jsonrpc.pack_batches([one, one], 2 * len(one) + 3) == [f"[{one},{one}]"]
+    assert jsonrpc.pack_batches([one, one], 2 * len(one) + 2) == [one, one]
+
+
 @pytest.mark.parametrize("version", [None, "1.0", "2", 2.0, 2, ["2.0"]])
 def test_wrong_or_missing_jsonrpc_version(version: Any) -> None:
     message: dict[str, Any] = {"id": 5, "method": "m"}

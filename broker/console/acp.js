@@ -6,6 +6,9 @@ const PROTOCOL_VERSION = 2;
 const CALL_TIMEOUT_MS = 30000;
 const RECONNECT_MS = [250, 500, 1000, 2000, 4000];
 export const SHARED_ASKS_META = "acpBroker/sharedAsks";
+// Replays come many notifications to a frame (JSON-RPC batch arrays): a browser hands a
+// page one message event at a time, and a 10,000-event history is 10,000 of them otherwise.
+export const BATCHED_REPLAY_META = "acpBroker/batchedReplay";
 export const TOKEN_SUBPROTOCOL = "acp-broker.bearer.";
 
 export class RpcError extends Error {
@@ -32,6 +35,9 @@ export class AcpClient extends EventTarget {
     this.attempt = 0;
     this.stopped = false;
     this.timer = null;
+    // Called with (method, params) for each notification: a plain call, not an event, as
+    // a replay brings thousands at once.
+    this.onNotification = () => {};
   }
 
   start() {
@@ -57,7 +63,10 @@ export class AcpClient extends EventTarget {
     }
     this.ws = ws;
     this.emit("state", { state: this.attempt ? "reconnecting" : "connecting" });
-    ws.onopen = () => this.initialize(ws);
+    ws.onopen = () => {
+      performance.mark("ws-open");
+      this.initialize(ws);
+    };
     ws.onmessage = (event) => this.receive(ws, event.data);
     ws.onclose = (event) => this.closed(ws, event);
   }
@@ -66,7 +75,7 @@ export class AcpClient extends EventTarget {
     const params = {
       protocolVersion: PROTOCOL_VERSION,
       info: { name: "acp-broker-console", title: "acp-broker console", version: "0.1.0" },
-      capabilities: { _meta: { [SHARED_ASKS_META]: true } },
+      capabilities: { _meta: { [SHARED_ASKS_META]: true, [BATCHED_REPLAY_META]: true } },
     };
     try {
       this.info = await this.send(ws, "initialize", params);
@@ -172,7 +181,7 @@ export class AcpClient extends EventTarget {
     } else if (message.id !== undefined && message.id !== null) {
       this.emit("request", { id: message.id, method: message.method, params: message.params || {} });
     } else {
-      this.emit("notification", { method: message.method, params: message.params || {} });
+      this.onNotification(message.method, message.params || {});
     }
   }
 }

@@ -8,6 +8,7 @@ import { AcpClient, RpcError } from "./acp.js";
 import { SessionList, sessionHash } from "./sessions.js";
 import { Transcript } from "./transcript.js";
 
+performance.mark("app-start");
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "acp-broker-token";
 const POSITION_META = "acpBroker/position";
@@ -107,7 +108,7 @@ function start() {
   client.addEventListener("state", (e) => connectionState(e.detail));
   client.addEventListener("open", (e) => connected(e.detail.info));
   client.addEventListener("close", () => clearPermissions());
-  client.addEventListener("notification", (e) => notified(e.detail));
+  client.onNotification = (method, params) => notified(method, params);
   client.addEventListener("request", (e) => requested(e.detail));
   client.start();
   setInterval(() => state.list.refreshHead().catch(() => {}), REFRESH_LIST_MS);
@@ -205,7 +206,10 @@ async function openSession(id, givenCwd) {
   } catch (error) {
     showError(`Cannot open the session: ${error.message}`);
   } finally {
-    if (state.session === session) state.transcript.release();
+    if (state.session === session) {
+      state.transcript.release();
+      performance.mark("session-rendered");
+    }
   }
 }
 
@@ -289,7 +293,7 @@ async function newSession(event) {
 
 // -- live updates ---------------------------------------------------------------------------
 
-function notified({ method, params }) {
+function notified(method, params) {
   if (method === "session/update") {
     const update = params.update || {};
     const session = state.session;

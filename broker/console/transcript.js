@@ -32,6 +32,7 @@ export class Transcript {
     this.dirty = new Set();
     this.frame = 0;
     this.holding = false;
+    this.heldState = null;
     this.following = false;
     this.onTitle = () => {};
     this.onState = () => {};
@@ -45,11 +46,16 @@ export class Transcript {
 
   hold() {
     this.holding = true;
+    this.heldState = null;
   }
 
+  // The replay is in: lay it out once, and say the run state it ended in (a history has a
+  // state change per turn; each would repaint the page's header and the list's row).
   release() {
     this.holding = false;
     this.flush();
+    if (this.heldState) this.onState(...this.heldState);
+    this.heldState = null;
     this.root.scrollTop = this.root.scrollHeight;
   }
 
@@ -90,7 +96,8 @@ export class Transcript {
         this.plan(update.plan || {});
         break;
       case "state_update":
-        this.onState(update.state, update.stopReason);
+        if (this.holding) this.heldState = [update.state, update.stopReason];
+        else this.onState(update.state, update.stopReason);
         break;
       case "session_info_update":
         if ("title" in update) this.onTitle(update.title);

@@ -7,6 +7,7 @@ by itself, and keeps what it was sent in order.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import websockets
@@ -26,21 +27,40 @@ class CheckedClient(RawClient):
     def __init__(self, ws: Any, version: int) -> None:
         super().__init__(ws)
         self.checker: WireChecker = WireChecker(version)
-        self.received: list[Any] = []
+        self.received: list[Any] = []  # messages: a batch of notifications as its entries
+        self.batch_sizes: list[int] = []  # the entries of each batch of notifications received
+        self._unpacked: deque[Any] = deque()
         self.permission: str | None = "allow_once"  # option to pick; None: leave unanswered
         self.permission_requests: list[dict[str, Any]] = []
         self.idle: dict[str, int] = {}  # session id -> turns ended (idle state updates) so far
 
     @classmethod
-    async def open(cls, url: str, version: int = 2) -> CheckedClient:
-        """Connect and ``initialize`` with ``version``; the reply must negotiate it."""
+    async def open(
+        cls, url: str, version: int = 2, *, meta: dict[str, Any] | None = None
+    ) -> CheckedClient:
+        """Connect and ``initialize`` with ``version`` (and ``meta`` as the capabilities'
+        ``_meta``); the reply must negotiate it."""
         client = cls(await websockets.connect(url, max_size=None), version)
-        reply = await client.call("initialize", INIT_PARAMS[version])
+        params = INIT_PARAMS[version]
+        if meta is not None:
+            caps = "capabilities" if version == 2 else "clientCapabilities"
+            params = {**params, caps: {**params[caps], "_meta": meta}}
+        reply = await client.call("initialize", params)
         assert reply["result"]["protocolVersion"] == version, reply
         return client
 
     async def recv(self, timeout: float = 10.0) -> Any:
-        message = await super().recv(timeout)  # checked there
+        """The next message; a batch of notifications (a replay, for a client that asked
+        for them in batches) is handed out entry by entry, its size kept in ``batch_sizes``.
+        A batch reply to a batch request stays a list."""
+        if self._unpacked:
+            message = self._unpacked.popleft()
+        else:
+            message = await super().recv(timeout)  # checked there, a batch entry by entry
+            if _notifications(message):
+                self.batch_sizes.append(len(message))
+                self._unpacked.extend(message[1:])
+                message = message[0]
         self.received.append(message)
         self._count_idle(message)
         if isinstance(message, dict) and message.get("method") == "session/request_permission":
@@ -102,3 +122,12 @@ class CheckedClient(RawClient):
             for u in self.updates(session_id)
             if u["update"]["sessionUpdate"] == kind
         )
+
+
+def _notifications(message: Any) -> bool:
+    """Whether ``message`` is a batch of notifications only (never a reply to a batch)."""
+    return (
+        isinstance(message, list)
+        and bool(message)
+        and all(isinstance(m, dict) and "method" in m and "id" not in m for m in message)
+    )

@@ -65,6 +65,11 @@ _TURN_SCAN = 256
 """Events read per step when looking back for the prompt turn a v2 viewer joins in."""
 _BURST = 512
 """Frames of a run of events (a replay) written at a time, as they are made."""
+BATCHED_REPLAY_META = "acpBroker/batchedReplay"
+"""The v2 client capability (``capabilities._meta``) that asks for replays in batches."""
+REPLAY_BATCH_CHARS = 64 * 1024
+"""The most a replay's batch frame holds (a browser delivers a page one message at a time,
+and 10,000 of them cost it more than parsing the same text in 40 arrays)."""
 
 
 class Dispatcher(Protocol):
@@ -538,7 +543,7 @@ class ClientConnection:
         session.delivered = replay_after
         session.turn = await self._join_turn(session, replay_after, announce=False)
         if replay_now:
-            self._emit_many(session, events, replay=True)
+            self._replay(session, events)
         else:
             assert session.held is not None
             session.held[:0] = events
@@ -629,15 +634,31 @@ class ClientConnection:
             await asyncio.wait_for(future, timeout)
 
     def _emit(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> None:
-        if event.seq <= session.delivered:
-            return
-        session.delivered = event.seq
-        for text in self._frames(session, event, replay=replay):
+        for text in self._delivered(session, event, replay=replay):
             self.send_text(text, shared=True)
+
+    def _replay(self, session: ActiveSession, events: list[LogEvent]) -> None:
+        """Send a session's history: a frame per message, or, to a client that asked for
+        them (:attr:`batches_replay`), the same messages in order in batch arrays."""
+        if not self.batches_replay:
+            self._emit_many(session, events, replay=True)
+            return
+        texts = [t for event in events for t in self._delivered(session, event, replay=True)]
+        for frame in jsonrpc.pack_batches(texts, REPLAY_BATCH_CHARS):
+            self.send_text(frame)
+
+    def _delivered(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
+        """Count ``event`` as delivered here and return its frames to send at once (none
+        when it was delivered before: each event reaches a connection once)."""
+        if event.seq <= session.delivered:
+            return []
+        session.delivered = event.seq
+        frames = self._frames(session, event, replay=replay)
         if session.waiters:
-            self._wake_waiters(session)
+            self._wake_waiters(session)  # they resume once this step has sent the frames
         if event.type == EventType.DELETED:
             self._spawn(self.deactivate(session.session_id))
+        return frames
 
     def _emit_many(self, session: ActiveSession, events: list[LogEvent], *, replay: bool) -> None:
         """Events in order, as :meth:`_emit` sends each, their frames written together, a
@@ -645,13 +666,8 @@ class ClientConnection:
         reads the first frames while the rest are made, not once all are)."""
         direct = self._writes_directly()
         texts: list[str] = []
-        deleted = False
         for event in events:
-            if event.seq <= session.delivered:
-                continue
-            session.delivered = event.seq
-            texts += self._frames(session, event, replay=replay)
-            deleted = deleted or event.type == EventType.DELETED
+            texts += self._delivered(session, event, replay=replay)
             if direct and len(texts) >= _BURST:
                 self._write_texts(texts)
                 texts = []
@@ -660,10 +676,6 @@ class ClientConnection:
         else:
             for text in texts:
                 self.send_text(text, shared=True)
-        if session.waiters:
-            self._wake_waiters(session)
-        if deleted:
-            self._spawn(self.deactivate(session.session_id))
 
     def _frames(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
         """What this connection is sent for an event, in its protocol version."""
@@ -687,6 +699,16 @@ class ClientConnection:
                 return False
             self._notices = client_sees_notices(self.protocol_version, self.client_capabilities)
         return self._notices
+
+    @property
+    def batches_replay(self) -> bool:
+        """Whether this client asked at ``initialize`` for replays in JSON-RPC batch arrays
+        (``capabilities._meta["acpBroker/batchedReplay"]: true``; ACP v2 only, whose
+        transports follow JSON-RPC's batch rules). Every other client gets one per frame."""
+        if self.protocol_version != v2.V2:
+            return False
+        meta = self.client_capabilities.get("_meta")
+        return isinstance(meta, dict) and meta.get(BATCHED_REPLAY_META) is True
 
     @staticmethod
     def _wake_waiters(session: ActiveSession) -> None:
