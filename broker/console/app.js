@@ -6,7 +6,7 @@
 // balancer it reaches whichever node that gives, and resumes from the last position seen.
 import { AcpClient, RpcError } from "./acp.js";
 import { SessionList, sessionHash } from "./sessions.js";
-import { Transcript } from "./transcript.js";
+import { Transcript, loadMarkdown } from "./transcript.js";
 
 performance.mark("app-start");
 const $ = (id) => document.getElementById(id);
@@ -134,7 +134,7 @@ function connected(info) {
   if (!state.opened) {
     state.opened = true;
     fillAgents(agents);
-    state.list.reset();
+    state.list.reset().finally(() => loadMarkdown());
     openFromHash();
     return;
   }

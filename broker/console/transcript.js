@@ -4,7 +4,20 @@
 // first appeared. Markdown is rendered at most once per animation frame per message, and
 // not at all while a replay is being received (`hold()` … `release()`): a 10,000-event
 // history is laid out once, at its end.
-import { renderMarkdown } from "./markdown.js";
+//
+// Markdown (marked and DOMPurify: most of the page's script) is run when first needed, or
+// once the first page of the list is shown, not before the page starts: the list and the
+// WebSocket do not wait for it (the page preloads its files). What is to be rendered before
+// it is there waits for it.
+let renderMarkdown = null;
+let markdownLoaded = null;
+
+export function loadMarkdown() {
+  markdownLoaded ||= import("./markdown.js").then((module) => {
+    renderMarkdown = module.renderMarkdown;
+  });
+  return markdownLoaded;
+}
 
 const STATUS_TEXT = { pending: "pending", in_progress: "running", completed: "completed", failed: "failed" };
 
@@ -45,6 +58,7 @@ export class Transcript {
   }
 
   hold() {
+    loadMarkdown(); // while the history comes
     this.holding = true;
     this.heldState = null;
   }
@@ -154,6 +168,10 @@ export class Transcript {
   flush() {
     if (this.frame) cancelAnimationFrame(this.frame);
     this.frame = 0;
+    if (!renderMarkdown) {
+      loadMarkdown().then(() => this.flush());
+      return;
+    }
     const root = this.root;
     const atEnd = root.scrollHeight - root.scrollTop - root.clientHeight <= 80;
     for (const item of this.dirty) renderMarkdown(item.body, item.text);
@@ -185,7 +203,7 @@ export class Transcript {
       );
     }
     if ("content" in update) {
-      item.content.replaceChildren(...(update.content || []).map(toolContent));
+      item.content.replaceChildren(...(update.content || []).map((part) => this.toolContent(part)));
     }
   }
 
@@ -210,21 +228,23 @@ export class Transcript {
   note(text) {
     this.root.append(el("div", "note", text));
   }
-}
 
-function toolContent(part) {
-  if (part.type === "diff") {
-    const box = el("div", "diff");
-    const paths = (part.changes || []).map((c) => `${c.operation} ${c.path}`).join(", ");
-    box.append(el("div", "diff-paths", paths || part.path || ""));
-    const text = part.patch?.text ?? part.newText ?? "";
-    box.append(el("pre", null, text));
-    return box;
+  // A tool call's content: diffs and terminals as text, text content as Markdown (rendered
+  // with the messages, in the next frame or when a replay ends).
+  toolContent(part) {
+    if (part.type === "diff") {
+      const box = el("div", "diff");
+      const paths = (part.changes || []).map((c) => `${c.operation} ${c.path}`).join(", ");
+      box.append(el("div", "diff-paths", paths || part.path || ""));
+      const text = part.patch?.text ?? part.newText ?? "";
+      box.append(el("pre", null, text));
+      return box;
+    }
+    if (part.type === "terminal") return el("div", "terminal", `terminal ${part.terminalId}`);
+    const body = el("div", "tool-text");
+    this.markDirty({ body, text: textOf(part.content) });
+    return body;
   }
-  if (part.type === "terminal") return el("div", "terminal", `terminal ${part.terminalId}`);
-  const body = el("div", "tool-text");
-  renderMarkdown(body, textOf(part.content));
-  return body;
 }
 
 function configText(options) {
