@@ -144,7 +144,7 @@ def test_packed_batches_hold_every_message_once_in_order_within_the_bound(
     sizes: list[int], limit: int
 ) -> None:
     texts = _notes(sizes)
-    frames = jsonrpc.pack_batches(texts, limit)
+    frames = list(jsonrpc.pack_batches(texts, limit))
     assert _unpacked(frames) == [json.loads(t) for t in texts]
     for text in frames:
         value = json.loads(text)
@@ -156,12 +156,12 @@ def test_packed_batches_hold_every_message_once_in_order_within_the_bound(
 
 
 def test_packed_batches_are_bare_for_one_message_and_nothing_for_none() -> None:
-    assert jsonrpc.pack_batches([], 100) == []
+    assert list(jsonrpc.pack_batches([], 100)) == []
     (one,) = _notes([10])
-    assert jsonrpc.pack_batches([one], 100) == [one]
-    assert jsonrpc.pack_batches([one, one], 10) == [one, one]  # each longer than the bound
-    assert jsonrpc.pack_batches([one, one], 2 * len(one) + 3) == [f"[{one},{one}]"]
-    assert jsonrpc.pack_batches([one, one], 2 * len(one) + 2) == [one, one]
+    assert list(jsonrpc.pack_batches([one], 100)) == [one]
+    assert list(jsonrpc.pack_batches([one, one], 10)) == [one, one]  # each longer than the bound
+    assert list(jsonrpc.pack_batches([one, one], 2 * len(one) + 3)) == [f"[{one},{one}]"]
+    assert list(jsonrpc.pack_batches([one, one], 2 * len(one) + 2)) == [one, one]
 
 
 @pytest.mark.parametrize("version", [None, "1.0", "2", 2.0, 2, ["2.0"]])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -355,26 +355,25 @@ def encode_batch(messages: list[JsonObject]) -> str:
     return fastjson.dumps(messages)
 
 
-def pack_batches(texts: Iterable[str], max_chars: int) -> list[str]:
+def pack_batches(texts: Iterable[str], max_chars: int) -> Iterator[str]:
     """Encoded messages (each one JSON object's text) as frames of JSON-RPC batch arrays, in
-    order, each at most ``max_chars`` long where its messages allow.
+    order, each at most ``max_chars`` long where its messages allow; each frame as soon as
+    it is full (a sender may send it while the next is being made).
 
     A batch of notifications is a valid JSON-RPC 2.0 (and ACP v2) message, answered by
     nothing. A message that would make a batch of one is sent bare, and one longer than
     ``max_chars`` goes alone: a receiver gets every message once, in the order given.
     """
-    frames: list[str] = []
     group: list[str] = []
     size = 1  # the closing bracket; each message adds its length and a "[" or ","
     for text in texts:
         if group and size + len(text) + 1 > max_chars:
-            frames.append(_batch_text(group))
+            yield _batch_text(group)
             group, size = [], 1
         group.append(text)
         size += len(text) + 1
     if group:
-        frames.append(_batch_text(group))
-    return frames
+        yield _batch_text(group)
 
 
 def _batch_text(group: list[str]) -> str:
