@@ -17,6 +17,7 @@ from broker.protocol.v2 import REPLAY_POSITION
 from broker.serve import Broker
 from broker.store.keys import SessionKeys
 
+from .conftest import make_settings
 from .support.client import text
 from .support.schemas import WireChecker
 from .support.wire import INIT_PARAMS, CheckedClient
@@ -332,6 +333,32 @@ async def test_live_updates_follow_a_batched_replay_with_none_lost_or_twice(url:
     assert len(replayed) < len(typist.updates(session_id))  # the rest came live
     for client in (typist, batched):
         await client.close()
+
+
+async def test_a_batched_replay_longer_than_the_queue_bound_arrives_whole(store: Any) -> None:
+    """A replay in batches goes to the socket whole however long it is, as one in a frame per
+    event does (the outgoing queue's bound is for live traffic a client does not keep up
+    with): 12 MB of history, more than the kernel's socket buffers, through a 256 KB bound."""
+    settings = make_settings(max_queue_bytes=256 * 1024, max_message_bytes=15 * 1024 * 1024)
+    node = Broker(settings, redis=store)
+    await node.start()
+    url = f"ws://127.0.0.1:{node.port}/acp"
+    try:
+        typist = await CheckedClient.open(url, 2)
+        session_id = await typist.new(cwd="/tmp/batched")
+        words = " ".join(f"{i:06d}" + "x" * 100_000 for i in range(120))
+        await typist.call(
+            "session/prompt", {"sessionId": session_id, "prompt": text("/notool " + words)}
+        )
+        await typist.until_idle(session_id, timeout=60)
+        batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
+        reply, replayed = await resume(batched, session_id, "/tmp/batched", replayFrom=START)
+        assert "result" in reply and replayed == typist.updates(session_id)
+        assert len(typist.texts(session_id)) > 12_000_000
+        for client in (typist, batched):
+            await client.close()
+    finally:
+        await node.stop()
 
 
 async def test_a_stale_foreign_or_malformed_replay_position_is_invalid_params(

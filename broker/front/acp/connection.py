@@ -643,9 +643,16 @@ class ClientConnection:
         if not self.batches_replay:
             self._emit_many(session, events, replay=True)
             return
-        texts = [t for event in events for t in self._delivered(session, event, replay=True)]
+        # As :meth:`_emit_many` writes a replay: each batch as soon as it is made (the client
+        # reads the first while the rest are made), straight to the transport whatever its
+        # buffer holds, so that a long history never meets the queue's bound for live traffic.
+        direct = self._writes_directly()
+        texts = (t for event in events for t in self._delivered(session, event, replay=True))
         for frame in jsonrpc.pack_batches(texts, REPLAY_BATCH_CHARS):
-            self.send_text(frame)
+            if direct:
+                self._write_texts([frame])
+            else:
+                self.send_text(frame)
 
     def _delivered(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
         """Count ``event`` as delivered here and return its frames to send at once (none
