@@ -119,7 +119,12 @@ async def test_rebuild_from_nothing_equals_the_live_index(broker: Broker, url: s
         listed = await client.conn.list_sessions()
         assert {s.session_id for s in listed.sessions} == set(made.values()) - {made["deleted"]}
         [named] = [s for s in listed.sessions if s.session_id == made["named"]]
-        assert named.title == "named by hand" and named.field_meta == {"test/tag": ["x", 1]}
+        assert named.title == "named by hand"
+        assert named.field_meta == {
+            "test/tag": ["x", 1],
+            "acpBroker/agent": "demo",
+            "acpBroker/status": "RUNNING",
+        }
         await client.close()
 
 

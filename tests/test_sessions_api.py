@@ -409,7 +409,11 @@ async def test_rest_and_mcp_agree_with_acp_session_list(
         row = by_id[info["sessionId"]]
         assert row["cwd"] == info["cwd"] and row["updatedAt"] == info["updatedAt"]
         assert row["title"] == info.get("title")
-        assert row["userMetadata"] == info.get("_meta", {})
+        meta = dict(info.get("_meta", {}))
+        # session/list says the agent and status as REST does, beside the session's own.
+        assert meta.pop("acpBroker/agent") == row["agent"]
+        assert meta.pop("acpBroker/status") == row["status"]
+        assert row["userMetadata"] == meta
     assert by_id[gone]["status"] == "DELETED"
     assert {s: by_id[s]["kind"] for s in (demo, plain, browser)} == {
         demo: "combined",

@@ -263,7 +263,7 @@ function setRunState(value) {
   $("session-state").textContent = STATE_TEXT[value] || value;
   $("session-state").dataset.state = value;
   $("cancel").disabled = value === "idle";
-  if (state.session) state.list.touch(state.session.id, { status: value === "idle" ? "" : "running" });
+  if (state.session) state.list.touch(state.session.id, { turn: value === "idle" ? "" : STATE_TEXT[value] || value });
 }
 
 function showConfig(options) {

@@ -3,11 +3,21 @@
 // Two sources, both public: ACP `session/list` over the WebSocket (newest activity first,
 // optionally one working directory), and, when the user searches (id prefix, metadata
 // words, status, kind), `GET /v1/sessions` on the same origin, which REST and MCP share
-// (newest created first; it also knows each session's agent and status). Each session is
+// (newest created first). Both say each session's agent and status (`session/list` in
+// `SessionInfo._meta`, under `acpBroker/agent` and `acpBroker/status`). Each session is
 // one row however often it is seen (a session that moves up between two pages stays where
 // it was first shown).
 
 const PAGE_LIMIT = 50;
+
+/** What a row says of the broker's session status (REST's and `session/list`'s words). */
+const STATUS_TEXT = { RUNNING: "agent running", STOPPED: "stopped", ERROR: "agent failed", DELETED: "deleted" };
+
+/** A `session/list` entry as a row: the broker says agent and status in `_meta`. */
+export function rowOfSessionInfo(info) {
+  const meta = info._meta || {};
+  return { ...info, agent: meta["acpBroker/agent"], status: meta["acpBroker/status"] };
+}
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -116,7 +126,7 @@ export class SessionList {
     if (this.filter.cwd) params.cwd = this.filter.cwd;
     if (this.cursor) params.cursor = this.cursor;
     const page = await this.client.call("session/list", params);
-    return { sessions: page.sessions || [], next: page.nextCursor || null };
+    return { sessions: (page.sessions || []).map(rowOfSessionInfo), next: page.nextCursor || null };
   }
 
   // Show a session (a new one goes first), or update the row it has.
@@ -144,7 +154,9 @@ export class SessionList {
   paint(row) {
     const info = row.info;
     row.title.textContent = info.title || "Untitled session";
-    const parts = [info.cwd, info.agent, info.status, relativeTime(info.updatedAt)].filter(Boolean);
+    // A turn in progress (the open session's) says more than the agent process's status.
+    const status = info.turn || STATUS_TEXT[info.status] || info.status;
+    const parts = [info.cwd, info.agent, status, relativeTime(info.updatedAt)].filter(Boolean);
     row.meta.textContent = parts.join(" · ");
   }
 
@@ -184,8 +196,9 @@ export class SessionList {
     const params = this.filter.cwd ? { cwd: this.filter.cwd } : {};
     const page = await this.client.call("session/list", params);
     if (generation !== this.generation) return;
-    const fresh = (page.sessions || []).filter((s) => !this.rows.has(s.sessionId)).reverse();
-    for (const info of page.sessions || []) if (this.rows.has(info.sessionId)) this.upsert(info, false);
+    const sessions = (page.sessions || []).map(rowOfSessionInfo);
+    const fresh = sessions.filter((s) => !this.rows.has(s.sessionId)).reverse();
+    for (const info of sessions) if (this.rows.has(info.sessionId)) this.upsert(info, false);
     for (const info of fresh) this.upsert(info, true);
   }
 }

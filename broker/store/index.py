@@ -111,16 +111,30 @@ def row_of(snapshot: SessionSnapshot) -> JsonObject:
     }
 
 
+AGENT_META = "acpBroker/agent"
+STATUS_META = "acpBroker/status"
+"""The ``SessionInfo._meta`` keys under which ``session/list`` says which configured agent
+runs a session and its status (``RUNNING``, ``STOPPED``, ``ERROR``), as REST and MCP do:
+ACP's ``SessionInfo`` has no field for either, and ``_meta`` is where a list says more."""
+_BROKER_META = (AGENT_META, STATUS_META)
+
+
 def session_info(row: JsonObject) -> JsonObject:
-    """A row as ACP's ``session/list`` shows it: a ``SessionInfo`` (empty fields left out)."""
+    """A row as ACP's ``session/list`` shows it: a ``SessionInfo`` (empty fields left out),
+    the session's own metadata in ``_meta`` beside the broker's agent and status."""
     info: JsonObject = {"sessionId": row["sessionId"], "cwd": row["cwd"]}
     if row.get("additionalDirectories"):
         info["additionalDirectories"] = row["additionalDirectories"]
     if row.get("title") is not None:
         info["title"] = row["title"]
     info["updatedAt"] = row["updatedAt"]
-    if row.get("_meta"):
-        info["_meta"] = row["_meta"]
+    meta = {k: v for k, v in (row.get("_meta") or {}).items() if k not in _BROKER_META}
+    if row.get("agent"):
+        meta[AGENT_META] = row["agent"]
+    if row.get("status"):
+        meta[STATUS_META] = row["status"]
+    if meta:
+        info["_meta"] = meta
     return info
 
 
@@ -144,7 +158,11 @@ def decode_row(text: str) -> JsonObject:
     info, newline, rest = text.partition("\n")
     if not newline:
         return dict(fastjson.loads(text))
-    return {**_ROW_DEFAULTS, **fastjson.loads(info), **fastjson.loads(rest)}
+    row = {**_ROW_DEFAULTS, **fastjson.loads(info), **fastjson.loads(rest)}
+    meta = row["_meta"]
+    if any(key in meta for key in _BROKER_META):  # the listing's, not the session's
+        row["_meta"] = {k: v for k, v in meta.items() if k not in _BROKER_META}
+    return row
 
 
 def session_info_json(text: str) -> str:
