@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from broker.failures import FailureLog
 from broker.ops import metrics
 from broker.store.client import Store, is_cluster
-from broker.store.index import SessionIndex
+from broker.store.index import Notice, SessionIndex
 from broker.store.keys import PARTITIONS, feed_key
 from broker.store.log import SessionLog, SessionMissing
 
@@ -153,12 +153,17 @@ class Projector:
             await self._apply(claimed)
 
     async def _apply(self, replies: list[tuple[str, list[tuple[str, dict[str, str]]]]]) -> None:
-        sessions: set[tuple[str, str]] = set()
+        notices: dict[tuple[str, str], list[Notice]] = {}
         for _, entries in replies:
             for _, fields in entries:
                 if fields and "t" in fields and "s" in fields:
-                    sessions.add((fields["t"], fields["s"]))
-        await self._project_all(sorted(sessions))
+                    notice = _notice(fields)
+                    notices.setdefault((notice.tenant, notice.session_id), []).append(notice)
+        # Sessions whose notices the index can take as they are (most agent updates) are
+        # patched in place; the rest are projected from their snapshots.
+        full = await self.index.touch_many(notices)
+        metrics.PROJECTED.inc(len(notices) - len(full))
+        await self._project_all(sorted(full))
         # Acknowledged with the next read (or by :meth:`_flush_acks`): a projector that dies
         # before then leaves them pending, and they are projected again (idempotent).
         self._unacked += [
@@ -206,6 +211,17 @@ class Projector:
                     backlog += int(group.get("lag") or 0)
         metrics.PROJECTOR_BACKLOG.set(backlog)
         return backlog
+
+
+def _notice(fields: dict[str, str]) -> Notice:
+    """A change-feed notice (see ``lua/append.lua``); one without a readable seq (written by
+    an older broker) is projected from its snapshot."""
+    seq, updated = fields.get("q", ""), fields.get("u")
+    if not seq.isdigit() or (updated and not updated.isdigit()):
+        return Notice(fields["t"], fields["s"], 0, False)
+    return Notice(
+        fields["t"], fields["s"], int(seq), updated is not None, int(updated or 0) or None
+    )
 
 
 def _cancelling() -> bool:
