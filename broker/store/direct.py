@@ -44,12 +44,13 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.call(*command)
 
-    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """The replies to several commands sent together (see :meth:`call`)."""
+    async def calls(self, *commands: tuple[Any, ...], wait: float = 0.0) -> list[Any]:
+        """The replies to several commands sent together (see :meth:`call`; ``wait`` as
+        :meth:`RawConnection.calls` takes it)."""
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect()
-        return await connection.calls(*commands)
+        return await connection.calls(*commands, wait=wait)
 
     async def _connect(self) -> RawConnection:
         async with self._connecting:

@@ -101,9 +101,10 @@ class RawConnection(asyncio.Protocol):
             raise self._stalled() from None
         return _checked(reply)
 
-    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
+    async def calls(self, *commands: tuple[Any, ...], wait: float = 0.0) -> list[Any]:
         """The replies to several commands, sent in one write (a pipeline, not a
-        transaction); raises as :meth:`call` does, for the first error reply."""
+        transaction); raises as :meth:`call` does, for the first error reply. ``wait`` is
+        how much longer than :attr:`timeout` they may take (a blocking read among them)."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
         loop = asyncio.get_running_loop()
@@ -111,17 +112,17 @@ class RawConnection(asyncio.Protocol):
         self._waiting.extend(futures)
         self._transport.write(b"".join([command(*c) for c in commands]))
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout + wait):
                 replies = await asyncio.gather(*futures)
         except TimeoutError:
-            raise self._stalled() from None
+            raise self._stalled(self.timeout + wait) from None
         return [_checked(reply) for reply in replies]
 
-    def _stalled(self) -> RedisTimeoutError:
+    def _stalled(self, waited: float | None = None) -> RedisTimeoutError:
         """A stalled server: the calls behind this one would wait as long. The connection
         is given up; the next call opens another (or fails to, in bounded time)."""
         self.close()
-        return RedisTimeoutError(f"no reply within {self.timeout:g} s")
+        return RedisTimeoutError(f"no reply within {waited or self.timeout:g} s")
 
     def close(self) -> None:
         if self._transport is not None:
