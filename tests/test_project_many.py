@@ -3,6 +3,8 @@ projecting each alone does, including when another writer comes between."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import random
 import secrets
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from broker.store.events import EventType, is_index_neutral
-from broker.store.index import SessionIndex, rfc3339
+from broker.store.index import SessionIndex, Version, rfc3339
 from broker.store.keys import SessionKeys, TenantKeys
 from broker.store.log import SessionLog, new_session_id
 from workers.projector.worker import Projector, _notice
@@ -263,3 +265,39 @@ def test_which_events_are_index_neutral() -> None:
     assert not is_index_neutral({"type": EventType.STATUS, "status": "STOPPED"})
     assert not is_index_neutral({"type": EventType.DELETED})
     assert not is_index_neutral({"type": EventType.CREATED, "cwd": "/", "agent": "d"})
+
+
+async def test_a_running_projector_takes_agent_updates_in_place(
+    store: Any, store_kind: str
+) -> None:
+    log, tenant, session_id = SessionLog(store), "acme", new_session_id()
+    touched: list[int] = []
+    projector = _counting(Projector(store, block_ms=100), touched)
+    task = asyncio.create_task(projector.run())
+    try:
+        await log.create(tenant, session_id, {"type": EventType.CREATED, "cwd": "/w", "agent": "d"})
+        for n in range(6):
+            await log.append(tenant, session_id, _info(title=f"t{n}") if n == 3 else CHUNK)
+            await _indexed(store, log, tenant, session_id)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert sum(touched) >= 4  # the chunks after the creation and after the rename
+    if store_kind == "redis":
+        assert projector._reads  # the feeds were read on the bare connection
+    fast = await _whole_index(store, tenant)
+    alone = SessionIndex(store)
+    await alone.project(await log.snapshot(tenant, session_id), force=True)
+    assert await _whole_index(store, tenant) == fast
+
+
+async def _indexed(store: Any, log: SessionLog, tenant: str, session_id: str) -> None:
+    """Wait (bounded) until the index holds the session's newest event."""
+    seq = (await log.snapshot(tenant, session_id)).seq
+    async with asyncio.timeout(10):
+        while True:
+            version = Version.decode(await store.hget(TenantKeys(tenant).versions, session_id))
+            if version is not None and version.seq >= seq:
+                return
+            await asyncio.sleep(0.01)

@@ -105,12 +105,17 @@ class RawConnection(asyncio.Protocol):
         """The replies to several commands, sent in one write (a pipeline, not a
         transaction); raises as :meth:`call` does, for the first error reply. ``wait`` is
         how much longer than :attr:`timeout` they may take (a blocking read among them)."""
+        return await self.send(b"".join([command(*c) for c in commands]), len(commands), wait)
+
+    async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
+        """:meth:`calls` for ``count`` commands packed already (a command made again and
+        again, such as a read of 256 streams, is packed once)."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in commands]
+        futures = [loop.create_future() for _ in range(count)]
         self._waiting.extend(futures)
-        self._transport.write(b"".join([command(*c) for c in commands]))
+        self._transport.write(packed)
         try:
             async with asyncio.timeout(self.timeout + wait):
                 replies = await asyncio.gather(*futures)

@@ -23,6 +23,7 @@ from broker.store.direct import direct_calls
 from broker.store.index import Notice, SessionIndex
 from broker.store.keys import PARTITIONS, feed_key
 from broker.store.log import SessionLog, SessionMissing
+from broker.store.raw import command
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Projector:
         self._last_read = 0.0
         self._unacked: list[tuple[str, list[str]]] = []
         self._direct = direct_calls(redis)
+        self._reads: dict[tuple[str, bool], bytes] = {}
         self.failures = FailureLog(log, "projection")
 
     async def ensure_groups(self) -> None:
@@ -161,13 +163,11 @@ class Projector:
         callbacks were a quarter of a projector's samples at the soak)."""
         assert self._direct is not None
         acks, self._unacked = self._unacked, []
-        read: list[Any] = ["XREADGROUP", "GROUP", GROUP, self.name, "COUNT", self.batch]
-        if not pending:
-            read += ["BLOCK", self.block_ms]
-        read += ["STREAMS", *self.feeds, *[start] * len(self.feeds)]
-        commands = [("XACK", feed, GROUP, *ids) for feed, ids in acks] + [tuple(read)]
+        packed = b"".join([command("XACK", feed, GROUP, *ids) for feed, ids in acks])
         try:
-            replies = await self._direct.calls(*commands, wait=self.block_ms / 1000)
+            replies = await self._direct.send(
+                packed + self._read_command(start, pending), len(acks) + 1, self.block_ms / 1000
+            )
         except RedisError:
             self._unacked = acks + self._unacked  # sent again with the next read
             raise
@@ -176,6 +176,18 @@ class Projector:
             if entries:
                 found.append((feed, [(i, _fields(f)) for i, f in entries]))
         return found
+
+    def _read_command(self, start: str, pending: bool) -> bytes:
+        """The read of every feed, packed once (515 arguments: its packing was a tenth of a
+        projector's samples at the soak)."""
+        key = (start, pending)
+        if key not in self._reads:
+            read: list[Any] = ["XREADGROUP", "GROUP", GROUP, self.name, "COUNT", self.batch]
+            if not pending:
+                read += ["BLOCK", self.block_ms]
+            read += ["STREAMS", *self.feeds, *[start] * len(self.feeds)]
+            self._reads[key] = command(*read)
+        return self._reads[key]
 
     async def claim_abandoned(self) -> None:
         """Take over notices another consumer read long ago and never acknowledged."""
