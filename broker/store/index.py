@@ -75,7 +75,10 @@ def member(ms: int, session_id: str) -> str:
 
 def is_acp_listing(listing: str) -> bool:
     """Whether ``listing`` is one ACP's ``session/list`` reads (every session, or one cwd's)."""
-    return listing == ACP_LISTING or listing.startswith(ACP_LISTING + ":")
+    return listing == ACP_LISTING or listing.startswith(_ACP_PREFIX)
+
+
+_ACP_PREFIX = ACP_LISTING + ":"
 
 
 def stored_member(listing: str, position: str, info: str) -> str:
