@@ -44,13 +44,12 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.call(*command)
 
-    async def calls(self, *commands: tuple[Any, ...], wait: float = 0.0) -> list[Any]:
-        """The replies to several commands sent together (see :meth:`call`; ``wait`` as
-        :meth:`RawConnection.calls` takes it)."""
+    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """The replies to several commands sent together (see :meth:`call`)."""
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect()
-        return await connection.calls(*commands, wait=wait)
+        return await connection.calls(*commands)
 
     async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
         """The replies to ``count`` commands packed already (see :meth:`RawConnection.send`)."""

@@ -101,15 +101,15 @@ class RawConnection(asyncio.Protocol):
             raise self._stalled() from None
         return _checked(reply)
 
-    async def calls(self, *commands: tuple[Any, ...], wait: float = 0.0) -> list[Any]:
+    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
         """The replies to several commands, sent in one write (a pipeline, not a
-        transaction); raises as :meth:`call` does, for the first error reply. ``wait`` is
-        how much longer than :attr:`timeout` they may take (a blocking read among them)."""
-        return await self.send(b"".join([command(*c) for c in commands]), len(commands), wait)
+        transaction); raises as :meth:`call` does, for the first error reply."""
+        return await self.send(b"".join([command(*c) for c in commands]), len(commands))
 
     async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
         """:meth:`calls` for ``count`` commands packed already (a command made again and
-        again, such as a read of 256 streams, is packed once)."""
+        again, such as a read of 256 streams, is packed once); ``wait`` is how much longer
+        than :attr:`timeout` they may take (a blocking read among them)."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
         loop = asyncio.get_running_loop()
