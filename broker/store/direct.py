@@ -51,6 +51,13 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.calls(*commands)
 
+    async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
+        """The replies to ``count`` commands packed already (see :meth:`RawConnection.send`)."""
+        connection = self._connection
+        if connection is None or connection.lost:
+            connection = await self._connect()
+        return await connection.send(packed, count, wait)
+
     async def _connect(self) -> RawConnection:
         async with self._connecting:
             connection = self._connection

@@ -127,6 +127,22 @@ def is_activity(body: Mapping[str, Any]) -> bool:
     return body.get("type") in _ACTIVITY
 
 
+_UNLISTED_FIELDS = frozenset({"prompt", "agentSid"})
+"""Snapshot fields no listing shows (see ``index.row_of``)."""
+
+
+def is_index_neutral(body: Mapping[str, Any], ops: Iterable[SnapshotOp] | None = None) -> bool:
+    """Whether an event changes nothing the session index shows but the session's seq and,
+    for activity, its ``updatedAt`` (and with it its place in the ACP listings): most agent
+    updates. Its change-feed notice says so (``lua/append.lua``), and a projector then
+    patches the index without reading the snapshot (``SessionIndex.touch_many``).
+    ``ops`` are the event's :func:`snapshot_ops`, when already made."""
+    if body.get("type") in (EventType.CREATED, EventType.DELETED, EventType.STATUS):
+        return False
+    found = snapshot_ops(body) if ops is None else ops
+    return all(op in ("set", "del") and name in _UNLISTED_FIELDS for op, name, _ in found)
+
+
 def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
     """The snapshot operations an event implies (see ``lua/append.lua``)."""
     kind = body.get("type")

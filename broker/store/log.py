@@ -30,6 +30,7 @@ from .events import (
     SessionSnapshot,
     dumps,
     is_activity,
+    is_index_neutral,
     snapshot_ops,
 )
 from .keys import SessionKeys, partition_of
@@ -249,6 +250,7 @@ class SessionLog:
             call or _call_id(),
             self._bound(body),
             "1" if body.get("type") == EventType.DELETED else "0",
+            "1" if is_index_neutral(body, ops) else "0",
         ]
         for op in ops:
             args.extend(op)

@@ -104,24 +104,30 @@ class RawConnection(asyncio.Protocol):
     async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
         """The replies to several commands, sent in one write (a pipeline, not a
         transaction); raises as :meth:`call` does, for the first error reply."""
+        return await self.send(b"".join([command(*c) for c in commands]), len(commands))
+
+    async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
+        """:meth:`calls` for ``count`` commands packed already (a command made again and
+        again, such as a read of 256 streams, is packed once); ``wait`` is how much longer
+        than :attr:`timeout` they may take (a blocking read among them)."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in commands]
+        futures = [loop.create_future() for _ in range(count)]
         self._waiting.extend(futures)
-        self._transport.write(b"".join([command(*c) for c in commands]))
+        self._transport.write(packed)
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout + wait):
                 replies = await asyncio.gather(*futures)
         except TimeoutError:
-            raise self._stalled() from None
+            raise self._stalled(self.timeout + wait) from None
         return [_checked(reply) for reply in replies]
 
-    def _stalled(self) -> RedisTimeoutError:
+    def _stalled(self, waited: float | None = None) -> RedisTimeoutError:
         """A stalled server: the calls behind this one would wait as long. The connection
         is given up; the next call opens another (or fails to, in bounded time)."""
         self.close()
-        return RedisTimeoutError(f"no reply within {self.timeout:g} s")
+        return RedisTimeoutError(f"no reply within {waited or self.timeout:g} s")
 
     def close(self) -> None:
         if self._transport is not None:

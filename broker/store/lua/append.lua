@@ -12,7 +12,8 @@
 --       10 "1" if the event is activity (moves updatedAt), 11 the call's id (12 hex
 --       digits; the same call made again, once applied, appends nothing and returns the
 --       session's position), 12 the most events a session may have (0: no bound),
---       13 "1" if the event deletes the session, then the snapshot operations,
+--       13 "1" if the event deletes the session, 14 "1" if it changes nothing the session
+--       index shows but the seq and (activity) updatedAt, then the snapshot operations,
 --       (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
 -- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED, ARCHIVED (the log is
@@ -65,7 +66,7 @@ if ARGV[10] == '1' then
 end
 
 for i = 0, tonumber(ARGV[9]) - 1 do
-  local op, field, value = ARGV[14 + 3 * i], ARGV[15 + 3 * i], ARGV[16 + 3 * i]
+  local op, field, value = ARGV[15 + 3 * i], ARGV[16 + 3 * i], ARGV[17 + 3 * i]
   if op == 'set' then
     redis.call('HSET', snap, field, value)
   elseif op == 'del' then
@@ -89,7 +90,15 @@ if ARGV[13] == '1' then
   redis.call('ZADD', deleted, now, member)
 end
 
-redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq)
+-- The notice: tenant, session, seq; and for an event the index shows nothing of but its
+-- seq and updatedAt, 'u': the updatedAt it set (ms), or '' (none set), so that a projector
+-- can patch the index without reading the snapshot. Readers ignore fields they do not know.
+if ARGV[14] == '1' then
+  redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq,
+             'u', ARGV[10] == '1' and now or '')
+else
+  redis.call('XADD', feed, 'MAXLEN', '~', ARGV[6], '*', 't', ARGV[7], 's', ARGV[8], 'q', seq)
+end
 redis.call('SPUBLISH', channel,
   '{"seq":' .. seq .. ',"epoch":"' .. epoch .. '","ts":' .. now .. ',"event":' .. body .. '}')
 return {seq, epoch}
