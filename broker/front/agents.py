@@ -57,6 +57,7 @@ class RemoteAgents(AgentGateway):
         self._prompts: dict[str, asyncio.Future[LogEvent]] = {}
         self._capabilities: JsonObject = {}
         self._capabilities_read = 0.0
+        self._combined: JsonObject | None = None  # what _capabilities adds up to, made once
 
     # -- what the front knows from configuration ----------------------------------------------
 
@@ -67,8 +68,16 @@ class RemoteAgents(AgentGateway):
         return spec.kind
 
     def agent_capabilities(self) -> JsonObject:
-        """What every configured agent advertised (see :func:`capabilities.combined`)."""
-        return capabilities.combined(self.specs, self._capabilities)
+        """What every configured agent advertised (see :func:`capabilities.combined`).
+
+        Worked out once per change of what the hosts published, not once per ``initialize``
+        (a node's clients reconnecting elsewhere at once make thousands a second); the
+        same object is returned until then, so callers may cache what they derive from it
+        by its identity. Callers must not change it."""
+        combined = self._combined
+        if combined is None:
+            combined = self._combined = capabilities.combined(self.specs, self._capabilities)
+        return combined
 
     async def refresh_capabilities(self) -> None:
         """Read what the hosts' agents advertised: cached 30 s once every agent's is known,
@@ -77,7 +86,9 @@ class RemoteAgents(AgentGateway):
         if time.monotonic() - self._capabilities_read < (30 if known else 1):
             return
         raw = await self.redis.hgetall(CAPABILITIES_KEY)
-        self._capabilities = {name: json.loads(value) for name, value in raw.items()}
+        read = {name: json.loads(value) for name, value in raw.items()}
+        if read != self._capabilities:
+            self._capabilities, self._combined = read, None
         self._capabilities_read = time.monotonic()
 
     # -- commands -----------------------------------------------------------------------------
