@@ -237,18 +237,11 @@ class AcpMethods:
 
     async def reattach(self, conn: ClientConnection, request: Request, reopened: Reopened) -> Any:
         """Have an agent hold the session, replay what comes after ``reopened.after``, then
-        answer.
-
-        A session whose lease an agent host holds is left to it: that host has the
-        session's agent (or is bringing it back, and its own request's client gets what the
-        agent said), so asking it would only cost a round trip through it (two pub/sub
-        messages and its CPU), and its answer is ``{}``. A host that died is found out
-        by its lease lapsing: another host takes the session over then."""
+        answer (the host the lease named, read with the snapshot, is asked first)."""
         snapshot = reopened.snapshot
-        reply: JsonObject = {}
-        if reopened.holder is None:
-            params = self._agent_params(request)
-            reply = await self.host.attach(conn.tenant, snapshot.session_id, params)
+        reply = await self.host.attach(
+            conn.tenant, snapshot.session_id, self._agent_params(request), holder=reopened.holder
+        )
         await conn.activate(
             conn.tenant, snapshot.session_id, replay_after=reopened.after, replay_now=True
         )
@@ -272,7 +265,6 @@ class AcpMethods:
         if normalize_cwd(cwd) != normalize_cwd(snapshot.cwd):
             raise invalid_params("cwd does not match the session's working directory")
         _directories(params.get("additionalDirectories"))
-        _list(params.get("mcpServers"), "mcpServers")
         meta = _object(params.get("_meta"), "_meta")
         after = replay_default
         if REPLAY_AFTER_META in meta:
