@@ -3,7 +3,8 @@
 With no name, runs them all in turn (each with the options given). ``python -m bench
 requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs;
 ``python -m bench cluster`` times logging batches of events on a Redis Cluster;
-``python -m bench archive`` what a session costs Redis hot and archived.
+``python -m bench archive`` what a session costs Redis hot and archived; ``python -m bench
+storm`` a front killed under thousands of connections, which all resume on another.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ BREAKDOWNS = {
     "cluster": "bench.cluster",
     "projector": "bench.projector",
     "archive": "bench.archive",
+    "storm": "bench.storm",
 }
 """Run by name only, not with the six."""
 

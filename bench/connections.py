@@ -25,18 +25,28 @@ from bench.fanout import CWD, servers
 SYSTEMS = ("broker", "socketio", "relay")
 
 
-async def run_system(system: str, n: int, tag: str) -> dict[str, Any]:
+async def run_system(system: str, n: int, tag: str, profile: bool = False) -> dict[str, Any]:
     with common.private_redis() as redis_url:
         async with servers(system, redis_url, tag, 1) as (urls, pids, rooms):
             url, pid = urls[0], pids[0]
             await asyncio.sleep(0.5)
             before = common.rss_bytes(pid)
-            cpu0 = common.cpu_seconds(pid)
             async with contextlib.AsyncExitStack() as stack:
+                if profile:
+                    from bench.profile import recording
+
+                    out = common.RESULTS / f"profile-connections-{system}.txt"
+                    await stack.enter_async_context(recording(pid, out, gil=True))
+                cpu0 = common.cpu_seconds(pid)
                 swarms = []
                 for i in range(2):
                     part = [{"url": url, "room": rooms[0], "n": n // 2 + (n % 2 if i == 0 else 0)}]
-                    config = {"system": system, "targets": part, "cwd": CWD, "concurrency": 200}
+                    config = {
+                        "system": system.partition("@")[0],
+                        "targets": part,
+                        "cwd": CWD,
+                        "concurrency": 200,
+                    }
                     swarms.append(
                         await stack.enter_async_context(
                             common.child("bench.swarm", json.dumps(config), name=f"{tag}-swarm{i}")
@@ -67,23 +77,47 @@ async def run_system(system: str, n: int, tag: str) -> dict[str, Any]:
 async def run(args: Any) -> None:
     common.raise_nofile()
     n = args.connections or (100 if args.quick else 10_000)
-    results: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+    systems = tuple(args.systems or SYSTEMS) + tuple(f"broker@{rev}" for rev in args.baseline)
+    results: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for r in range(args.runs):
-        for system in SYSTEMS:
+        # A rotating order: the machine's drift over the run hits every system alike.
+        for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
             print(f"connections: {system}, {n:,} (run {r + 1}/{args.runs})", flush=True)
-            results[system].append(await run_system(system, n, f"conn-{system}-{r}"))
+            tag = f"conn-{system.replace('@', '-')}-{r}"
+            profile = args.profile and r == 0 and system.startswith("broker")
+            results[system].append(await run_system(system, n, tag, profile))
     rows = []
     summary = {}
     for system, runs in results.items():
         kb = common.median([x["bytes_per_connection"] for x in runs]) / 1024
         cps = common.median([x["connects_per_s"] for x in runs])
         cpu = common.median([x["cpu_ms_per_connect"] for x in runs])
-        joined = min(x["joined"] for x in runs)
         summary[system] = {"kb_per_connection": kb, "connects_per_s": cps, "cpu_ms": cpu}
-        rows.append([system, joined, kb, cps, cpu])
+    ceiling = summary.get("relay", {}).get("connects_per_s", float("nan"))
+    for system, cell in summary.items():
+        joined = min(x["joined"] for x in results[system])
+        cps = cell["connects_per_s"]
+        cell["connects_vs_relay"] = common.ratio(cps, ceiling)
+        rows.append(
+            [
+                system,
+                joined,
+                cell["kb_per_connection"],
+                cps,
+                cell["connects_vs_relay"],
+                cell["cpu_ms"],
+            ]
+        )
     text = common.table(
         f"Connections: {n:,} idle connections on one node",
-        ["system", "joined", "KB RSS / idle conn (≤20)", "connects/s", "server CPU ms / connect"],
+        [
+            "system",
+            "joined",
+            "KB RSS / idle conn (≤20)",
+            "connects/s",
+            "÷ relay (≥0.8)",
+            "server CPU ms / connect",
+        ],
         rows,
     )
     common.report(
@@ -97,6 +131,13 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("connections", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--connections", type=int, default=0, help="how many (default 10,000)")
+    p.add_argument("--systems", nargs="*", choices=SYSTEMS)
+    common.add_baseline(p)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy (--gil) each broker front during the first run's connect burst",
+    )
     asyncio.run(run(p.parse_args(argv)))
 
 

@@ -52,6 +52,8 @@ class RedactCredentials(logging.Filter):
         return True
 
 
+_PER_CONNECTION = ("websockets.server",)
+"""Loggers that write a line per connection at INFO (kept for ``-v``)."""
 _RAW_TRAFFIC = ("websockets.server", "websockets.client", "uvicorn.error", "uvicorn.access")
 
 
@@ -95,6 +97,12 @@ def configure(*, verbose: bool, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    # websockets says "connection open" (and each refusal) at INFO: a line per connection,
+    # 10,000 a burst when a node's clients reconnect here at once, and 4% of the front's
+    # CPU under such a burst. They are kept for -v; failures (WARNING and up) always show.
+    per_connection = logging.DEBUG if verbose else logging.WARNING
+    for name in _PER_CONNECTION:
+        logging.getLogger(name).setLevel(per_connection)
 
 
 def start_line(role: str, store: str, roles: list[str], agents: list[str]) -> str:

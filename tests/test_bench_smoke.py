@@ -29,6 +29,7 @@ BENCHMARKS = (
     "cluster",
     "projector",
     "console",
+    "storm",
 )
 
 

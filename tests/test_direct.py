@@ -205,4 +205,39 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
             assert len(await direct.read("t", "sess_0001")) == 42
     finally:
         direct.close()
+
+
+async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_a_cut(
+    redis_url: str,
+) -> None:
+    """``SessionLog.snapshot_and_holder`` (what ``session/resume`` reads, on the bare
+    connection in one write) gives what the client's path gives, and recovers from a cut."""
+    from broker.store.keys import SessionKeys
+    from broker.store.log import SessionLog, SessionMissing
+
+    store = connect(redis_url)
+    log = SessionLog(store, direct_reads=True)
+    embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    on_client = SessionLog(embedded)
+    try:
+        for target in (store, embedded):
+            keys = SessionKeys("t", "sess_0001")
+            await target.hset(
+                keys.snapshot,
+                mapping={"tenant": "t", "sid": "sess_0001", "epoch": "e", "seq": 7, "created": 1},
+            )
+            await target.hset(keys.meta, "k", '"v"')
+        await store.set(SessionKeys("t", "sess_0001").lease, "host-a")
+        direct = await log.snapshot_and_holder("t", "sess_0001")
+        assert log._direct is not None and log._direct._connection is not None
+        assert direct[1] == "host-a" and direct[0] == await log.snapshot("t", "sess_0001")
+        assert direct[0].meta == {"k": "v"} and direct[0].seq == 7
+        assert await on_client.snapshot_and_holder("t", "sess_0001") == (direct[0], None)
+        with pytest.raises(SessionMissing):
+            await log.snapshot_and_holder("t", "sess_0002")
+        await store.client_kill_filter(_type="normal", skipme=True)
+        for _ in range(3):
+            assert await log.snapshot_and_holder("t", "sess_0001") == direct
+    finally:
+        log.close()
         await store.aclose()

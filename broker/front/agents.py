@@ -21,6 +21,7 @@ import json
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import AgentSpec
@@ -57,6 +58,8 @@ class RemoteAgents(AgentGateway):
         self._prompts: dict[str, asyncio.Future[LogEvent]] = {}
         self._capabilities: JsonObject = {}
         self._capabilities_read = 0.0
+        self._combined: JsonObject | None = None  # what _capabilities adds up to, made once
+        self._attaching: dict[tuple[str, str], _Flight] = {}
 
     # -- what the front knows from configuration ----------------------------------------------
 
@@ -67,8 +70,16 @@ class RemoteAgents(AgentGateway):
         return spec.kind
 
     def agent_capabilities(self) -> JsonObject:
-        """What every configured agent advertised (see :func:`capabilities.combined`)."""
-        return capabilities.combined(self.specs, self._capabilities)
+        """What every configured agent advertised (see :func:`capabilities.combined`).
+
+        Worked out once per change of what the hosts published, not once per ``initialize``
+        (a node's clients reconnecting elsewhere at once make thousands a second); the
+        same object is returned until then, so callers may cache what they derive from it
+        by its identity. Callers must not change it."""
+        combined = self._combined
+        if combined is None:
+            combined = self._combined = capabilities.combined(self.specs, self._capabilities)
+        return combined
 
     async def refresh_capabilities(self) -> None:
         """Read what the hosts' agents advertised: cached 30 s once every agent's is known,
@@ -77,7 +88,9 @@ class RemoteAgents(AgentGateway):
         if time.monotonic() - self._capabilities_read < (30 if known else 1):
             return
         raw = await self.redis.hgetall(CAPABILITIES_KEY)
-        self._capabilities = {name: json.loads(value) for name, value in raw.items()}
+        read = {name: json.loads(value) for name, value in raw.items()}
+        if read != self._capabilities:
+            self._capabilities, self._combined = read, None
         self._capabilities_read = time.monotonic()
 
     # -- commands -----------------------------------------------------------------------------
@@ -109,8 +122,36 @@ class RemoteAgents(AgentGateway):
         reply = await self._call(Op.FORK, tenant, parent_id, fields)
         return str(reply["sessionId"]), dict(reply["reply"]), int(reply["copied"])
 
-    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
-        return dict(await self._call(Op.ATTACH, tenant, session_id, {"params": params}))
+    async def attach(
+        self, tenant: str, session_id: str, params: JsonObject, *, holder: str | None = None
+    ) -> JsonObject:
+        """Have an agent hold the session (load, resume); the agent's reply when this call
+        brought it back, else ``{}``.
+
+        When a node's clients reconnect here at once, each of a session's clients asks
+        within milliseconds of the others: one command goes to the host for all of them
+        that ask alike (same params) while it is in flight, and each waits for it as it
+        would for its own (the host answers all but the one that restored the session
+        ``{}`` anyway). The command runs in a task of its own, so a client that goes away
+        does not cancel the others' wait. ``holder``: the host the lease named (read with
+        the snapshot), asked first without reading the lease again."""
+        key = (tenant, session_id)
+        flight = self._attaching.get(key)
+        first = flight is None or flight.params != params
+        if flight is None or first:
+            stream = host_inbox(holder) if holder else None
+            call = self._call(Op.ATTACH, tenant, session_id, {"params": params}, first=stream)
+            flight = _Flight(params, asyncio.ensure_future(call))
+            self._attaching[key] = flight
+            flight.task.add_done_callback(lambda _: self._landed(key, flight))
+        reply = await asyncio.shield(flight.task)
+        return dict(reply) if first else {}
+
+    def _landed(self, key: tuple[str, str], flight: _Flight) -> None:
+        if self._attaching.get(key) is flight:
+            del self._attaching[key]
+        if not flight.task.cancelled():
+            flight.task.exception()  # retrieved: each waiter got it
 
     async def prompt(
         self,
@@ -180,6 +221,7 @@ class RemoteAgents(AgentGateway):
         fields: JsonObject,
         *,
         holder_only: bool = False,
+        first: str | None = None,
     ) -> Any:
         rid = f"{self.reply_channel}#{next(self._ids)}"
         call = _Call()
@@ -189,7 +231,7 @@ class RemoteAgents(AgentGateway):
         )
         deadline = time.monotonic() + self.route_deadline
         try:
-            target: str | None = None
+            target = first  # the stream to try first; None: where the lease says
             while True:
                 stream = target or await self._route(tenant, session_id, holder_only)
                 if stream is None:
@@ -215,6 +257,14 @@ class RemoteAgents(AgentGateway):
         if holder:
             return host_inbox(holder)
         return None if holder_only else host_queue()
+
+
+@dataclass
+class _Flight:
+    """An attach command in flight, which other clients asking alike wait for too."""
+
+    params: JsonObject
+    task: asyncio.Task[Any]
 
 
 class _Call:

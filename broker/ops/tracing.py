@@ -13,6 +13,7 @@ on to the agent carries the broker's span as parent, so an agent's own spans nes
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,23 +34,44 @@ def available() -> bool:
     return otel is not None
 
 
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+"""Whether the API would load a provider named by the environment (read once, at import)."""
+_UNKNOWN = object()
+_provider_set = False
+
+
 def _tracing() -> bool:
     """Whether spans would go anywhere: the API is installed and a provider is set (the
-    hot paths then skip even the no-op tracer's context switching)."""
+    hot paths then skip even the no-op tracer's context switching).
+
+    Asked on every request: ``get_tracer_provider()`` looks the environment up each time
+    while none is set (3% of a front's CPU under a burst of reconnecting clients), so the
+    API's own record of ``set_tracer_provider`` is read first when it has one; and a
+    provider, once set, stays (the API refuses a second)."""
+    global _provider_set
     if otel is None:
         return False
+    if _provider_set:
+        return True
+    if getattr(otel, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_FROM_ENV:
+        return False
     provider = otel.get_tracer_provider()
-    return not isinstance(provider, otel.ProxyTracerProvider | otel.NoOpTracerProvider)
+    _provider_set = not isinstance(provider, otel.ProxyTracerProvider | otel.NoOpTracerProvider)
+    return _provider_set
+
+
+def request_span(method: str, params: Any) -> contextlib.AbstractContextManager[dict[str, str]]:
+    """A span for one client request; gives the trace context to send on to the agent
+    (the client's own when nothing traces here: then no generator is made for it)."""
+    incoming = trace_fields(params)
+    if otel is None or propagate is None or not _tracing():
+        return contextlib.nullcontext(incoming)
+    return _request_span(method, incoming)
 
 
 @contextlib.contextmanager
-def request_span(method: str, params: Any) -> Iterator[dict[str, str]]:
-    """A span for one client request; yields the trace context to send on to the agent
-    (the client's own when nothing traces here)."""
-    incoming = trace_fields(params)
-    if otel is None or propagate is None or not _tracing():
-        yield incoming
-        return
+def _request_span(method: str, incoming: dict[str, str]) -> Iterator[dict[str, str]]:
+    assert otel is not None and propagate is not None
     tracer = otel.get_tracer(TRACER_NAME)
     attributes = {"rpc.system": "jsonrpc", "rpc.method": method}
     with tracer.start_as_current_span(

@@ -193,7 +193,12 @@ class AgentGateway(Protocol):
         self, tenant: str, parent_id: str, params: JsonObject, *, meta: JsonObject, origin: str
     ) -> tuple[str, JsonObject, int]: ...
 
-    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject: ...
+    async def attach(
+        self, tenant: str, session_id: str, params: JsonObject, *, holder: str | None = None
+    ) -> JsonObject:
+        """Have an agent hold the session; ``holder``: the host its lease named when the
+        caller read it (a hint, for where to ask first)."""
+        ...
 
     async def prompt(
         self,

@@ -474,6 +474,35 @@ class SessionLog:
             raise SessionMissing(session_id)
         return SessionSnapshot.from_hashes(snap, meta)
 
+    async def snapshot_and_holder(
+        self, tenant: str, session_id: str
+    ) -> tuple[SessionSnapshot, str | None]:
+        """The session's snapshot and the agent host that holds its lease (None: no host
+        does), in one round trip; :class:`SessionMissing` if there is no snapshot.
+
+        What a reconnecting client's ``session/resume`` reads before it answers: a node's
+        clients reconnecting elsewhere at once make thousands a second, so with
+        ``direct_reads`` they are read on this log's own connection (:mod:`.direct`), all
+        three commands in one write; on any error, and elsewhere, through the client."""
+        keys = SessionKeys(tenant, session_id)
+        replies: list[Any] | None = None
+        if self._direct is not None:
+            with contextlib.suppress(RedisError):  # the client's way recovers from anything
+                snap, meta, holder = await self._direct.calls(
+                    ("HGETALL", keys.snapshot), ("HGETALL", keys.meta), ("GET", keys.lease)
+                )
+                replies = [_pairs(snap), _pairs(meta), holder]
+        if replies is None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys.snapshot)
+                pipe.hgetall(keys.meta)
+                pipe.get(keys.lease)
+                replies = await pipe.execute()
+        snap, meta, holder = replies
+        if not snap:
+            raise SessionMissing(session_id)
+        return SessionSnapshot.from_hashes(snap, meta), holder or None
+
     async def snapshots(self, sessions: Sequence[tuple[str, str]]) -> list[SessionSnapshot | None]:
         """The snapshots of several sessions (``(tenant, session id)``) in one round trip;
         None for a session that has none."""
@@ -491,6 +520,11 @@ class SessionLog:
     async def set_fence(self, tenant: str, session_id: str, fence: str) -> None:
         """Make ``fence`` the only token the append script accepts for this session."""
         await self.redis.hset(SessionKeys(tenant, session_id).snapshot, "fence", fence)
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    """A hash as HGETALL answers it on a bare connection (field, value, …), as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def call_ids(count: int) -> list[str]:

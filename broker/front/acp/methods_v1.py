@@ -50,6 +50,16 @@ AGENTS_META = "acpBroker/agents"
 """``_meta`` key of the v2 ``initialize`` reply: the configured agents, the default first."""
 
 Handler = Callable[[ClientConnection, Request], Awaitable[Any]]
+_INITIALIZED_ENTRIES = 1024
+"""``initialize`` results kept (one per version, and per tenant for v2's)."""
+
+
+@dataclass
+class _InitializeCache:
+    """``initialize`` results as JSON text, valid for one ``agent_capabilities()`` object."""
+
+    agents: JsonObject | None = None
+    texts: dict[tuple[int, str], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,6 +75,7 @@ class AcpMethods:
     access: Access
     surfaces: Mapping[int, Mapping[str, MethodHandler]] = field(default_factory=dict)
     """The methods of each protocol version (v1's where a version has none given)."""
+    _initialized: _InitializeCache = field(default_factory=lambda: _InitializeCache(), repr=False)
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         if request.method == "initialize":
@@ -90,7 +101,7 @@ class AcpMethods:
 
     # -- initialization ---------------------------------------------------------------------
 
-    async def initialize(self, conn: ClientConnection, request: Request) -> JsonObject:
+    async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
         if conn.protocol_version is not None:
             raise RpcError(INVALID_REQUEST, "the connection is already initialized")
         version = request.params.get("protocolVersion")
@@ -102,23 +113,41 @@ class AcpMethods:
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
         conn.protocol_version = negotiated
         await self.host.refresh_capabilities()
-        if negotiated == v2.V2:
-            result = v2.initialize_result(self.host.agent_capabilities())
+        return self._initialize_result(negotiated, conn.tenant)
+
+    def _initialize_result(self, version: int, tenant: str) -> fastjson.Fragment:
+        """The ``initialize`` result as JSON text, made once per version and tenant until
+        what the agents advertised changes: a node's clients reconnecting elsewhere at once
+        send thousands a second, all answered alike."""
+        agents = self.host.agent_capabilities()
+        cache = self._initialized
+        if cache.agents is not agents or len(cache.texts) >= _INITIALIZED_ENTRIES:
+            cache.agents, cache.texts = agents, {}
+        key = (version, tenant if version == v2.V2 else "")
+        text = cache.texts.get(key)
+        if text is None:
+            text = cache.texts[key] = fastjson.dumps(self._fresh_initialize_result(version, tenant))
+        return fastjson.Fragment(text)
+
+    def _fresh_initialize_result(self, version: int, tenant: str) -> JsonObject:
+        agents = self.host.agent_capabilities()
+        if version == v2.V2:
+            result = v2.initialize_result(agents)
             result["authMethods"] = self.access.auth_methods(v2.V2)
-            result["_meta"] = self._broker_meta(conn)
+            result["_meta"] = self._broker_meta(tenant)
             return result
         return {
             "protocolVersion": PROTOCOL_VERSION,
-            "agentCapabilities": capabilities.v1_agent_capabilities(self.host.agent_capabilities()),
+            "agentCapabilities": capabilities.v1_agent_capabilities(agents),
             "authMethods": self.access.auth_methods(PROTOCOL_VERSION),
             "agentInfo": dict(v2.BROKER_INFO),
         }
 
-    def _broker_meta(self, conn: ClientConnection) -> JsonObject:
+    def _broker_meta(self, tenant: str) -> JsonObject:
         """What a v2 client learns of this deployment at ``initialize``: the tenant it acts
         for, and the agents it may start sessions on (the default first)."""
         agents = [{"name": a.name, "kind": a.kind} for a in self.settings.agent_list()]
-        return {TENANT_META: conn.tenant, AGENTS_META: agents}
+        return {TENANT_META: tenant, AGENTS_META: agents}
 
     # -- authentication ---------------------------------------------------------------------
 
@@ -199,34 +228,39 @@ class AcpMethods:
         return DEFERRED
 
     async def session_load(self, conn: ClientConnection, request: Request) -> Any:
-        snapshot, after = await self.reopen(conn, request, replay_default=0)
-        return await self.reattach(conn, request, snapshot, after)
+        reopened = await self.reopen(conn, request, replay_default=0)
+        return await self.reattach(conn, request, reopened)
 
     async def session_resume(self, conn: ClientConnection, request: Request) -> Any:
-        snapshot, after = await self.reopen(conn, request, replay_default=None)
-        return await self.reattach(conn, request, snapshot, after)
+        reopened = await self.reopen(conn, request, replay_default=None)
+        return await self.reattach(conn, request, reopened)
 
-    async def reattach(
-        self,
-        conn: ClientConnection,
-        request: Request,
-        snapshot: SessionSnapshot,
-        after: int | None,
-    ) -> Any:
-        """Have an agent hold the session, replay what comes after ``after``, then answer."""
+    async def reattach(self, conn: ClientConnection, request: Request, reopened: Reopened) -> Any:
+        """Have an agent hold the session, replay what comes after ``reopened.after``, then
+        answer (the host the lease named, read with the snapshot, is asked first)."""
+        snapshot = reopened.snapshot
         reply = await self.host.attach(
-            conn.tenant, snapshot.session_id, self._agent_params(request)
+            conn.tenant, snapshot.session_id, self._agent_params(request), holder=reopened.holder
         )
-        await conn.activate(conn.tenant, snapshot.session_id, replay_after=after, replay_now=True)
+        await conn.activate(
+            conn.tenant, snapshot.session_id, replay_after=reopened.after, replay_now=True
+        )
         conn.reply(request, _without_session_id(reply))
         conn.release(snapshot.session_id)
         return DEFERRED
 
     async def reopen(
         self, conn: ClientConnection, request: Request, *, replay_default: int | None
-    ) -> tuple[SessionSnapshot, int | None]:
+    ) -> Reopened:
+        """A load's or a resume's session and position, checked (one store round trip)."""
         params = request.params
-        snapshot = await self._snapshot(conn, params)
+        session_id = _session_id(params)
+        try:
+            snapshot, holder = await self.log.snapshot_and_holder(conn.tenant, session_id)
+        except SessionMissing:
+            raise session_not_found(session_id) from None
+        if snapshot.deleted:
+            raise session_not_found(session_id)
         cwd = _absolute(params.get("cwd"), "cwd")
         if normalize_cwd(cwd) != normalize_cwd(snapshot.cwd):
             raise invalid_params("cwd does not match the session's working directory")
@@ -235,7 +269,7 @@ class AcpMethods:
         after = replay_default
         if REPLAY_AFTER_META in meta:
             after = _replay_position(meta[REPLAY_AFTER_META], snapshot)
-        return snapshot, after
+        return Reopened(snapshot, after, holder)
 
     def _agent_params(self, request: Request) -> JsonObject:
         params = request.params
@@ -371,6 +405,16 @@ class AcpMethods:
     async def project(self, tenant: str, session_id: str) -> None:
         """Bring the index up to date now, so the caller's next list sees its change."""
         await self.index.project(await self.log.snapshot(tenant, session_id))
+
+
+@dataclass
+class Reopened:
+    """A session a load or resume reopens: its snapshot, the seq the replay starts after
+    (None: no replay), and the agent host holding its lease (None: none does)."""
+
+    snapshot: SessionSnapshot
+    after: int | None
+    holder: str | None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -43,11 +43,12 @@ async def session_resume(methods: AcpMethods, conn: ClientConnection, request: R
     supports); what the client is replayed comes from the log.
     """
     request = _for_agent(request)
-    snapshot, _ = await methods.reopen(conn, request, replay_default=None)
-    after = v2.replay_after(
+    reopened = await methods.reopen(conn, request, replay_default=None)
+    snapshot = reopened.snapshot
+    reopened.after = v2.replay_after(
         request.params.get("replayFrom"), epoch=snapshot.epoch, head=snapshot.seq
     )
-    return await methods.reattach(conn, request, snapshot, after)
+    return await methods.reattach(conn, request, reopened)
 
 
 async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:

@@ -1,0 +1,46 @@
+"""The server's collector policy: survivors of full collections frozen, swept on a schedule."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from broker.collector import FreezeSurvivors
+
+from .support.client import wait_for
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+async def test_full_collections_freeze_their_survivors_and_a_sweep_finds_frozen_garbage() -> None:
+    collector = FreezeSurvivors(interval=3600)
+    collector.start()
+    try:
+        assert collector._on_collection in gc.callbacks
+        kept = _Node()
+        gc.collect()  # a full collection: what survived it is frozen
+        assert gc.get_freeze_count() > 0
+        gone = weakref.ref(kept)
+        del kept  # now cyclic garbage among frozen objects
+        gc.collect()
+        assert gone() is not None  # a full collection no longer walks frozen objects
+        collector.sweep()
+        assert gone() is None and collector.sweeps == 1
+        assert gc.get_freeze_count() > 0  # the sweep's survivors are frozen again
+    finally:
+        await collector.stop()
+        gc.unfreeze()
+    assert collector._on_collection not in gc.callbacks
+
+
+async def test_the_sweep_runs_on_its_schedule() -> None:
+    collector = FreezeSurvivors(interval=0.01)
+    collector.start()
+    try:
+        await wait_for(lambda: collector.sweeps >= 2, 5, "two sweeps")
+    finally:
+        await collector.stop()
+        gc.unfreeze()
