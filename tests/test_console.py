@@ -177,6 +177,9 @@ async def test_renaming_in_one_page_retitles_the_other_and_the_list(
         )
         row = page.get_by_role("listitem").filter(has_text="Quarterly report")
         await expect(row).to_have_count(1, timeout=WAIT_MS)
+    # b's row came from session/list: it shows the agent and its status, as REST's would.
+    row = b.get_by_role("listitem").filter(has_text="Quarterly report")
+    await expect(row).to_contain_text("/srv/console · console · agent running", timeout=WAIT_MS)
 
 
 async def test_shift_enter_is_a_new_line_and_cancel_ends_a_running_turn(
