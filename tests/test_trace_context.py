@@ -94,3 +94,28 @@ async def test_a_clients_trace_reaches_the_agent_under_the_brokers_spans(
     assert format(prompt_span.context.span_id, "016x") == prompt.split(";")[0].split("-")[2]
     assert by_name.get("acp-broker append"), sorted(by_name)
     assert by_name.get("acp-broker fanout"), sorted(by_name)
+
+
+async def test_a_traced_rename_keeps_the_trace_out_of_the_sessions_metadata(
+    broker: Broker,
+) -> None:
+    """A traced front adds its trace context to every request's ``_meta``: a
+    ``session/set_title`` patch must not store it, and ``_meta: null`` must still clear."""
+    client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+    await client.initialize()
+    reply = await client.call(
+        "session/new",
+        {"cwd": "/trace", "mcpServers": [], "_meta": {"acpBroker/agent": "plain"}},
+        timeout=30,
+    )
+    session_id = reply["result"]["sessionId"]
+    for params, meta in (
+        ({"title": "t", "_meta": {"team": "x", "traceparent": TRACEPARENT}}, {"team": "x"}),
+        ({"title": "u"}, {"team": "x"}),
+        ({"_meta": None}, {}),
+    ):
+        reply = await client.call("session/set_title", {"sessionId": session_id, **params})
+        assert "result" in reply, reply
+        snapshot = await broker.log.snapshot("default", session_id)
+        assert (snapshot.meta or {}) == meta, (params, snapshot.meta)
+    await client.close()

@@ -33,8 +33,11 @@ def without_trace(meta: JsonObject) -> JsonObject:
 
 
 def with_trace(params: JsonObject, fields: dict[str, str]) -> JsonObject:
-    """``params`` with ``fields`` as root keys of its ``_meta`` (a new dict; None: as is)."""
-    if not fields:
+    """``params`` with ``fields`` as root keys of its ``_meta`` (a new dict; None: as is).
+
+    A ``_meta`` given as ``null`` stays ``null``: it means something of its own (clear the
+    session's metadata, in ``session/set_title``), which a trace context must not undo."""
+    if not fields or ("_meta" in params and params["_meta"] is None):
         return params
     meta = params.get("_meta")
     merged = {**(meta if isinstance(meta, dict) else {}), **fields}

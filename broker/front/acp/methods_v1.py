@@ -495,7 +495,11 @@ def title_update(params: JsonObject) -> JsonObject:
         patch = params["_meta"]
         if patch is not None and not isinstance(patch, dict):
             raise invalid_params("_meta must be an object or null")
-        update["_meta"] = patch
+        # Trace context is propagation, not metadata (a traced front adds it to every
+        # request): it must not be patched into the session's _meta.
+        kept = without_trace(patch) if patch else patch
+        if kept or not patch or len(kept) == len(patch):
+            update["_meta"] = kept
     if len(update) == 1:
         raise invalid_params("give title and/or _meta")
     return update
