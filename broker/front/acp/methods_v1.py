@@ -497,8 +497,9 @@ def title_update(params: JsonObject) -> JsonObject:
             raise invalid_params("_meta must be an object or null")
         # Trace context is propagation, not metadata (a traced front adds it to every
         # request): it must not be patched into the session's _meta.
-        kept = without_trace(patch) if patch else patch
-        if kept or not patch or len(kept) == len(patch):
+        if not patch:
+            update["_meta"] = patch
+        elif kept := without_trace(patch):
             update["_meta"] = kept
     if len(update) == 1:
         raise invalid_params("give title and/or _meta")
