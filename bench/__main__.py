@@ -4,7 +4,9 @@ With no name, runs them all in turn (each with the options given). ``python -m b
 requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs;
 ``python -m bench cluster`` times logging batches of events on a Redis Cluster;
 ``python -m bench archive`` what a session costs Redis hot and archived; ``python -m bench
-storm`` a front killed under thousands of connections, which all resume on another.
+storm`` a front killed under thousands of connections, which all resume on another;
+``python -m bench c50k`` 50,000 idle connections on one front (memory each, a fan-out
+beside them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ BREAKDOWNS = {
     "projector": "bench.projector",
     "archive": "bench.archive",
     "storm": "bench.storm",
+    "c50k": "bench.c50k",
 }
 """Run by name only, not with the six."""
 

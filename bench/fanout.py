@@ -316,6 +316,20 @@ async def running(system: str, shape: Shape, tag: str) -> AsyncIterator[Running]
                         await swarm.send("quit")
 
 
+@contextlib.asynccontextmanager
+async def profiled(on: bool, r: Running, name: str, *, gil: bool = False) -> AsyncIterator[None]:
+    """py-spy (1,000 Hz) of the system's first node while the block runs, if ``on``:
+    ``bench/results/profile-NAME.txt``; ``gil``: CPU samples only (at a fixed rate the
+    node mostly waits in ``epoll``)."""
+    if not on:
+        yield
+        return
+    from bench.profile import recording
+
+    async with recording(r.pids[0], common.RESULTS / f"profile-{name}.txt", gil=gil):
+        yield
+
+
 async def run_shape(
     shape: Shape, systems: tuple[str, ...], rounds: int, profile: bool
 ) -> list[dict[str, Any]]:
@@ -336,16 +350,14 @@ async def run_shape(
             print(f"fanout {shape.name} round {k + 1}/{rounds}", flush=True)
             for r in order:
                 count = int(shape.rate * shape.rate_seconds)
-                got[r.system]["rate"].append(
-                    await measure(r.send, r.swarms, r.pids, r.rooms, r.joined, count, shape.rate)
-                )
+                async with profiled(profile and k == 0, r, f"{tag}-{r.system}-rate", gil=True):
+                    got[r.system]["rate"].append(
+                        await measure(
+                            r.send, r.swarms, r.pids, r.rooms, r.joined, count, shape.rate
+                        )
+                    )
             for r in order:
-                async with contextlib.AsyncExitStack() as profiling:
-                    if profile and k == 0:
-                        from bench.profile import recording
-
-                        out = common.RESULTS / f"profile-{tag}-{r.system}.txt"
-                        await profiling.enter_async_context(recording(r.pids[0], out))
+                async with profiled(profile and k == 0, r, f"{tag}-{r.system}"):
                     got[r.system]["max"].append(
                         await measure(
                             r.send, r.swarms, r.pids, r.rooms, r.joined, shape.max_updates, None
@@ -474,7 +486,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shape", nargs="*", help="e.g. S=1/W=1000")
     p.add_argument("--rounds", type=int, default=0, help="alternating rounds (default 3)")
     p.add_argument(
-        "--profile", action="store_true", help="py-spy the first node during the max run"
+        "--profile",
+        action="store_true",
+        help="py-spy the first node during the first round (rate and max runs)",
     )
     args = p.parse_args(argv)
     asyncio.run(run(args))

@@ -2,7 +2,8 @@
 
 ``python -m bench.swarm CONFIG_JSON``, where the config is
 ``{"system": "broker"|"socketio"|"relay", "targets": [{"url", "room", "n"}, …],
-"cwd": "/…", "concurrency": 100}``. It opens ``n`` connections per target, joins each
+"cwd": "/…", "concurrency": 100, "local_host": "127.0.0.2"}`` (``local_host``, optional:
+the source address of its connections). It opens ``n`` connections per target, joins each
 to its room the system's way (broker: ``initialize`` + ``session/resume``; python-socketio:
 the Socket.IO connect and a ``join`` event with an ack; relay: ``join ROOM``), prints
 ``ready {json}`` (how many joined, how long it took), then on each stdin line:
@@ -89,11 +90,11 @@ class Watcher:
             self.client.send_text(text)
         return await asyncio.wait_for(self.waiting, timeout)
 
-    async def join(self, url: str, room: str, cwd: str) -> None:
+    async def join(self, url: str, room: str, cwd: str, local_host: str | None = None) -> None:
         if self.system == "socketio":
             self.waiting = asyncio.get_running_loop().create_future()
             self.expect = b"0{"
-        self.client = await connect(url, self.on_text)
+        self.client = await connect(url, self.on_text, local_host=local_host)
         if self.system == "broker":
             init = {"protocolVersion": 1, "clientCapabilities": {}}
             await self._ask(_rpc(1, "initialize", init), b'"id":1')
@@ -122,6 +123,7 @@ async def main(config: dict[str, Any], lifetime: float) -> None:
     counter = Counter()
     system = config["system"]
     cwd = config.get("cwd", "/tmp")
+    local_host = config.get("local_host")
     limit = asyncio.Semaphore(int(config.get("concurrency", 100)))
     watchers: list[Watcher] = []
     failures: list[str] = []
@@ -130,7 +132,7 @@ async def main(config: dict[str, Any], lifetime: float) -> None:
         async with limit:
             watcher = Watcher(system, counter)
             try:
-                await watcher.join(url, room, cwd)
+                await watcher.join(url, room, cwd, local_host)
                 watchers.append(watcher)
             except Exception as exc:
                 failures.append(repr(exc)[:200])

@@ -128,14 +128,23 @@ class WsClient(asyncio.Protocol):
             self.transport.close()
 
 
-async def connect(url: str, on_text: OnText | None = None, timeout: float = 30.0) -> WsClient:
-    """Open ``ws://host:port/path`` and finish the upgrade."""
+async def connect(
+    url: str, on_text: OnText | None = None, timeout: float = 30.0, local_host: str | None = None
+) -> WsClient:
+    """Open ``ws://host:port/path`` and finish the upgrade; ``local_host``: the source
+    address to connect from (each loopback address has its own ephemeral ports, so that
+    clients from several of them can open more connections to one server than one can)."""
     assert url.startswith("ws://")
     hostport, _, path = url[5:].partition("/")
     host, _, port = hostport.partition(":")
     loop = asyncio.get_running_loop()
     _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: WsClient(hostport, "/" + path, on_text), host, int(port)),
+        loop.create_connection(
+            lambda: WsClient(hostport, "/" + path, on_text),
+            host,
+            int(port),
+            local_addr=(local_host, 0) if local_host else None,
+        ),
         timeout,
     )
     await asyncio.wait_for(client.upgraded, timeout)

@@ -30,6 +30,7 @@ BENCHMARKS = (
     "projector",
     "console",
     "storm",
+    "c50k",
 )
 
 

@@ -55,7 +55,10 @@ class Subscriber(Protocol):
 
     id: str
 
-    def deliver(self, session_id: str, event: LogEvent) -> None: ...
+    def deliver(self, session_id: str, event: LogEvent, *, alone: bool = False) -> None:
+        """Send ``event`` on; ``alone``: no other event is handed out in this step of the
+        event loop (so its frame is written at once rather than gathered with others)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -238,17 +241,18 @@ class FanoutHub:
 
     async def _on_messages(self, messages: list[Message]) -> None:
         """Handle what one read brought, in order, under one hold of the lock."""
+        alone = len(messages) == 1
         async with self._process_lock:
             for message in messages:
                 try:
-                    await self._on_message(message)
+                    await self._on_message(message, alone)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     log.exception("a pub/sub message could not be handled: %.200r", message)
 
-    async def _on_message(self, message: Message) -> None:
-        """One message (the caller holds the lock)."""
+    async def _on_message(self, message: Message, alone: bool = False) -> None:
+        """One message (the caller holds the lock); ``alone``: the only one of its read."""
         channel = message.get("channel")
         if channel == self.node_channel:
             if message.get("type") != "smessage":
@@ -278,9 +282,11 @@ class FanoutHub:
         if feed.last is None:
             feed.early.append((event.seq, event.epoch, event))
             return
-        await self._accept(feed, event.seq, event.epoch, event)
+        await self._accept(feed, event.seq, event.epoch, event, alone=alone)
 
-    async def _accept(self, feed: SessionFeed, seq: int, epoch: str, event: LogEvent) -> None:
+    async def _accept(
+        self, feed: SessionFeed, seq: int, epoch: str, event: LogEvent, *, alone: bool = False
+    ) -> None:
         assert feed.last is not None
         if epoch != feed.epoch:
             log.warning(
@@ -291,7 +297,7 @@ class FanoutHub:
             return
         if seq > feed.last + 1:
             await self._catch_up(feed, until=seq - 1)
-        self._hand_out(feed, event)
+        self._hand_out(feed, event, alone=alone)
 
     async def _catch_up(self, feed: SessionFeed, until: int | None = None) -> None:
         assert feed.last is not None
@@ -309,13 +315,13 @@ class FanoutHub:
         for event in events:
             self._hand_out(feed, event)
 
-    def _hand_out(self, feed: SessionFeed, event: LogEvent) -> None:
+    def _hand_out(self, feed: SessionFeed, event: LogEvent, *, alone: bool = False) -> None:
         feed.last = event.seq
         feed.heard = True
         subscribers = list(feed.subscribers)
         with tracing.span("acp-broker fanout", seq=event.seq, connections=len(subscribers)):
             for subscriber in subscribers:
-                subscriber.deliver(feed.keys.session_id, event)
+                subscriber.deliver(feed.keys.session_id, event, alone=alone)
         if subscribers:
             metrics.EVENTS_DELIVERED.inc(len(subscribers))
             metrics.FANOUT_LAG.observe(max(0.0, time.time() - event.ts / 1000))

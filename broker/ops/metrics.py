@@ -10,9 +10,42 @@ set) and outcome (``ok``, ``error``, ``timeout``).
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 METRICS_PATH = "/metrics"
+
+
+class Tally(Collector):
+    """A counter bumped once per frame sent, exported as a Prometheus counter.
+
+    prometheus_client's ``Counter.inc`` takes a lock and checks its labels: two of them per
+    frame were 0.6 µs of a fan-out's ~2 µs per connection. Frames are sent on the event
+    loop's thread only, so a plain integer does.
+    """
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name.removesuffix("_total")
+        self.documentation = documentation
+        self.value = 0
+        REGISTRY.register(self)
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self.value)
+
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -21,8 +54,8 @@ CONNECTIONS = Gauge("acp_broker_connections", "Client WebSocket connections open
 SESSIONS_ACTIVE = Gauge(
     "acp_broker_sessions_active", "Sessions active on at least one connection of this node"
 )
-FRAMES_SENT = Counter("acp_broker_frames_sent_total", "WebSocket frames sent to clients")
-BYTES_SENT = Counter("acp_broker_sent_bytes_total", "Bytes of WebSocket frames sent to clients")
+FRAMES_SENT = Tally("acp_broker_frames_sent_total", "WebSocket frames sent to clients")
+BYTES_SENT = Tally("acp_broker_sent_bytes_total", "Bytes of WebSocket frames sent to clients")
 EVENTS_DELIVERED = Counter(
     "acp_broker_events_delivered_total", "Session events handed to client connections"
 )

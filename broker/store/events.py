@@ -62,10 +62,11 @@ class LogEvent:
     body: JsonObject
     frames: dict[str, list[str]] = field(default_factory=dict, compare=False, repr=False)
     """Wire frames of this event, rendered once and shared by every connection."""
+    type: str = field(init=False, compare=False, repr=False)
+    """The body's ``type``: read once, since a fan-out asks for it at every connection."""
 
-    @property
-    def type(self) -> str:
-        return str(self.body.get("type", ""))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "type", str(self.body.get("type", "")))
 
 
 @dataclass(slots=True)
