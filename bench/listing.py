@@ -349,81 +349,101 @@ async def pg_server(table: str, tag: str) -> AsyncIterator[tuple[Any, int]]:
             yield client, node.pid
 
 
+async def _one_run(
+    args: Any,
+    r: int,
+    url: str,
+    store: Any,
+    pg: Any,
+    pg_calls: dict[str, Any] | None,
+    n: int,
+    samples: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """One run over the index and table built before: fresh servers and clients, every
+    system timed in turn; with ``_cpu``: each server's CPU µs per session/list."""
+    async with (
+        common.fronts(url, 1, f"list-{r}") as nodes,
+        lean_acp_client(nodes[0].url) as client,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        pids = {"broker": nodes[0].pid}
+        systems = {
+            "broker": await list_calls(client, n),
+            "floor": await floor_calls(store, n),
+            "index": await index_calls(store, n),
+        }
+        if pg_calls is not None:
+            systems["postgres"] = pg_calls
+            peer, pids["pg_ws"] = await stack.enter_async_context(pg_server(pg[1], f"list-{r}"))
+            systems["pg_ws"] = await list_calls(peer, n, pg_position)
+        for rev in args.baseline:
+            tree = common.baseline_tree(rev)
+            pairs = await stack.enter_async_context(
+                common.fronts_at(tree, url, 1, f"list-{r}-{rev}")
+            )
+            old = await stack.enter_async_context(lean_acp_client(pairs[0][0]))
+            systems[f"broker@{rev}"] = await list_calls(old, n)
+        chosen = {
+            k: v for k, v in systems.items() if k in args.systems or k == "broker" or "@" in k
+        }
+        # session/list requests each server answered (warm-ups too)
+        served = {name: [0] for name in pids if name in chosen}
+        for name, count in served.items():
+            chosen[name] = {cell: _counted(call, count) for cell, call in chosen[name].items()}
+        async with contextlib.AsyncExitStack() as profiling:
+            if args.profile:
+                from bench.profile import recording
+
+                out = common.RESULTS / "profile-list-broker.txt"
+                await profiling.enter_async_context(recording(nodes[0].pid, out))
+            cpu = {name: common.cpu_seconds(pids[name]) for name in served}
+            got: dict[str, Any] = await interleaved(chosen, samples, seconds)
+            got["_cpu"] = {
+                name: common.ratio((common.cpu_seconds(pids[name]) - cpu[name]) * 1e6, count[0])
+                for name, count in served.items()
+            }
+    return got
+
+
 async def run(args: Any) -> None:
     n = args.sessions or (5_000 if args.quick else 1_000_000)
     # A p99 of 3,000 samples rests on its 30 slowest; of 1,000 (as before), on 10, and two
     # runs of the same tree differed by a tenth.
-    samples = 20 if args.quick else 3000
+    samples = args.samples or (20 if args.quick else 3000)
     seconds = 1.0 if args.quick else 60.0
     runs: list[dict[str, Any]] = []
     # CPU time per session/list of each server process (µs, one figure per run), over the
     # same window: the front node, and the PostgreSQL peer's server.
     server_cpu: dict[str, list[float]] = {"broker": [], "pg_ws": []}
     unavailable = ""
-    for r in range(args.runs):
-        print(f"list: {n:,} sessions (run {r + 1}/{args.runs})", flush=True)
-        import redis.asyncio as redis
+    import redis.asyncio as redis
 
-        with common.private_redis() as url:
-            t = time.monotonic()
-            await populate_redis(url, n)
-            print(f"  index written in {time.monotonic() - t:.1f}s", flush=True)
-            store = redis.Redis.from_url(url, decode_responses=True)
-            async with (
-                common.fronts(url, 1, f"list-{r}") as nodes,
-                lean_acp_client(nodes[0].url) as client,
-                postgres_table() as pg,
-                contextlib.AsyncExitStack() as stack,
-            ):
-                pids = {"broker": nodes[0].pid}
-                systems = {
-                    "broker": await list_calls(client, n),
-                    "floor": await floor_calls(store, n),
-                    "index": await index_calls(store, n),
-                }
-                if isinstance(pg, str):
-                    unavailable = pg
-                else:
-                    t = time.monotonic()
-                    systems["postgres"] = await postgres_calls(*pg, n)
-                    print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
-                    peer, pids["pg_ws"] = await stack.enter_async_context(
-                        pg_server(pg[1], f"list-{r}")
-                    )
-                    systems["pg_ws"] = await list_calls(peer, n, pg_position)
-                for rev in args.baseline:
-                    tree = common.baseline_tree(rev)
-                    pairs = await stack.enter_async_context(
-                        common.fronts_at(tree, url, 1, f"list-{r}-{rev}")
-                    )
-                    old = await stack.enter_async_context(lean_acp_client(pairs[0][0]))
-                    systems[f"broker@{rev}"] = await list_calls(old, n)
-                chosen = {
-                    k: v
-                    for k, v in systems.items()
-                    if k in args.systems or k == "broker" or "@" in k
-                }
-                # session/list requests each server answered (warm-ups too)
-                served = {name: [0] for name in pids if name in chosen}
-                for name, count in served.items():
-                    chosen[name] = {
-                        cell: _counted(call, count) for cell, call in chosen[name].items()
-                    }
-                async with contextlib.AsyncExitStack() as profiling:
-                    if args.profile:
-                        from bench.profile import recording
-
-                        out = common.RESULTS / "profile-list-broker.txt"
-                        await profiling.enter_async_context(recording(nodes[0].pid, out))
-                    cpu = {name: common.cpu_seconds(pids[name]) for name in served}
-                    got = await interleaved(chosen, samples, seconds)
-                    for name, count in served.items():
-                        used = common.cpu_seconds(pids[name]) - cpu[name]
-                        server_cpu[name].append(common.ratio(used * 1e6, count[0]))
-            await store.aclose()
-        for system in SYSTEMS:
-            got.setdefault(system, {})
-        runs.append(got)
+    # The index and the table are built once and read by every run (at 1,000,000 sessions
+    # building them takes minutes); each run starts its servers and clients afresh.
+    with common.private_redis() as url:
+        print(f"list: {n:,} sessions", flush=True)
+        t = time.monotonic()
+        await populate_redis(url, n)
+        print(f"  index written in {time.monotonic() - t:.1f}s", flush=True)
+        store = redis.Redis.from_url(url, decode_responses=True)
+        async with postgres_table() as pg:
+            pg_calls: dict[str, Any] | None = None
+            if isinstance(pg, str):
+                unavailable = pg
+            else:
+                t = time.monotonic()
+                pg_calls = await postgres_calls(*pg, n)
+                print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
+            for r in range(args.runs):
+                print(f"  run {r + 1}/{args.runs}", flush=True)
+                got = await _one_run(args, r, url, store, pg, pg_calls, n, samples, seconds)
+                for name, used in got.pop("_cpu").items():
+                    server_cpu[name].append(used)
+                for system in SYSTEMS:
+                    got.setdefault(system, {})
+                runs.append(got)
+        await store.aclose()
     cells = [k for k in runs[0]["broker"]]
     rows = []
     summary: dict[str, Any] = {}
@@ -515,6 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     common.add_baseline(p)
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--sessions", type=int, default=0, help="how many (default 1,000,000)")
+    p.add_argument("--samples", type=int, default=0, help="requests a cell (default 3,000)")
     asyncio.run(run(p.parse_args(argv)))
 
 

@@ -10,6 +10,7 @@ set) and outcome (``ok``, ``error``, ``timeout``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 from prometheus_client import (
@@ -143,6 +144,23 @@ KNOWN_METHODS = frozenset(
         "auth/logout",
     }
 )
+
+
+def request_seconds(method: str, outcome: str) -> Histogram:
+    """:data:`REQUESTS` of one method (as :func:`method_label` names it) and outcome."""
+    return _request_seconds(method_label(method), outcome)
+
+
+@functools.lru_cache(maxsize=256)
+def _request_seconds(label: str, outcome: str) -> Histogram:
+    # ``labels()`` costs µs a call (a lock, a tuple, a dict), so each child is kept.
+    return REQUESTS.labels(label, outcome)
+
+
+@functools.lru_cache(maxsize=16)
+def list_seconds(api: str) -> Histogram:
+    """:data:`LIST_SECONDS` of one API, kept as :func:`request_seconds` is."""
+    return LIST_SECONDS.labels(api)
 
 
 def method_label(method: str) -> str:

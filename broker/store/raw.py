@@ -68,6 +68,8 @@ class RawConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        # Held: on Python 3.11 each lookup of the running loop is a getpid() system call.
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
@@ -91,14 +93,18 @@ class RawConnection(asyncio.Protocol):
         connection redis-py's ``ConnectionError``."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
-        future = asyncio.get_running_loop().create_future()
+        future = self._loop.create_future()
         self._waiting.append(future)
         self._transport.write(command(*args))
+        # A timer that fails the reply's future, not asyncio.timeout (which cancels the
+        # task, and looks the loop up three times).
+        timer = self._loop.call_at(self._loop.time() + self.timeout, _expire, future)
         try:
-            async with asyncio.timeout(self.timeout):
-                reply = await future
-        except TimeoutError:
+            reply = await future
+        except _Stalled:
             raise self._stalled() from None
+        finally:
+            timer.cancel()
         return _checked(reply)
 
     async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
@@ -112,15 +118,18 @@ class RawConnection(asyncio.Protocol):
         than :attr:`timeout` they may take (a blocking read among them)."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         futures = [loop.create_future() for _ in range(count)]
         self._waiting.extend(futures)
         self._transport.write(packed)
+        timer = loop.call_at(loop.time() + self.timeout + wait, _expire, *futures)
         try:
-            async with asyncio.timeout(self.timeout + wait):
-                replies = await asyncio.gather(*futures)
-        except TimeoutError:
+            replies = [await future for future in futures]  # answered in order
+        except _Stalled:
             raise self._stalled(self.timeout + wait) from None
+        finally:
+            timer.cancel()
+            _settle(futures)
         return [_checked(reply) for reply in replies]
 
     def _stalled(self, waited: float | None = None) -> RedisTimeoutError:
@@ -132,6 +141,26 @@ class RawConnection(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+class _Stalled(Exception):
+    """No reply within the connection's timeout."""
+
+
+def _expire(*futures: asyncio.Future[Any]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(_Stalled())
+
+
+def _settle(futures: list[asyncio.Future[Any]]) -> None:
+    """After a wait for ``futures`` ended, the way ``asyncio.gather`` leaves them: any still
+    pending cancelled (its reply is then dropped), any failure retrieved (not logged)."""
+    for future in futures:
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()
 
 
 def _checked(reply: Any) -> Any:
