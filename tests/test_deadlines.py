@@ -32,7 +32,7 @@ async def test_work_past_its_deadline_is_cancelled_and_fails_with_deadline_passe
         finally:
             cancelled.set()
 
-    with pytest.raises(DeadlinePassed, match="m was not answered within 0.05 s"):
+    with pytest.raises(DeadlinePassed, match=r"m was not answered within 0\.05 s"):
         await within_deadline(work(), "m", 0.05, asyncio.get_running_loop())
     assert cancelled.is_set()
     task = asyncio.current_task()
