@@ -182,6 +182,20 @@ async def test_renaming_in_one_page_retitles_the_other_and_the_list(
     await expect(row).to_contain_text("/srv/console · console · agent running", timeout=WAIT_MS)
 
 
+async def test_a_session_renamed_elsewhere_is_retitled_in_a_list_that_is_not_on_it(
+    node: Broker, context: Any
+) -> None:
+    a = await open_console(context, console_url(node))
+    await new_session(a)
+    b = await open_console(context, console_url(node))  # the list only: no session open
+    await a.get_by_role("button", name="Rename").click()
+    await a.get_by_role("textbox", name="Title").fill("Renamed elsewhere")
+    await a.get_by_role("button", name="Save title").click()
+    row = b.get_by_role("listitem").filter(has_text="Renamed elsewhere")
+    # The list reads its first page again every 3 s: well within 8 (it used to be 15).
+    await expect(row).to_have_count(1, timeout=8_000)
+
+
 async def test_shift_enter_is_a_new_line_and_cancel_ends_a_running_turn(
     node: Broker, context: Any
 ) -> None:
