@@ -519,7 +519,7 @@ async def test_numbers_that_cannot_be_kept_exactly_are_refused(
             if message.get("id") == 9:
                 break
         [listed] = message["result"]["sessions"]
-        assert listed["_meta"] == kept
+        assert listed["_meta"] == {**kept, "acpBroker/agent": "demo", "acpBroker/status": "RUNNING"}
         assert (await conn.call("session/list", {}))["result"]["sessions"] == [listed]
         assert "sessions" in strict_json(json.dumps(message["result"]))
         await conn.close()
