@@ -36,6 +36,13 @@ async def _settled(*tasks: asyncio.Task[Any]) -> None:
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
 
 
+async def _asked(host: _Host, calls: int) -> None:
+    """Wait (bounded) until the host has been sent ``calls`` commands."""
+    async with asyncio.timeout(5):
+        while len(host.calls) < calls:
+            await asyncio.sleep(0)
+
+
 async def test_clients_resuming_alike_share_one_command_and_one_gets_the_agents_reply() -> None:
     host = _Host()
     agents = _agents(host)
@@ -43,20 +50,21 @@ async def test_clients_resuming_alike_share_one_command_and_one_gets_the_agents_
     waits = [asyncio.create_task(agents.attach("t", "s1", params, holder="h1")) for _ in range(5)]
     other = asyncio.create_task(agents.attach("t", "s1", {"mcpServers": [{"name": "x"}]}))
     elsewhere = asyncio.create_task(agents.attach("t", "s2", params))
-    await asyncio.sleep(0.01)
+    await _asked(host, 3)
     assert len(host.calls) == 3  # one per session and params
     first = host.calls[0]
     assert first[0] == Op.ATTACH and first[4] == {"first": host_inbox("h1")}
     assert host.calls[2][4] == {"first": None}  # no lease read: where the lease says
     host.answer.set_result({"modes": {"currentModeId": "a"}})
     await _settled(*waits, other, elsewhere)
+    assert len(host.calls) == 3  # and none came after the first three
     assert waits[0].result() == {"modes": {"currentModeId": "a"}}
     assert [w.result() for w in waits[1:]] == [{}] * 4
     assert other.result() and elsewhere.result()
     # Once answered, the next client asks afresh.
     host.answer = asyncio.get_running_loop().create_future()
     later = asyncio.create_task(agents.attach("t", "s1", params))
-    await asyncio.sleep(0.01)
+    await _asked(host, 4)
     assert len(host.calls) == 4
     host.answer.set_result({})
     await _settled(later)
@@ -70,10 +78,10 @@ async def test_a_client_that_goes_away_does_not_cancel_the_others_wait_and_error
     params: dict[str, Any] = {"mcpServers": []}
     gone = asyncio.create_task(agents.attach("t", "s1", params))
     stays = asyncio.create_task(agents.attach("t", "s1", params))
-    await asyncio.sleep(0.01)
+    await _asked(host, 1)
     gone.cancel()
-    await asyncio.sleep(0.01)
-    assert not stays.done()
+    await asyncio.wait([gone], timeout=5)
+    assert gone.done() and not stays.done()
     host.answer.set_exception(invalid_params("no such capability"))
     await _settled(gone, stays)
     assert gone.cancelled()
