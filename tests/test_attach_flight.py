@@ -20,9 +20,11 @@ class _Host:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.called = asyncio.Event()
 
     async def call(self, op: Op, tenant: str, sid: str, fields: Any, **kw: Any) -> Any:
         self.calls.append((op, tenant, sid, fields, kw))
+        self.called.set()
         return await self.answer
 
 
@@ -40,7 +42,8 @@ async def _asked(host: _Host, calls: int) -> None:
     """Wait (bounded) until the host has been sent ``calls`` commands."""
     async with asyncio.timeout(5):
         while len(host.calls) < calls:
-            await asyncio.sleep(0)
+            host.called.clear()
+            await host.called.wait()
 
 
 async def test_clients_resuming_alike_share_one_command_and_one_gets_the_agents_reply() -> None:
