@@ -116,7 +116,7 @@ class Watcher:
                     await self.join(survivor)
                 self.resumed_at = time.time()
                 return
-            except Exception as exc:
+            except Exception as exc:  # kept and retried; a watcher never resumed is reported
                 self.error = repr(exc)[:200]
             if time.monotonic() > deadline:
                 return
@@ -162,7 +162,7 @@ async def main(config: dict[str, Any]) -> None:
             async with limit:
                 await watcher.join(url)
             watchers.append(watcher)
-        except Exception as exc:
+        except Exception as exc:  # a join that failed is counted and printed, not hidden
             failures.append(repr(exc)[:200])
 
     await asyncio.gather(

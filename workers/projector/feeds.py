@@ -76,7 +76,7 @@ async def run_feed_trimming(redis: Store, interval: float) -> None:
             removed = await trim_feeds(redis)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception:  # no user's data rides on a trim: log it, and the next round retries
             log.exception("trimming the change feeds failed; the next round retries it")
         else:
             if removed:
