@@ -24,18 +24,24 @@ async def _raw_http(port: int, request: bytes) -> bytes:
         writer.close()
 
 
+async def _ask(port: int, method: str, path: str, body: bytes) -> tuple[str, str]:
+    """The head and text of what ``port`` answers an HTTP request with ``body``."""
+    request = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n\r\n"
+    ).encode() + body
+    head, _, text = (await _raw_http(port, request)).decode().partition("\r\n\r\n")
+    return head, text
+
+
 @pytest.mark.parametrize("with_body", [True, False])
 async def test_a_post_to_acp_on_the_websocket_port_gets_405_naming_the_url(
     broker: Broker, with_body: bool
 ) -> None:
     body = INITIALIZE.encode() if with_body else b""
-    request = (
-        f"POST /acp HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    answer = (await _raw_http(broker.port, request)).decode()
-    head, _, text = answer.partition("\r\n\r\n")
-    assert head.startswith("HTTP/1.1 405 Method Not Allowed"), answer
+    head, text = await _ask(broker.port, "POST", "/acp", body)
+    assert head.startswith("HTTP/1.1 405 Method Not Allowed"), head
     assert "Allow: GET" in head
     assert f"ws://127.0.0.1:{broker.port}/acp" in text and "WebSocket" in text
 
@@ -46,14 +52,8 @@ async def test_other_paths_on_the_websocket_port_get_404_naming_the_http_port(
 ) -> None:
     # A request with a body is refused by the handshake parser before process_request;
     # it must still get the same answer as a GET, not a closed connection.
-    body = b'{"cwd": "/tmp"}'
-    request = (
-        f"{method} /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1:{broker.port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    answer = (await _raw_http(broker.port, request)).decode()
-    head, _, text = answer.partition("\r\n\r\n")
-    assert head.startswith("HTTP/1.1 404"), answer
+    head, text = await _ask(broker.port, method, "/v1/sessions", b'{"cwd": "/tmp"}')
+    assert head.startswith("HTTP/1.1 404"), head
     assert f"http://127.0.0.1:{broker.http_port}/v1/sessions" in text
 
 
@@ -61,14 +61,8 @@ async def test_other_paths_on_the_websocket_port_get_404_naming_the_http_port(
 async def test_acp_on_the_http_port_gets_404_naming_the_websocket_url(
     broker: Broker, method: str
 ) -> None:
-    body = INITIALIZE.encode()
-    request = (
-        f"{method} /acp HTTP/1.1\r\nHost: 127.0.0.1:{broker.http_port}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode() + body
-    answer = (await _raw_http(broker.http_port, request)).decode()
-    head, _, text = answer.partition("\r\n\r\n")
-    assert head.startswith("HTTP/1.1 404"), answer
+    head, text = await _ask(broker.http_port, method, "/acp", INITIALIZE.encode())
+    assert head.startswith("HTTP/1.1 404"), head
     assert f"ws://127.0.0.1:{broker.port}/acp" in text
 
 
