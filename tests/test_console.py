@@ -8,6 +8,7 @@ client. One browser serves the whole module; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -74,6 +75,21 @@ async def context(browser: Any) -> AsyncIterator[Any]:
     made = await browser.new_context(viewport={"width": 1280, "height": 800})
     yield made
     await made.close()
+
+
+@contextlib.asynccontextmanager
+async def _own_broker(store: Any, browser: Any, settings: Any) -> AsyncIterator[tuple[Broker, Any]]:
+    """A broker of a test's own on ``store`` and a fresh browser context; both closed after,
+    and ``store`` with them."""
+    broker = Broker(settings, redis=store)
+    await broker.start()
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        yield broker, context
+    finally:
+        await context.close()
+        await broker.stop()
+        await store.aclose()
 
 
 def console_url(broker: Broker) -> str:
@@ -309,10 +325,8 @@ async def test_the_list_pages_through_300_sessions_exactly_once(
     seeded = await seed_many(
         store, 300, lambda i: {"tenant": tenant, "created_ms": BASE_MS + i, "cwd": f"/p/{i}"}
     )
-    broker = Broker(make_settings(agents=[console_agent()], tenant=tenant), redis=store)
-    await broker.start()
-    context = await browser.new_context(viewport={"width": 1280, "height": 800})
-    try:
+    settings = make_settings(agents=[console_agent()], tenant=tenant)
+    async with _own_broker(store, browser, settings) as (broker, context):
         page = await context.new_page()
         listed: list[str] = []
         pages = 0
@@ -343,21 +357,15 @@ async def test_the_list_pages_through_300_sessions_exactly_once(
         assert sorted(listed) == sorted(shown)  # each session read from the broker once
         assert pages == 6  # 50 a page
         assert await rows.first.inner_text() != ""
-    finally:
-        await context.close()
-        await broker.stop()
-        await store.aclose()
 
 
 async def test_sign_in_with_a_token_and_refusal_of_a_bad_one(
     redis_url_session: str, browser: Any
 ) -> None:
     store = connect(redis_url_session)
-    broker = Broker(make_settings(agents=[console_agent()], auth="on"), redis=store)
-    await broker.start()
-    token, _ = await TokenStore(store).create("team-console", ["read", "write"])
-    context = await browser.new_context()
-    try:
+    settings = make_settings(agents=[console_agent()], auth="on")
+    async with _own_broker(store, browser, settings) as (broker, context):
+        token, _ = await TokenStore(store).create("team-console", ["read", "write"])
         page = await context.new_page()
         await page.goto(console_url(broker))
         await expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
@@ -379,10 +387,6 @@ async def test_sign_in_with_a_token_and_refusal_of_a_bad_one(
         await page.reload()
         await expect(page.get_by_role("status")).to_have_text("Online", timeout=WAIT_MS)
         await expect(transcript(page)).to_contain_text("echo: hello", timeout=WAIT_MS)
-    finally:
-        await context.close()
-        await broker.stop()
-        await store.aclose()
 
 
 async def test_a_page_whose_front_is_killed_reconnects_to_another_and_shows_every_event_once(
