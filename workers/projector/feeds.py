@@ -49,10 +49,17 @@ def trim_floor(groups: Any, pending: Any) -> str | None:
 
 async def trim_feed(redis: Store, feed: str) -> int:
     """Trim one feed behind the group; the number of notices removed."""
-    groups = await redis.xinfo_groups(feed)
-    if not any(_text(g.get("name")) == GROUP for g in groups or ()):
-        return 0
-    floor = trim_floor(groups, await redis.xpending(feed, GROUP))
+    # One round trip, in this order (see the module's description of why it is safe).
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.xinfo_groups(feed)
+        pipe.xpending(feed, GROUP)
+        groups, pending = await pipe.execute(raise_on_error=False)
+    for reply in (groups, pending):
+        if isinstance(reply, ResponseError) and _absent(reply):
+            return 0  # no event reached this partition yet, or no projector made the group
+        if isinstance(reply, Exception):
+            raise reply
+    floor = trim_floor(groups, pending)
     if floor is None:
         return 0
     # Approximate: Redis drops whole nodes of the stream, cheap, and never past ``floor``.
@@ -63,7 +70,7 @@ async def trim_feeds(redis: Store) -> int:
     """Trim every partition's feed once; the number of notices removed."""
     removed = 0
     for partition in range(PARTITIONS):
-        removed += await _trim_if_present(redis, feed_key(partition))
+        removed += await trim_feed(redis, feed_key(partition))
     return removed
 
 
@@ -83,13 +90,9 @@ async def run_feed_trimming(redis: Store, interval: float) -> None:
                 log.debug("trimmed %d consumed change notices", removed)
 
 
-async def _trim_if_present(redis: Store, feed: str) -> int:
-    try:
-        return await trim_feed(redis, feed)
-    except ResponseError as exc:
-        if "no such key" in str(exc).lower():
-            return 0  # no event reached this partition yet
-        raise
+def _absent(error: ResponseError) -> bool:
+    text = str(error)
+    return "no such key" in text.lower() or text.startswith("NOGROUP")
 
 
 def _text(value: Any) -> str | None:
