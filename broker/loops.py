@@ -57,13 +57,17 @@ def run(main: Coroutine[Any, Any, T], choice: LoopChoice = "auto") -> T:
         return runner.run(main)
 
 
-async def cancel_and_wait(task: asyncio.Task[Any], *, every: float = 0.5) -> None:
-    """Cancel ``task`` and wait until it has ended, cancelling it again every ``every``
-    seconds: a cancellation that lands while redis-py's own read timeout fires can be taken
-    for that timeout (``asyncio.timeout`` uncancels), and a loop that retries on errors
-    would then go on for ever."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=every)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("%s ended with %r while stopping", task.get_name(), task.exception())
+async def cancel_and_wait(*tasks: asyncio.Task[Any], every: float = 0.5) -> None:
+    """Cancel ``tasks`` and wait until each has ended, cancelling those still running again
+    every ``every`` seconds: a cancellation that lands while redis-py's own read timeout
+    fires can be taken for that timeout (``asyncio.timeout`` uncancels), and a loop that
+    retries on errors would then go on for ever (a stop that cancelled once and waited hung
+    a test's teardown for 300 s)."""
+    running = {task for task in tasks if not task.done()}
+    while running:
+        for task in running:
+            task.cancel()
+        _, running = await asyncio.wait(running, timeout=every)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s ended with %r while stopping", task.get_name(), task.exception())

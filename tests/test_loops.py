@@ -3,6 +3,7 @@ or the one the settings name."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -58,3 +59,27 @@ async def test_serve_runs_on_the_loop_it_is_given(
     async with broker_process(None, log_path=log, env=env) as node:
         await _serves_a_session(node.url)
     assert f"event loop: {loop}" in log.read_text()
+
+
+async def test_cancel_and_wait_stops_tasks_that_take_a_cancellation_for_a_timeout() -> None:
+    """A retry loop that once takes its cancellation for redis-py's read timeout (as
+    ``asyncio.timeout`` can make it) is cancelled again, and so are its neighbours."""
+    swallowed = asyncio.Event()
+
+    async def retrying() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed.is_set():
+                    raise
+                swallowed.set()  # retried as after a timeout: the loop goes on
+
+    async def plain() -> None:
+        await asyncio.sleep(3600)
+
+    tasks = [asyncio.create_task(retrying()), asyncio.create_task(plain())]
+    await asyncio.sleep(0)  # both are waiting
+    await asyncio.wait_for(loops.cancel_and_wait(*tasks, every=0.05), timeout=5)
+    assert swallowed.is_set()
+    assert all(task.cancelled() for task in tasks)

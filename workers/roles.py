@@ -92,8 +92,7 @@ async def run_projector_role(settings: Settings) -> None:
     async with _ops(settings, health) as where:
         print(f"acp-broker projector ready{where}", flush=True)
         await until_stopped()
-        for task in tasks:
-            await cancel_and_wait(task)
+        await cancel_and_wait(*tasks)
     if archive is not None:
         await archive.close()
     await redis.aclose()

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from .. import fastjson
 from ..failures import FailureLog
+from ..loops import cancel_and_wait
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store, is_cluster
@@ -125,9 +126,7 @@ class FanoutHub:
         log.warning("pub/sub liveness probe unanswered: resubscribing")
         readers, self._readers = self._readers, []
         self._node_readers.clear()
-        for task in readers:
-            task.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
+        await cancel_and_wait(*readers)
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()
         await self._subscribe()
@@ -156,10 +155,7 @@ class FanoutHub:
         return None
 
     async def stop(self) -> None:
-        tasks = self._tasks + self._readers
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks, *self._readers)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ..auth.principal import Principal
 from ..auth.tokens import TokenStore
+from ..loops import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ class CredentialWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _run(self) -> None:

@@ -27,6 +27,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
 from broker.failures import FailureLog
+from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
 from broker.protocol.commands import Op
@@ -105,11 +106,7 @@ class HostWorker:
         return list(self._loops)
 
     async def stop(self, *, hand_over: bool = False) -> None:
-        for task in self._loops:
-            task.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._loops, *self._tasks)
         await self.host.stop(hand_over=hand_over)
 
     async def run(self) -> None:
