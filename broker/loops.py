@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import io
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
@@ -71,3 +72,29 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any], every: float = 0.5) -> None
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             log.warning("%s ended with %r while stopping", task.get_name(), task.exception())
+
+
+async def stop_within(name: str, stopping: Coroutine[Any, Any, None], timeout: float) -> bool:
+    """Await ``stopping`` (a part's stop) for at most ``timeout`` seconds. A stop that takes
+    longer is abandoned, and logged as an error with the stack of every task still pending,
+    so that a stuck shutdown ends and says where it was stuck. False if it was abandoned."""
+    try:
+        await asyncio.wait_for(stopping, timeout)
+    except TimeoutError:
+        log.error(
+            "%s did not stop within %.0f s; abandoned. Pending tasks:\n%s",
+            name,
+            timeout,
+            pending_stacks(),
+        )
+        return False
+    return True
+
+
+def pending_stacks() -> str:
+    """Where every pending task of the running loop is waiting, as text."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            task.print_stack(limit=8, file=out)
+    return out.getvalue()

@@ -92,6 +92,7 @@ async def broker(store: Any) -> AsyncIterator[Broker]:
     await node.start()
     yield node
     await node.stop()
+    assert not node.stalled_stops, f"parts that did not stop (stacks logged): {node.stalled_stops}"
 
 
 @pytest.fixture

@@ -83,3 +83,19 @@ async def test_cancel_and_wait_stops_tasks_that_take_a_cancellation_for_a_timeou
     await asyncio.wait_for(loops.cancel_and_wait(*tasks, every=0.05), timeout=5)
     assert swallowed.is_set()
     assert all(task.cancelled() for task in tasks)
+
+
+async def test_a_stop_that_never_ends_is_abandoned_with_the_stacks_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def stuck_forever() -> None:
+        await asyncio.Event().wait()
+
+    stuck = asyncio.create_task(stuck_forever(), name="stuck-loop")
+    try:
+        assert not await loops.stop_within("the stuck part", asyncio.Event().wait(), 0.05)
+    finally:
+        await loops.cancel_and_wait(stuck)
+    message = caplog.records[-1].getMessage()
+    assert "the stuck part did not stop within 0 s; abandoned" in message
+    assert "stuck_forever" in message

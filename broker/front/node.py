@@ -15,8 +15,8 @@ import http
 import logging
 import socket
 import ssl
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request as HttpRequest
@@ -31,6 +31,7 @@ from ..auth.authenticator import (
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
 from ..logs import install_redaction
+from ..loops import stop_within
 from ..ops import metrics
 from ..ops.health import Health, Unhealthy, tasks_running
 from ..ops.server import ops_response
@@ -57,6 +58,9 @@ from .routing import NodeRouter
 log = logging.getLogger(__name__)
 
 CONNECTION_ID_HEADER = "Acp-Connection-Id"
+STOP_TIMEOUT = 30.0
+"""Seconds each part of a stopping node (HTTP, each role, fan-out) may take before it is
+abandoned with its tasks' stacks logged: a shutdown ends, whatever one part does."""
 
 
 class Colocated(Protocol):
@@ -123,6 +127,8 @@ class FrontNode:
         self.connections: set[ClientConnection] = set()
         self._server: Server | None = None
         self.colocated: list[Colocated] = []
+        self.stalled_stops: list[str] = []
+        """Parts whose stop was abandoned after :data:`STOP_TIMEOUT` (logged with stacks)."""
         """Roles started and stopped with this node (``serve``: agent host, projector)."""
         self.credentials = CredentialWatch(
             self.authenticator.tokens,
@@ -212,10 +218,11 @@ class FrontNode:
                 with contextlib.suppress(Exception):
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
-        await self.http.stop()
+        await self._stop_part("the HTTP listener", self.http.stop())
         for role in reversed(self.colocated):
-            await role.stop(hand_over=hand_over)
-        await self.hub.stop()
+            name = getattr(role, "name", type(role).__name__)
+            await self._stop_part(name, role.stop(hand_over=hand_over))
+        await self._stop_part("the fan-out hub", self.hub.stop())
         if self.archive is not None:
             await self.archive.close()
         self.index.close()
@@ -223,6 +230,10 @@ class FrontNode:
         if self._owns_redis:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
+
+    async def _stop_part(self, name: str, stopping: Coroutine[Any, Any, None]) -> None:
+        if not await stop_within(name, stopping, STOP_TIMEOUT):
+            self.stalled_stops.append(name)
 
     async def _handle(self, ws: ServerConnection) -> None:
         principal = self._principals.pop(str(ws.id), None)
