@@ -186,23 +186,11 @@ class AgentHost(AgentEvents):
         process = await self._process(agent)
         capabilities.check_mcp_servers(agent, process.capabilities, params.get("mcpServers"))
         reply = await self._ask(process, "session/new", params)
-        agent_sid = str(reply.get("sessionId", ""))
-        if not agent_sid:
-            raise RpcError(INTERNAL_ERROR, f"agent {agent!r} returned no sessionId")
+        agent_sid = _agent_session_id(agent, reply)
         session_id = new_session_id()
         held = self._hold(tenant, session_id, process, agent_sid)
         await self.log.create(
-            tenant,
-            session_id,
-            {
-                "type": EventType.CREATED,
-                "cwd": params["cwd"],
-                "additionalDirectories": params.get("additionalDirectories") or [],
-                "agent": agent,
-                "kind": kind,
-                "meta": meta,
-                "origin": origin,
-            },
+            tenant, session_id, _created(params, agent=agent, kind=kind, meta=meta, origin=origin)
         )
         held.fence = (await self.leases.acquire(tenant, session_id)).fence
         await self._append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
@@ -231,26 +219,19 @@ class AgentHost(AgentEvents):
         history = await self.log.read(tenant, parent_id, until=parent.seq, epoch=parent.epoch)
         fork = {**params, "sessionId": held.agent_session_id}
         reply = await self._ask(agent, "session/fork", fork)
-        agent_sid = str(reply.get("sessionId", ""))
-        if not agent_sid:
-            raise RpcError(INTERNAL_ERROR, f"agent {agent.name!r} returned no sessionId")
+        agent_sid = _agent_session_id(agent.name, reply)
         session_id = new_session_id()
         child = self._hold(tenant, session_id, agent, agent_sid)
         created = history[0].body if history else {}
-        await self.log.create(
-            tenant,
-            session_id,
-            {
-                "type": EventType.CREATED,
-                "cwd": params["cwd"],
-                "additionalDirectories": params.get("additionalDirectories") or [],
-                "agent": parent.agent,
-                "kind": parent.kind,
-                "meta": {**(created.get("meta") or {}), **meta},
-                "origin": origin,
-                "forkedFrom": {"sessionId": parent_id, "seq": parent.seq},
-            },
+        body = _created(
+            params,
+            agent=parent.agent,
+            kind=parent.kind,
+            meta={**(created.get("meta") or {}), **meta},
+            origin=origin,
         )
+        body["forkedFrom"] = {"sessionId": parent_id, "seq": parent.seq}
+        await self.log.create(tenant, session_id, body)
         child.fence = (await self.leases.acquire(tenant, session_id)).fence
         copied = await self._copy_history(child, [e.body for e in history])
         await self._append(child, {"type": EventType.BOUND, "agentSessionId": agent_sid})
@@ -784,3 +765,26 @@ class AgentHost(AgentEvents):
         if held.prompt_task is task and not task.done() and not held.agent.failed:
             name, grace = held.agent.name, f"{self.cancel_grace:g}s"
             held.agent.fail(f"agent {name!r} did not end a cancelled prompt within {grace}")
+
+
+def _agent_session_id(agent: str, reply: JsonObject) -> str:
+    """The agent's own id for the session it made (``session/new``, ``session/fork``)."""
+    agent_sid = str(reply.get("sessionId", ""))
+    if not agent_sid:
+        raise RpcError(INTERNAL_ERROR, f"agent {agent!r} returned no sessionId")
+    return agent_sid
+
+
+def _created(
+    params: JsonObject, *, agent: str, kind: str, meta: JsonObject, origin: str
+) -> JsonObject:
+    """A new session log's first event, from the ``session/new`` (or fork) parameters."""
+    return {
+        "type": EventType.CREATED,
+        "cwd": params["cwd"],
+        "additionalDirectories": params.get("additionalDirectories") or [],
+        "agent": agent,
+        "kind": kind,
+        "meta": meta,
+        "origin": origin,
+    }
