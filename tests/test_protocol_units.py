@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from broker.protocol import jsonrpc
 from broker.protocol.jsonrpc import Invalid, Request, Response, parse_frame
+from broker.protocol.render import StoredUpdates, session_update_frames
 from broker.store import keys
 from broker.store.client import connect
 from broker.store.cursors import CursorCodec, InvalidCursor, fingerprint
-from broker.store.events import EventType, LogEvent, SessionSnapshot, Status, fold
+from broker.store.events import EventType, LogEvent, SessionSnapshot, Status, dumps, event_of, fold
 from broker.store.index import member, normalize_cwd, rfc3339
 from broker.store.log import SessionLog
 
@@ -312,6 +313,44 @@ def _json(scalars: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 json_values = _json(json_scalars)
+
+# -- v1 frames straight from stored text (a replay) ------------------------------------------
+
+_update_kinds = st.sampled_from(["agent_message_chunk", "tool_call", "notice", "plan"])
+_updates = st.builds(
+    lambda kind, rest: {"sessionUpdate": kind, **rest},
+    _update_kinds,
+    st.dictionaries(st.sampled_from(["content", "title", "_meta", "x"]), json_values, max_size=3),
+) | st.dictionaries(st.sampled_from(["content", "sessionUpdate"]), json_values, max_size=2)
+_stored_bodies = (
+    st.builds(lambda u: {"type": "update", "update": u}, _updates)
+    | st.builds(lambda u, o: {"type": "update", "update": u, "origin": o}, _updates, json_values)
+    | st.builds(lambda o, u: {"type": "update", "origin": o, "update": u}, json_values, _updates)
+    | st.builds(lambda p: {"type": "prompt", "prompt": p, "promptId": "p1"}, st.lists(json_values))
+    | st.builds(lambda t: {"type": "notice", "title": t, "text": "why"}, st.text(max_size=8))
+    | st.sampled_from([{"type": "deleted"}, {"type": "status", "status": "STOPPED"}])
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=_stored_bodies, seq=st.integers(min_value=1, max_value=10**7))
+def test_frames_from_stored_text_are_those_of_the_parsed_event(body: Any, seq: int) -> None:
+    """A replay's frame made from an event's stored text, where it is made (a plain update
+    other than a notice), is the very text rendering the parsed event makes for every v1 viewer;
+    every other event is left to that rendering."""
+    text = dumps(body)
+    event = event_of((seq, 0, text), "e0e0")
+    frame = StoredUpdates("sess_1", "e0e0").frame(text, seq)
+    update = body.get("update")
+    plain = list(body) == ["type", "update"] and isinstance(update, dict)
+    if plain and update.get("sessionUpdate") != "notice":
+        assert frame is not None
+    if frame is not None:
+        assert plain
+        for notices in (False, True):
+            assert session_update_frames(event, "sess_1", notices) == [frame]
+
+
 # Also valid JSON strings holding lone surrogates ("\ud800"), which st.text never makes.
 hostile_json_values = _json(
     json_scalars | st.lists(st.sampled_from(["a", "\ud800", "\udfff"]), max_size=3).map("".join)

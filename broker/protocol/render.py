@@ -66,6 +66,40 @@ def session_update_frames(event: LogEvent, session_id: str, notices: bool = Fals
 
 
 _POSITION_SEQ = ',"_meta":{"' + POSITION_META + '":{"seq":'
+_PLAIN_UPDATE = '{"type":"update","update":{'
+_UPDATE_AT = len(_PLAIN_UPDATE) - 1
+
+
+class StoredUpdates:
+    """v1 frames of a log's plain updates for one session, made from the events' stored
+    text without parsing them into events: a replay sends thousands.
+
+    A plain update is stored as ``{"type":"update","update":{…}}`` and nothing else (an
+    agent's update, as the agent host logs it): its frame is the envelope spliced around
+    the stored update, the same JSON :func:`session_update_frames` makes of the event (the
+    very text, wherever orjson wrote the event: all but the few it refuses)."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, session_id: str, epoch: str) -> None:
+        self._head = _update_head(session_id)
+        self._tail = _position_tail(epoch)
+
+    def frame(self, text: str, seq: int) -> str | None:
+        """The one frame of the event stored as ``text`` at ``seq`` when it is a plain
+        update other than a notice (the same for every v1 viewer, whether it takes notices
+        or not); None for any other event: render that one from the event."""
+        if not text.startswith(_PLAIN_UPDATE):
+            return None
+        # The text is what ``dumps`` made of a dict (the append script stores it verbatim),
+        # so two keys, of which the first two written are "type" and "update", mean the
+        # update is the rest. Parsed for that and the update's kind, not sent again.
+        body = fastjson.loads_shape(text)
+        if type(body) is not dict or len(body) != 2:
+            return None
+        if body["update"].get("sessionUpdate") == "notice":
+            return None
+        return f"{self._head}{text[_UPDATE_AT:-1]}{_POSITION_SEQ}{seq}{self._tail}"
 
 
 @functools.lru_cache(maxsize=4096)

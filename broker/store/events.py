@@ -69,6 +69,22 @@ class LogEvent:
         object.__setattr__(self, "type", str(self.body.get("type", "")))
 
 
+EventRow = tuple[int, int, str]
+"""One log entry as stored, before its body is parsed: ``(seq, ts, event JSON text)``, as an
+archive keeps it too."""
+
+
+def event_of(row: EventRow, epoch: str) -> LogEvent:
+    """The event of a stored row of log ``epoch``, its body parsed."""
+    seq, ts, text = row
+    return LogEvent(seq, epoch, ts, fastjson.loads(text))
+
+
+def events_of(rows: Iterable[EventRow], epoch: str) -> list[LogEvent]:
+    """:func:`event_of` each row."""
+    return [event_of(row, epoch) for row in rows]
+
+
 @dataclass(slots=True)
 class SessionSnapshot:
     """The current state of a session: ``fold`` of its log."""

@@ -17,18 +17,19 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 
-from .. import fastjson
 from ..ops import metrics, tracing
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
 from .client import Store, is_cluster
 from .direct import DirectCalls, direct_calls
 from .events import (
+    EventRow,
     EventType,
     JsonObject,
     LogEvent,
     Position,
     SessionSnapshot,
     dumps,
+    events_of,
     is_activity,
     is_index_neutral,
     snapshot_ops,
@@ -310,49 +311,61 @@ class SessionLog:
         ``epoch`` is accepted for callers that know it; the snapshot is read anyway, in the
         same round trip, because it tells whether the log is archived. Raises
         :class:`SessionMissing`, :class:`ArchiveCorrupt` or :class:`ArchiveUnavailable`."""
+        got_epoch, rows = await self.read_rows(
+            tenant, session_id, after=after, until=until, count=count
+        )
+        return events_of(rows, got_epoch)
+
+    async def read_rows(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        after: int = 0,
+        until: int | None = None,
+        count: int | None = None,
+    ) -> tuple[str, list[EventRow]]:
+        """:meth:`read` with the events as stored, unparsed, and the log's epoch: for a
+        caller that may send most of them on as they are (a replay)."""
         keys = SessionKeys(tenant, session_id)
         high = "+" if until is None else f"{until}-0"
         ranged = await self._range_direct(keys, f"({after}-0", high, count)
         if ranged is None:
             ranged = await self._range(keys, f"({after}-0", high, count)
-        (got_epoch, archived, gen), events, (archived_after, gen_after) = ranged
+        (got_epoch, archived, gen), rows, (archived_after, gen_after) = ranged
         if got_epoch is None:
             raise SessionMissing(session_id)
         if archived is None and archived_after is None and gen == gen_after:
             # No trim between the two snapshot reads (a trim sets ``archived`` and moves
             # ``gen``; a restore only ends while ``archived`` is set): the range is whole.
-            return events
+            return str(got_epoch), rows
         found = await self._archived(tenant, session_id)
         if found.epoch != got_epoch:
             raise ArchiveCorrupt(
                 f"archive of session {session_id} holds epoch {found.epoch}, not {got_epoch}"
             )
         last = found.seq if until is None else min(until, found.seq)
-        picked = found.entries[after:last]
+        picked = list(found.entries[after:last])
         if count is not None:
             picked = picked[:count]
-        return [
-            LogEvent(seq=seq, epoch=found.epoch, ts=ts, body=fastjson.loads(event))
-            for seq, ts, event in picked
-        ]
+        return found.epoch, picked
 
     async def _range(
         self, keys: SessionKeys, low: str, high: str, count: int | None
-    ) -> tuple[list[Any], list[LogEvent], list[Any]]:
-        """The snapshot's epoch, archived mark and gen, the log's events from ``low`` to
-        ``high``, then the mark and gen again (none of the events if the epoch is none)."""
+    ) -> tuple[list[Any], list[EventRow], list[Any]]:
+        """The snapshot's epoch, archived mark and gen, the log's rows from ``low`` to
+        ``high``, then the mark and gen again (none of the rows if the epoch is none)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.snapshot, "epoch", "archived", "gen")
             pipe.xrange(keys.log, low, high, count=count)
             pipe.hmget(keys.snapshot, "archived", "gen")
             first, entries, last = await pipe.execute()
-        epoch = first[0]
-        events = [_entry_event(i, f, epoch) for i, f in entries] if epoch is not None else []
-        return first, events, last
+        rows = _client_rows(entries) if first[0] is not None else []
+        return first, rows, last
 
     async def _range_direct(
         self, keys: SessionKeys, low: str, high: str, count: int | None
-    ) -> tuple[list[Any], list[LogEvent], list[Any]] | None:
+    ) -> tuple[list[Any], list[EventRow], list[Any]] | None:
         """:meth:`_range` on this log's own connection; None without one, or on any error
         (the client's way, which recovers from anything, then reads it)."""
         if self._direct is None:
@@ -364,9 +377,8 @@ class SessionLog:
                 ("XRANGE", keys.log, low, high, *limit),
                 ("HMGET", keys.snapshot, "archived", "gen"),
             )
-            epoch = first[0]
-            events = _stream_events(entries, epoch) if epoch is not None else []
-            return first, events, last
+            rows = _stream_rows(entries) if first[0] is not None else []
+            return first, rows, last
         return None
 
     def close(self) -> None:
@@ -456,7 +468,7 @@ class SessionLog:
                 return None
             if after[0] == seq:
                 break
-        rows = [(int(i.split("-", 1)[0]), int(f["ts"]), f["ev"]) for i, f in entries]
+        rows = _client_rows(entries)
         if len(rows) != int(seq) or any(row[0] != n for n, row in enumerate(rows, 1)):
             raise ArchiveCorrupt(
                 f"session {session_id}'s log in Redis holds {len(rows)} of {seq} events"
@@ -536,25 +548,24 @@ def _call_id() -> str:
     return secrets.token_hex(6)  # 48 bits: two calls among a session's last 16 never collide
 
 
-def _entry_event(entry_id: str, fields: dict[str, str], epoch: str) -> LogEvent:
-    return LogEvent(
-        int(entry_id.partition("-")[0]), epoch, int(fields["ts"]), fastjson.loads(fields["ev"])
-    )
+def _client_rows(entries: list[tuple[str, dict[str, str]]]) -> list[EventRow]:
+    """The rows of an ``XRANGE`` reply as redis-py gives it (each entry an id and its
+    fields, ``ts`` and ``ev`` as ``append.lua`` writes them, as a dict)."""
+    return [(int(i.partition("-")[0]), int(f["ts"]), f["ev"]) for i, f in entries]
 
 
-def _stream_events(entries: list[list[Any]], epoch: str) -> list[LogEvent]:
-    """The events of a raw ``XRANGE`` reply (each entry an id and its fields as a flat
-    list: ``ts``, ``ev`` as ``append.lua`` writes them, or in any order)."""
-    events = []
-    loads = fastjson.loads
+def _stream_rows(entries: list[list[Any]]) -> list[EventRow]:
+    """The rows of a raw ``XRANGE`` reply (each entry an id and its fields as a flat list:
+    ``ts``, ``ev`` as ``append.lua`` writes them, or in any order)."""
+    rows = []
     for entry_id, fields in entries:
         if len(fields) == 4 and fields[0] == "ts" and fields[2] == "ev":
             ts, ev = fields[1], fields[3]
         else:
             named = dict(zip(fields[::2], fields[1::2], strict=True))
             ts, ev = named["ts"], named["ev"]
-        events.append(LogEvent(int(entry_id.partition("-")[0]), epoch, int(ts), loads(ev)))
-    return events
+        rows.append((int(entry_id.partition("-")[0]), int(ts), ev))
+    return rows
 
 
 def is_oom(exc: BaseException) -> bool:

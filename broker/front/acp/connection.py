@@ -22,6 +22,7 @@ import logging
 import time
 import weakref
 from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -36,9 +37,15 @@ from ...ops import metrics, tracing
 from ...protocol import jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.pending import PeerGone, PendingRequests
-from ...protocol.render import client_sees_notices, is_notice, origin_of, session_update_frames
+from ...protocol.render import (
+    StoredUpdates,
+    client_sees_notices,
+    is_notice,
+    origin_of,
+    session_update_frames,
+)
 from ...protocol.trace import with_trace
-from ...store.events import EventType, LogEvent
+from ...store.events import EventRow, EventType, LogEvent, event_of, events_of
 from ...store.failures import rpc_failure
 from ...store.log import SessionLog
 from ..deadlines import DeadlinePassed, deadline_for, within_deadline
@@ -559,17 +566,19 @@ class ClientConnection:
             session.delivered = head
             session.turn = await self._join_turn(session, head, announce=True)
             return
-        events = await self.methods.log.read(tenant, session_id, after=replay_after, until=head)
-        if not events or events[0].seq != replay_after + 1:
+        epoch, rows = await self.methods.log.read_rows(
+            tenant, session_id, after=replay_after, until=head
+        )
+        if not rows or rows[0][0] != replay_after + 1:
             await self.deactivate(session_id)
             raise jsonrpc.invalid_params("the position is no longer in the session's log")
         session.delivered = replay_after
         session.turn = await self._join_turn(session, replay_after, announce=False)
         if replay_now:
-            self._replay(session, events)
+            self._replay(session, epoch, rows)
         else:
             assert session.held is not None
-            session.held[:0] = events
+            session.held[:0] = events_of(rows, epoch)
 
     async def _join_turn(self, session: ActiveSession, seq: int, *, announce: bool) -> int | None:
         """The prompt turn open after event ``seq``, which a v2 viewer's message ids need.
@@ -662,52 +671,81 @@ class ClientConnection:
         for text in self._delivered(session, event, replay=replay):
             self.send_text(text, shared=True, alone=alone)
 
-    def _replay(self, session: ActiveSession, events: list[LogEvent]) -> None:
-        """Send a session's history: a frame per message, or, to a client that asked for
-        them (:attr:`batches_replay`), the same messages in order in batch arrays."""
+    def _replay(self, session: ActiveSession, epoch: str, rows: list[EventRow]) -> None:
+        """Send a session's history (rows of log ``epoch``): a frame per message, or, to a
+        client that asked for them (:attr:`batches_replay`), the same messages in order in
+        batch arrays."""
+        texts = self._replayed(session, epoch, rows)
         if not self.batches_replay:
-            self._emit_many(session, events, replay=True)
+            self._send_events(texts)
             return
-        # As :meth:`_emit_many` writes a replay: each batch as soon as it is made (the client
-        # reads the first while the rest are made), straight to the transport whatever its
-        # buffer holds, so that a long history never meets the queue's bound for live traffic.
+        # As :meth:`_send_events` writes a replay: each batch as soon as it is made (the
+        # client reads the first while the rest are made), straight to the transport whatever
+        # its buffer holds, so that a long history never meets the queue's bound for live
+        # traffic.
         direct = self._writes_directly()
-        texts = (t for event in events for t in self._delivered(session, event, replay=True))
         for frame in jsonrpc.pack_batches(texts, REPLAY_BATCH_CHARS):
             if direct:
                 self._write_texts([frame])
             else:
                 self.send_text(frame)
 
-    def _delivered(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
-        """Count ``event`` as delivered here and return its frames to send at once (none
-        when it was delivered before: each event reaches a connection once)."""
-        if event.seq <= session.delivered:
-            return []
-        session.delivered = event.seq
-        frames = self._frames(session, event, replay=replay)
+    def _replayed(self, session: ActiveSession, epoch: str, rows: list[EventRow]) -> Iterator[str]:
+        """The frames of a replay, in order, as :meth:`_delivered` makes them of each event:
+        for a v1 client a plain update's straight from its stored text (most of a history;
+        :class:`StoredUpdates`), any other from the event parsed."""
+        stored = (
+            None if self.protocol_version == v2.V2 else StoredUpdates(session.session_id, epoch)
+        )
+        for row in rows:
+            frame = stored.frame(row[2], row[0]) if stored is not None else None
+            if frame is None:
+                yield from self._delivered(session, event_of(row, epoch), replay=True)
+            elif self._count(session, row[0]):
+                yield frame
+
+    def _count(self, session: ActiveSession, seq: int) -> bool:
+        """Count event ``seq`` as delivered here; False when it was delivered before (each
+        event reaches a connection once)."""
+        if seq <= session.delivered:
+            return False
+        session.delivered = seq
         if session.waiters:
             self._wake_waiters(session)  # they resume once this step has sent the frames
+        return True
+
+    def _delivered(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
+        """Count ``event`` as delivered here and return its frames to send at once (none
+        when it was delivered before)."""
+        if not self._count(session, event.seq):
+            return []
+        frames = self._frames(session, event, replay=replay)
         if event.type == EventType.DELETED:
             self._spawn(self.deactivate(session.session_id))
         return frames
 
     def _emit_many(self, session: ActiveSession, events: list[LogEvent], *, replay: bool) -> None:
-        """Events in order, as :meth:`_emit` sends each, their frames written together, a
-        burst at a time, as soon as each is made (a replay of 10,000 events: the client
-        reads the first frames while the rest are made, not once all are)."""
-        direct = self._writes_directly()
-        texts: list[str] = []
-        for event in events:
-            texts += self._delivered(session, event, replay=replay)
-            if direct and len(texts) >= _BURST:
-                self._write_texts(texts)
-                texts = []
-        if direct:
-            self._write_texts(texts)
-        else:
-            for text in texts:
+        """Events in order, as :meth:`_emit` sends each, their frames written together (see
+        :meth:`_send_events`)."""
+        self._send_events(
+            t for event in events for t in self._delivered(session, event, replay=replay)
+        )
+
+    def _send_events(self, texts: Iterable[str]) -> None:
+        """Event frames in order, written together, a burst at a time, as soon as each is
+        made (a replay of 10,000 events: the client reads the first frames while the rest
+        are made, not once all are); through the queue when the socket is backed up."""
+        if not self._writes_directly():
+            for text in list(texts):
                 self.send_text(text, shared=True)
+            return
+        burst: list[str] = []
+        for text in texts:
+            burst.append(text)
+            if len(burst) >= _BURST:
+                self._write_texts(burst)
+                burst = []
+        self._write_texts(burst)
 
     def _frames(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
         """What this connection is sent for an event, in its protocol version."""
