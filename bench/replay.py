@@ -7,12 +7,15 @@
   ``XRANGE`` and sends each entry as a frame (``websockets.broadcast`` to one connection),
   then ``done``.
 
-Both are timed from the same lean client, alternating round by round.
+Both are timed from the same lean client, taking turns round by round. ``--baseline REV``
+adds a front running the broker as of REV (the same Redis, session and agent host), timed in
+the same rounds: before/after side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -102,16 +105,29 @@ async def relay_replay(url: str, key: str, session: str) -> tuple[float, int]:
     return took, frames
 
 
-async def run_once(n: int, rounds: int, profile: bool = False) -> dict[str, list[float]]:
+async def run_once(
+    n: int, rounds: int, profile: bool = False, baselines: tuple[str, ...] = ()
+) -> dict[str, list[float]]:
+    """Events/s of each system in each timed round: this tree's front (``broker``), each
+    baseline's (``broker@REV``), the relay (``ceiling``)."""
     from broker.store.keys import SessionKeys
 
     rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
     with common.private_redis() as url:
-        async with (
-            common.agent_host(url, "replay"),
-            common.fronts(url, 1, "replay") as nodes,
-            common.child("bench.peers.relay", url, name="replay-relay") as relay,
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(common.agent_host(url, "replay"))
+            nodes = await stack.enter_async_context(common.fronts(url, 1, "replay"))
+            fronts = {"broker": nodes[0].url}
+            for rev in baselines:
+                tree = common.baseline_tree(rev)
+                pairs = await stack.enter_async_context(
+                    common.fronts_at(tree, url, 1, f"replay-{rev}")
+                )
+                fronts[f"broker@{rev}"] = pairs[0][0]
+                rates[f"broker@{rev}"] = []
+            relay = await stack.enter_async_context(
+                common.child("bench.peers.relay", url, name="replay-relay")
+            )
             relay_url = f"ws://127.0.0.1:{await relay.expect('ready')}/"
             (session,) = await new_sessions(nodes[0].url, 1, CWD)
             await fill(url, session, n)
@@ -123,13 +139,14 @@ async def run_once(n: int, rounds: int, profile: bool = False) -> dict[str, list
                 async with recording(nodes[0].pid, out):
                     for _ in range(rounds):
                         await broker_replay(nodes[0].url, session)
+            systems = [*fronts, "ceiling"]
             for r in range(rounds + 1):  # the first round warms up
-                order = ["broker", "ceiling"] if r % 2 else ["ceiling", "broker"]
-                for name in order:
-                    if name == "broker":
-                        took, frames = await broker_replay(nodes[0].url, session)
-                    else:
+                turn = r % len(systems)  # each system goes first in turn
+                for name in systems[turn:] + systems[:turn]:
+                    if name == "ceiling":
                         took, frames = await relay_replay(relay_url, key, session)
+                    else:
+                        took, frames = await broker_replay(fronts[name], session)
                     if frames < n:
                         raise RuntimeError(f"{name} replayed {frames} of {n} events")
                     if r:
@@ -140,22 +157,29 @@ async def run_once(n: int, rounds: int, profile: bool = False) -> dict[str, list
 async def run(args: Any) -> None:
     n = 300 if args.quick else 10_000
     rounds = 1 if args.quick else 7
-    rates: dict[str, list[float]] = {"broker": [], "ceiling": []}
+    rates: dict[str, list[float]] = {}
     for r in range(args.runs):
         print(f"replay: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)
-        for name, values in (await run_once(n, rounds, args.profile)).items():
-            rates[name].extend(values)
+        got = await run_once(n, rounds, args.profile, tuple(args.baseline))
+        for name, values in got.items():
+            rates.setdefault(name, []).extend(values)
     med = {name: common.median(values) for name, values in rates.items()}
-    rows = [[name, value, value / med["ceiling"]] for name, value in med.items()]
+    # Each round times every system once: the ratio within a round is a side-by-side one,
+    # whatever the machine did between rounds.
+    paired = {
+        name: common.median([b / c for b, c in zip(values, rates["ceiling"], strict=True)])
+        for name, values in rates.items()
+    }
+    rows = [[name, value, value / med["ceiling"], paired[name]] for name, value in med.items()]
     text = common.table(
         f"Replay of a {n:,}-event session, median of {len(rates['broker'])} rounds",
-        ["system", "events/s", "÷ ceiling (≥0.5)"],
+        ["system", "events/s", "÷ ceiling (≥0.5)", "÷ ceiling in its round, median"],
         rows,
     )
     common.report(
         "replay",
         [text],
-        {"quick": args.quick, "events": n, "median": med, "rounds": rates},
+        {"quick": args.quick, "events": n, "median": med, "paired": paired, "rounds": rates},
         args.out,
     )
 
@@ -163,6 +187,7 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("replay", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--profile", action="store_true", help="py-spy the front node first")
+    common.add_baseline(p)
     asyncio.run(run(p.parse_args(argv)))
 
 
