@@ -16,7 +16,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request as HttpRequest
@@ -45,6 +45,7 @@ from ..store.pressure import store_readiness
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
+from .acp.keepalive import Keepalive, PingedConnection
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
 from .agents import RemoteAgents
@@ -125,6 +126,8 @@ class FrontNode:
         )
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
+        self.keepalive = Keepalive(settings.ping_interval, timeout=settings.ping_interval)
+        """Pings every connection (one loop for all, not websockets' task each)."""
         self._server: Server | None = None
         self.colocated: list[Colocated] = []
         self.stalled_stops: list[str] = []
@@ -185,14 +188,15 @@ class FrontNode:
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
-            ping_interval=self.settings.ping_interval,
-            ping_timeout=self.settings.ping_interval,
+            ping_interval=None,  # self.keepalive pings
+            ping_timeout=None,
             compression=None,
             # Clients of a node that went away all reconnect at once: a short accept queue
             # (asyncio's default is 100) overflows, and the kernel drops or resets them.
             # As Go's listeners do, ask for the most the kernel allows (net.core.somaxconn).
             backlog=socket.SOMAXCONN,
         )
+        self.keepalive.start()
         log.info(
             "acp-broker listening on ws://%s:%d%s",
             self.settings.host,
@@ -210,6 +214,7 @@ class FrontNode:
         take over at once (a drain), instead of recording them as STOPPED.
         """
         await self.credentials.stop()
+        await self.keepalive.stop()
         if self._server is not None:
             self._server.close(close_connections=False)
             connections = list(self.connections)
@@ -240,11 +245,14 @@ class FrontNode:
         _forget_handshake(ws)
         conn = ClientConnection(ws, self.methods, principal=principal)
         self.connections.add(conn)
+        pinged = cast(PingedConnection, ws)  # made by websocket_only.connection_class
+        self.keepalive.add(pinged)
         metrics.CONNECTIONS.inc()
         try:
             await conn.run()
         finally:
             metrics.CONNECTIONS.dec()
+            self.keepalive.discard(pinged)
             self.connections.discard(conn)
 
     async def _process_request(

@@ -23,6 +23,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 
 from ...config import Settings
+from .keepalive import PingedConnection
 
 _METHODS = (b"POST", b"PUT", b"PATCH", b"DELETE", b"HEAD", b"OPTIONS")
 
@@ -63,11 +64,12 @@ def elsewhere(settings: Settings, path: str, http_base: str) -> str:
     )
 
 
-class WebSocketOnlyConnection(ServerConnection):
+class WebSocketOnlyConnection(PingedConnection):
     """A WebSocket port connection that answers a non-GET request with an HTTP error.
 
     ``/acp`` gets ``405`` naming the WebSocket URL; any other path ``404`` naming the
-    HTTP port (``http_base`` gives its base URL when the request comes).
+    HTTP port (``http_base`` gives its base URL when the request comes). Its keepalive
+    pings come from the node's :class:`~.keepalive.Keepalive`.
     """
 
     settings: Settings
@@ -83,6 +85,10 @@ class WebSocketOnlyConnection(ServerConnection):
                 self.transport.close()
                 return
         super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        _break_cycles(self)
 
     def _refuse(self, data: bytes) -> bytes | None:
         method, _, rest = data.partition(b" ")
@@ -101,6 +107,23 @@ def connection_class(settings: Settings, http_base: Callable[[], str]) -> Any:
     """A :class:`WebSocketOnlyConnection` class bound to ``settings`` (for ``serve``)."""
     fields = {"settings": settings, "http_base": staticmethod(http_base)}
     return type("AcpConnection", (WebSocketOnlyConnection,), fields)
+
+
+def _break_cycles(ws: ServerConnection) -> None:
+    """Break the reference cycles websockets leaves in a closed connection, so that it is
+    freed as its last reference goes, not by the cyclic collector (a front freezes what
+    full collections leave, see :mod:`broker.collector`: garbage in a cycle would live
+    until the next sweep of the whole heap).
+
+    - ``select_subprotocol``, the server's, is bound to the protocol in a closure over this
+      connection (protocol -> closure -> connection -> protocol);
+    - the protocol's parser is a generator suspended in a method of the protocol; at the end
+      of the stream (``connection_lost`` fed it) it only waits at its last ``yield``.
+      Closing it ends it: nothing steps it after the end of the stream.
+    """
+    protocol = ws.protocol
+    protocol.__dict__.pop("select_subprotocol", None)
+    protocol.parser.close()
 
 
 def _answer(status: http.HTTPStatus, text: str, extra_headers: str) -> bytes:

@@ -1,0 +1,155 @@
+"""Keepalive pings for every connection of a front, from one loop (not a task each).
+
+websockets pings each connection from a task of its own (a sleep, a future and a timeout
+context per ping): at 19,488 connections that is 975 task wake-ups a second, each allocating,
+and a task and its sleep held by every idle connection. :class:`Keepalive` keeps the same
+rule, every connection pinged every ``interval`` and closed (1011, "keepalive ping timeout",
+as websockets closes it) when the pong has not come ``timeout`` after the ping, from one
+loop: the connections sit in ``interval / tick`` slots, one slot visited per tick, and a
+visit writes a prepared Ping frame to each of its connections' sockets or, for one whose
+last ping is still unanswered past the timeout, closes it.
+
+A connection joins the slot visited last, so it is first pinged about ``interval`` after
+it opened, as websockets pings it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.frames import CloseCode
+from websockets.protocol import State
+
+log = logging.getLogger(__name__)
+
+PAYLOAD = b"acpb"
+"""What every keepalive Ping carries: the Pong that echoes it answers it."""
+PING_FRAME = bytes((0x89, len(PAYLOAD))) + PAYLOAD
+"""A server's Ping frame (FIN, unmasked): the same bytes for every connection."""
+CLOSE_GRACE = 10.0
+"""Seconds a connection closed for an overdue Pong has to close its end: websockets'
+``close_timeout`` when the connection has one, and never more than the ping timeout."""
+TICK = 0.1
+"""Seconds between two visits (at most: :func:`slots` keeps at least 2 slots)."""
+
+
+class PingedConnection(ServerConnection):
+    """A server connection whose keepalive pings come from a :class:`Keepalive`: it notes
+    when the Pong of the last one came (the others go to websockets, as a pong of
+    :meth:`ping` does)."""
+
+    ping_sent: float | None = None
+    """When the keepalive Ping now unanswered was sent (None: none is)."""
+    keepalive_slot: int = -1
+    pongs: int = 0
+    """Keepalive Pongs received (tests and diagnostics)."""
+
+    def acknowledge_pings(self, data: bytes) -> None:
+        if data == PAYLOAD:
+            self.ping_sent = None
+            self.pongs += 1
+        else:
+            super().acknowledge_pings(data)
+
+
+def slots(interval: float) -> int:
+    """How many slots a ping interval is split into (a tick of about :data:`TICK`)."""
+    return max(2, round(interval / TICK))
+
+
+class Keepalive:
+    """Pings every connection added every ``interval`` seconds, a slot at a time; closes
+    those whose Pong is overdue by ``timeout``."""
+
+    def __init__(self, interval: float, timeout: float) -> None:
+        self.interval = interval
+        self.timeout = timeout
+        self._slots: list[set[PingedConnection]] = [set() for _ in range(slots(interval))]
+        self.tick = interval / len(self._slots)
+        self._next = 0  # the slot the next tick visits
+        self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self.timed_out = 0
+        """Connections closed for an overdue Pong."""
+
+    def add(self, ws: PingedConnection) -> None:
+        """Ping ``ws`` from now on, first in about ``interval`` seconds."""
+        slot = (self._next - 1) % len(self._slots)
+        ws.keepalive_slot = slot
+        self._slots[slot].add(ws)
+
+    def discard(self, ws: PingedConnection) -> None:
+        if ws.keepalive_slot >= 0:
+            self._slots[ws.keepalive_slot].discard(ws)
+            ws.keepalive_slot = -1
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="keepalive")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        closing = list(self._closing)
+        for closer in closing:
+            closer.cancel()
+        await asyncio.gather(*closing, return_exceptions=True)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            due += self.tick
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            # A loop that fell behind (a long collection) catches up a slot per step.
+            try:
+                self.visit(loop.time())
+            except Exception:  # a fault in one visit must not end the keepalive of all
+                log.exception("keepalive visit failed")
+
+    def visit(self, now: float) -> None:
+        """The next slot's turn: ping each of its connections, or close it if its Pong is
+        overdue."""
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % len(self._slots)
+        # The visits of one connection are an interval apart, give or take the loop's
+        # lateness: a ping unanswered at the turn that comes ``timeout`` after it (within a
+        # tick) is overdue.
+        overdue = now - self.timeout + self.tick / 2
+        for ws in list(slot):
+            sent = ws.ping_sent
+            if sent is None:
+                if ws.protocol.state is State.OPEN:
+                    ws.ping_sent = now
+                    ws.transport.write(PING_FRAME)
+            elif sent <= overdue:
+                self.discard(ws)
+                self._close(ws)
+
+    def _close(self, ws: PingedConnection) -> None:
+        """Close ``ws`` as websockets' keepalive does when a Pong is overdue."""
+        self.timed_out += 1
+        grace = min(ws.close_timeout or CLOSE_GRACE, self.timeout)
+        closer = asyncio.get_running_loop().create_task(_fail(ws, grace))
+        self._closing.add(closer)
+        closer.add_done_callback(self._closing.discard)
+
+
+async def _fail(ws: Any, grace: float) -> None:
+    """A Close frame (1011) and the end of the stream, as websockets' keepalive fails a
+    connection; the socket aborted if the peer has not closed its end ``grace`` seconds
+    later (a dead peer never does, and its unread bytes would hold the socket open)."""
+    if ws.protocol.state is not State.OPEN:
+        return
+    ws.protocol.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+    ws.send_data()
+    try:
+        async with asyncio.timeout(grace):
+            await asyncio.shield(ws.connection_lost_waiter)
+    except TimeoutError:
+        ws.transport.abort()
