@@ -84,14 +84,18 @@ class RemoteAgents(AgentGateway):
     async def refresh_capabilities(self) -> None:
         """Read what the hosts' agents advertised: cached 30 s once every agent's is known,
         1 s while some agent has not started (so a burst of connections reads it once)."""
-        known = all(name in self._capabilities for name in self.specs)
-        if time.monotonic() - self._capabilities_read < (30 if known else 1):
+        if self.capabilities_fresh():
             return
         raw = await self.redis.hgetall(CAPABILITIES_KEY)
         read = {name: json.loads(value) for name, value in raw.items()}
         if read != self._capabilities:
             self._capabilities, self._combined = read, None
         self._capabilities_read = time.monotonic()
+
+    def capabilities_fresh(self) -> bool:
+        """Whether what was read is recent enough (:meth:`refresh_capabilities`: no read)."""
+        known = all(name in self._capabilities for name in self.specs)
+        return time.monotonic() - self._capabilities_read < (30 if known else 1)
 
     # -- commands -----------------------------------------------------------------------------
 

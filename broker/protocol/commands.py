@@ -178,6 +178,10 @@ class AgentGateway(Protocol):
 
     async def refresh_capabilities(self) -> None: ...
 
+    def capabilities_fresh(self) -> bool:
+        """Whether :meth:`refresh_capabilities` would read nothing now."""
+        ...
+
     async def new_session(
         self,
         tenant: str,

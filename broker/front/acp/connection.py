@@ -22,7 +22,7 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -79,6 +79,10 @@ REPLAY_BATCH_CHARS = 64 * 1024
 and 10,000 of them cost it more than parsing the same text in 40 arrays)."""
 
 
+AtOnce = Callable[["ClientConnection", Request], Any]
+"""A method that answers a request in the step that read it (see :meth:`Dispatcher.at_once`)."""
+
+
 class Dispatcher(Protocol):
     """What a connection is given to answer its requests with (the ACP methods).
 
@@ -93,6 +97,11 @@ class Dispatcher(Protocol):
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         """The result of ``request``, :data:`~.dispatch.DEFERRED`, or an ``RpcError`` raised."""
+        ...
+
+    def at_once(self, request: Request) -> AtOnce | None:
+        """What answers ``request`` without waiting (its result, or an ``RpcError`` raised),
+        if it needs none; None: it is dispatched."""
         ...
 
 
@@ -279,6 +288,8 @@ class ClientConnection:
             self._respond(jsonrpc.error_reply(message.id, duplicate), batch)
         elif message.id is not None and len(self._inflight) >= self.settings.max_requests_in_flight:
             self._respond(jsonrpc.error_reply(message.id, in_flight_limit(self.settings)), batch)
+        elif batch is None and message.id is not None and self._answered_at_once(message):
+            return
         else:
             task = self._spawn(self._handle(message))
             if message.id is not None:
@@ -320,6 +331,25 @@ class ClientConnection:
             task.cancel()
             cancelled = RpcError(jsonrpc.REQUEST_CANCELLED, "request cancelled")
             self.send(jsonrpc.error_reply(request_id, cancelled))
+
+    def _answered_at_once(self, request: Request) -> bool:
+        """Answer ``request`` in this step if it needs no waiting (no task, no deadline: a
+        reconnecting client's ``initialize``); False: it must be dispatched."""
+        answer = self.methods.at_once(request)
+        if answer is None:
+            return False
+        started = time.perf_counter()
+        try:
+            with tracing.request_span(request.method, request.params):
+                result = answer(self, request)
+        except RpcError as exc:
+            self.send(jsonrpc.error_reply(request.id, exc))
+            outcome = "error"
+        else:
+            self.reply(request, result)
+            outcome = "ok"
+        metrics.request_seconds(request.method, outcome).observe(time.perf_counter() - started)
+        return True
 
     async def _handle(self, request: Request) -> None:
         try:

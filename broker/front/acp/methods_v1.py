@@ -38,7 +38,7 @@ from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
 from ..fanout import FanoutHub
 from .access import Access, connection_limit
-from .connection import ClientConnection
+from .connection import AtOnce, ClientConnection
 from .dispatch import DEFERRED
 
 PROTOCOL_VERSION = 1
@@ -101,7 +101,20 @@ class AcpMethods:
 
     # -- initialization ---------------------------------------------------------------------
 
+    def at_once(self, request: Request) -> AtOnce | None:
+        """What answers ``request`` without waiting, if it needs none (else it goes through
+        :meth:`dispatch`): ``initialize`` while what the agents advertised was read recently,
+        so that a client's first request is answered in the step that read it, with no task
+        of its own."""
+        if request.method == "initialize" and self.host.capabilities_fresh():
+            return self._initialize_now
+        return None
+
     async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
+        await self.host.refresh_capabilities()
+        return self._initialize_now(conn, request)
+
+    def _initialize_now(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
         if conn.protocol_version is not None:
             raise RpcError(INVALID_REQUEST, "the connection is already initialized")
         version = request.params.get("protocolVersion")
@@ -112,7 +125,6 @@ class AcpMethods:
         caps = request.params.get(caps_field)
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
         conn.protocol_version = negotiated
-        await self.host.refresh_capabilities()
         return self._initialize_result(negotiated, conn.tenant)
 
     def _initialize_result(self, version: int, tenant: str) -> fastjson.Fragment:
