@@ -36,6 +36,24 @@ async def test_full_collections_freeze_their_survivors_and_a_sweep_finds_frozen_
     assert collector._on_collection not in gc.callbacks
 
 
+async def test_what_outlives_a_middle_generation_collection_is_frozen() -> None:
+    collector = FreezeSurvivors(interval=3600)
+    collector.start()
+    try:
+        gc.unfreeze()
+        kept = [_Node() for _ in range(100)]
+        before = gc.get_freeze_count()
+        gc.collect(1)  # a young collection of the middle generation: its survivors frozen
+        frozen = gc.get_freeze_count()
+        assert frozen >= before + len(kept)
+        more = [_Node() for _ in range(100)]
+        gc.collect(0)  # the youngest alone: its survivors move on, unfrozen
+        assert gc.get_freeze_count() == frozen and len(more) == 100
+    finally:
+        await collector.stop()
+        gc.unfreeze()
+
+
 async def test_the_sweep_runs_on_its_schedule() -> None:
     collector = FreezeSurvivors(interval=0.01)
     collector.start()
