@@ -23,6 +23,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
+from ...loops import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 PAYLOAD = b"acpb"
@@ -92,13 +94,7 @@ class Keepalive:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        closing = list(self._closing)
-        for closer in closing:
-            closer.cancel()
-        await asyncio.gather(*closing, return_exceptions=True)
+        await cancel_and_wait(*([task] if task else []), *self._closing)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
