@@ -82,7 +82,9 @@ async def test_a_peer_that_stops_answering_is_closed_and_live_ones_stay(node: Br
         await client.close()
 
 
-async def test_pings_are_spread_one_slot_a_tick(node: Broker) -> None:
+async def test_each_open_connection_sits_in_one_keepalive_slot_until_it_closes(
+    node: Broker,
+) -> None:
     keepalive = node.keepalive
     assert len(keepalive._slots) == slots(INTERVAL)
     clients = [await _client(node) for _ in range(4)]
