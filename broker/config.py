@@ -181,6 +181,12 @@ class Settings(BaseSettings):
     """Seconds the HTTP listener keeps an idle keep-alive connection open."""
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
+    list_cache: bool = True
+    """Whether a front keeps the list pages it answered (``session/list``, REST, MCP) and
+    answers them again from memory until the index announces a change of their tenant
+    (``broker/front/pages.py``)."""
+    list_cache_pages: int = Field(default=1024, ge=1)
+    """The most pages a front's list cache holds (least recently used dropped first)."""
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=4)

@@ -53,6 +53,7 @@ from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
 from .http.console import Console, same_origin_console
 from .http.sessions import sessions_service
+from .pages import IndexWatch, PageCache
 from .revocation import CredentialWatch
 from .routing import NodeRouter
 
@@ -95,7 +96,11 @@ class FrontNode:
             max_events=settings.max_events_per_session,
             direct_reads=True,
         )
-        self.index = SessionIndex(self.redis)
+        self.pages = PageCache(settings.list_cache_pages) if settings.list_cache else None
+        self.index = SessionIndex(
+            self.redis, changed=self.pages.invalidate if self.pages is not None else None
+        )
+        self.index_watch = IndexWatch(self.redis, self.pages) if self.pages is not None else None
         self.hub = FanoutHub(self.redis, self.log)
         self.agents = RemoteAgents(
             self.redis,
@@ -123,6 +128,7 @@ class FrontNode:
             CursorCodec(settings.cursor_keys()),
             self.access,
             surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
+            pages=self.pages,
         )
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
@@ -144,10 +150,12 @@ class FrontNode:
         self.health.add("redis", self._store_ready)
         self.health.add("pubsub", self.hub.check_subscribed)
         self.health.add("fanout loops", tasks_running(self.hub.loops))
+        if self.index_watch is not None:
+            self.health.add("page cache loops", tasks_running(self.index_watch.loops))
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
         self.http = FrontHttp(
             settings,
-            sessions_service(settings, self.redis, self.authenticator),
+            sessions_service(settings, self.redis, self.authenticator, self.pages),
             console,
             self.health,
         )
@@ -176,6 +184,8 @@ class FrontNode:
 
     async def start(self) -> None:
         await self.hub.start()
+        if self.index_watch is not None:
+            self.index_watch.start()
         for role in self.colocated:
             await role.start()
         self._server = await serve(
@@ -228,6 +238,8 @@ class FrontNode:
             name = getattr(role, "name", type(role).__name__)
             await self._stop_part(name, role.stop(hand_over=hand_over))
         await self._stop_part("the fan-out hub", self.hub.stop())
+        if self.index_watch is not None:
+            await self._stop_part("the page cache's watch", self.index_watch.stop())
         if self.archive is not None:
             await self.archive.close()
         self.index.close()

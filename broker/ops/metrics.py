@@ -80,6 +80,22 @@ LIST_SECONDS = Histogram(
     ["api"],
     buckets=LATENCY_BUCKETS,
 )
+PAGE_CACHE = Counter(
+    "acp_broker_page_cache_total",
+    "List pages asked of the front's page cache, by outcome: hit, miss, bypass (not subscribed)",
+    ["outcome"],
+)
+PAGE_CACHE_INVALIDATIONS = Counter(
+    "acp_broker_page_cache_invalidations_total",
+    "Tenants' cached pages dropped: an index change announced, or made by this front",
+)
+PAGE_CACHE_RESETS = Counter(
+    "acp_broker_page_cache_resets_total",
+    "Times the page cache was emptied and bypassed because its subscription was lost",
+)
+PAGE_CACHE_LIVE = Gauge(
+    "acp_broker_page_cache_live", "1 while the page cache is subscribed and serving pages"
+)
 REFUSED = Counter(
     "acp_broker_requests_refused_total", "Requests refused by a rate limit", ["limit"]
 )

@@ -19,6 +19,11 @@ Projection is idempotent: a session's row and entries are a function of its
 snapshot, written with compare-and-set on a per-session version that records
 the snapshot seq and the entries written, so replays and racing projectors
 converge on the newest snapshot.
+
+Every write is announced: after it, in the same pipeline where the write is one, the
+tenant's name is published on :data:`~.keys.INDEX_CHANNEL` (once per tenant per batch), and
+the hook :attr:`SessionIndex.changed` (a front's page cache) is told at once. A tenant whose
+announcement could not be sent is owed one, sent with the next write's.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import contextlib
 import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -41,7 +46,7 @@ from .catalog import catalog_entries
 from .client import Store, is_cluster
 from .direct import direct_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
-from .keys import TenantKeys
+from .keys import INDEX_CHANNEL, TenantKeys
 
 _VERSIONS_KEPT = 100_000
 """How many sessions' versions a projecting index remembers (about 200 bytes each)."""
@@ -318,8 +323,15 @@ _NOTHING: Any = object()
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
-    def __init__(self, redis: Store) -> None:
+    def __init__(self, redis: Store, *, changed: Callable[[str], None] | None = None) -> None:
         self.redis = redis
+        self.changed = changed
+        """Called with a tenant's name as soon as a write of its index returned (or failed:
+        it may have been made), before the write's caller goes on."""
+        self._owed: dict[str, int] = {}
+        """Tenants whose announcement failed (each with the count it was owed at), sent with
+        the next write's."""
+        self._owings = 0
         self._project = redis.register_script(_script("project.lua"))
         self._touch = redis.register_script(_script("touch.lua"))
         self._direct = direct_calls(redis)
@@ -328,10 +340,14 @@ class SessionIndex:
         (its text, itself) and whether the row written shows the updated time as its
         ``updatedAt`` (True; False: an explicit one; None: not known, only read)."""
 
-    async def project(self, snapshot: SessionSnapshot, *, force: bool = False) -> bool:
+    async def project(
+        self, snapshot: SessionSnapshot, *, force: bool = False, announce: bool = True
+    ) -> bool:
         """Bring the index up to ``snapshot``; False if it already held this or a newer one.
 
         ``force`` rewrites the session's entries even at the same seq (rebuilds).
+        ``announce=False`` leaves the announcement to the caller (:meth:`announce`), which
+        writes many sessions of a tenant.
         """
         keys = TenantKeys(snapshot.tenant)
         new = Version(snapshot.seq, entries_of(snapshot))
@@ -341,9 +357,55 @@ class SessionIndex:
             old = Version.decode(raw)
             if old is not None and old.seq >= snapshot.seq and not force:
                 return False
-            if await self._write(keys, snapshot.session_id, raw or "", old, new, row, force=force):
+            try:
+                written = await self._write(
+                    keys, snapshot.session_id, raw or "", old, new, row, force=force
+                )
+            finally:
+                self._tell((snapshot.tenant,))
+            if written:
                 self._remember(snapshot, new)
+                if announce:
+                    await self.announce((snapshot.tenant,))
                 return True
+
+    async def announce(self, tenants: Collection[str]) -> None:
+        """Publish that the index of each of ``tenants`` changed (and any announcement owed):
+        one message per tenant, in one round trip."""
+        names, owed = self._announcing(tenants)
+        if not names:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.spublish(INDEX_CHANNEL, name)
+                await pipe.execute()
+        except BaseException:
+            self._owe(names)
+            raise
+        self._paid(owed)
+
+    def _announcing(self, tenants: Iterable[str]) -> tuple[list[str], dict[str, int]]:
+        """The tenants to announce now (``tenants`` and those owed), and the owed ones as
+        they stood (:meth:`_paid` forgets only those not owed again since)."""
+        owed = dict(self._owed)
+        return sorted({*tenants, *owed}), owed
+
+    def _owe(self, tenants: Iterable[str]) -> None:
+        self._owings += 1
+        for tenant in tenants:
+            self._owed[tenant] = self._owings
+
+    def _paid(self, owed: Mapping[str, int]) -> None:
+        for tenant, mark in owed.items():
+            if self._owed.get(tenant) == mark:
+                del self._owed[tenant]
+
+    def _tell(self, tenants: Iterable[str]) -> None:
+        """The local hook, for each tenant whose index was (or may have been) written."""
+        if self.changed is not None:
+            for tenant in tenants:
+                self.changed(tenant)
 
     async def project_many(
         self, snapshots: Sequence[SessionSnapshot]
@@ -457,26 +519,41 @@ class SessionIndex:
         return _TouchCall(key, text, version, derived, script_keys, args)
 
     async def _run_touch(self, calls: Sequence[_TouchCall]) -> list[int]:
-        """One ``lua/touch.lua`` call for ``calls`` (one slot's, on a cluster)."""
+        """One ``lua/touch.lua`` call for ``calls`` (one slot's, on a cluster), then their
+        tenants announced (on a bare connection, in the same write)."""
         keys: list[str] = []
         args: list[Any] = [len(calls)]
         for call in calls:
             keys += call.keys
             args += call.args
-        if self._direct is not None:
-            # A write, made again through the client after a failure: the version check
-            # makes a second one write nothing (and the session is projected afresh).
-            with contextlib.suppress(RedisError):
-                sha = self._touch.sha
-                return list(await self._direct.call("EVALSHA", sha, len(keys), *keys, *args))
-        return list(await self._touch(keys=keys, args=args))
+        tenants = {call.key[0] for call in calls}
+        try:
+            if self._direct is not None:
+                # A write, made again through the client after a failure: the version check
+                # makes a second one write nothing (and the session is projected afresh).
+                with contextlib.suppress(RedisError):
+                    names, owed = self._announcing(tenants)
+                    sha = self._touch.sha
+                    touch = ("EVALSHA", sha, len(keys), *keys, *args)
+                    replies = await self._direct.calls(
+                        touch, *[("SPUBLISH", INDEX_CHANNEL, name) for name in names]
+                    )
+                    self._paid(owed)
+                    return list(replies[0])
+            done = list(await self._touch(keys=keys, args=args))
+        finally:
+            self._tell(tenants)
+        await self.announce(tenants)
+        return done
 
     async def _project_each(
         self, snapshots: Sequence[SessionSnapshot]
     ) -> list[tuple[SessionSnapshot, Exception]]:
         outcomes = await asyncio.gather(
-            *(self.project(snapshot) for snapshot in snapshots), return_exceptions=True
+            *(self.project(snapshot, announce=False) for snapshot in snapshots),
+            return_exceptions=True,
         )
+        await self.announce({snapshot.tenant for snapshot in snapshots})
         failed: list[tuple[SessionSnapshot, Exception]] = []
         for snapshot, outcome in zip(snapshots, outcomes, strict=True):
             if isinstance(outcome, ValueError | KeyError | TypeError):
@@ -517,21 +594,38 @@ class SessionIndex:
         self, calls: Sequence[tuple[SessionSnapshot, Version, list[str], list[Any]]]
     ) -> None:
         sha = self._project.sha
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for _, _, script_keys, args in calls:
-                pipe.evalsha(sha, len(script_keys), *script_keys, *args)
-            written = await pipe.execute(raise_on_error=False)
+        tenants = {snapshot.tenant for snapshot, _, _, _ in calls}
+        names, owed = self._announcing(tenants)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for _, _, script_keys, args in calls:
+                    pipe.evalsha(sha, len(script_keys), *script_keys, *args)
+                for name in names:  # after the writes, in the same round trip
+                    pipe.spublish(INDEX_CHANNEL, name)
+                replies = await pipe.execute(raise_on_error=False)
+        finally:
+            self._tell(tenants)
+        written, published = replies[: len(calls)], replies[len(calls) :]
+        if any(isinstance(reply, Exception) for reply in published):
+            self._owe(names)
+        else:
+            self._paid(owed)
+        again: set[str] = set()
         for (snapshot, new, _, args), done in zip(calls, written, strict=True):
             key = (snapshot.tenant, snapshot.session_id)
             if done == 1:
                 self._remember(snapshot, new, args[2])
                 continue
             if isinstance(done, Exception) and not isinstance(done, NoScriptError):
+                self._owe(tenants)  # its failure may hide writes made after the announcement
                 raise done
             # Someone else wrote first, or the script is not loaded (a restarted Redis):
             # the one-at-a-time path reads afresh and loads the script.
             self._versions.pop(key, None)
-            await self.project(snapshot)
+            await self.project(snapshot, announce=False)
+            again.add(snapshot.tenant)
+        if again or self._owed:
+            await self.announce(again)
 
     async def remove(self, tenant: str, session_id: str) -> None:
         """Take a session out of the index entirely."""
@@ -540,7 +634,14 @@ class SessionIndex:
         while True:
             raw = await self.redis.hget(keys.versions, session_id)
             empty = Version(0, {})
-            if await self._write(keys, session_id, raw or "", Version.decode(raw), empty, ""):
+            try:
+                done = await self._write(
+                    keys, session_id, raw or "", Version.decode(raw), empty, ""
+                )
+            finally:
+                self._tell((tenant,))
+            if done:
+                await self.announce((tenant,))
                 return
 
     async def _write(

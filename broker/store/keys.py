@@ -167,6 +167,13 @@ def host_queue() -> str:
     return f"{PREFIX}:hosts:queue"
 
 
+INDEX_CHANNEL = f"{PREFIX}:index:changed"
+"""The shard channel on which every writer of the session index names, once per batch of
+writes, each tenant whose index it changed (the message is the tenant): fronts drop their
+cached pages of that tenant (``broker/front/pages.py``). One channel, so on a Redis Cluster
+it lives on one shard and every front's one subscription there hears every change."""
+
+
 def node_channel(node_id: str) -> str:
     """The shard channel where a front node receives replies and agent requests."""
     return f"{PREFIX}:node:{node_id}"

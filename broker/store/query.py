@@ -308,8 +308,16 @@ class SessionLister:
 
     async def page(self, tenant: str, query: SessionQuery) -> SessionPage:
         """One page of ``query``'s sessions (``invalid_cursor`` :class:`ApiError` if bad)."""
+        return await self.page_after(tenant, query, self.position(tenant, query))
+
+    def position(self, tenant: str, query: SessionQuery) -> str | None:
+        """The keyset position ``query``'s cursor holds (None: the first page);
+        ``invalid_cursor`` :class:`ApiError` if it is not one of ours for this query."""
+        return self._position(query.after, fingerprint(tenant, CATALOG, query.filters()))
+
+    async def page_after(self, tenant: str, query: SessionQuery, after: str | None) -> SessionPage:
+        """One page of ``query``'s sessions past position ``after`` (see :meth:`position`)."""
         mark = fingerprint(tenant, CATALOG, query.filters())
-        after = self._position(query.after, mark)
         sources = [_Source(name, accept, after) for name, accept in plan(query)]
         filtered = any(s.accept is not None for s in sources)
         chunk = max(query.limit + 1, FILTER_CHUNK) if filtered else query.limit + 1

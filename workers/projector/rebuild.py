@@ -46,11 +46,15 @@ async def rebuild_index(redis: Store, archive: ArchiveStore | None = None) -> di
             await _mark_hot(redis, tenant, session_id, events)
             snapshot = fold(tenant, session_id, events)
             if snapshot is not None:
-                await index.project(snapshot, force=True)
+                await index.project(snapshot, force=True, announce=False)
                 for name, member in members_of(snapshot).items():
                     expected[keys.index(name)].add(member)
-        await _remove_orphans(redis, index, tenant, sessions)
-        await _sweep_listings(redis, keys, expected)
+        try:
+            await _remove_orphans(redis, index, tenant, sessions)
+            await _sweep_listings(redis, keys, expected)
+        finally:
+            # Fronts drop their cached pages of the tenant: once for all its sessions.
+            await index.announce((tenant,))
         counts[tenant] = len(sessions)
     return counts
 

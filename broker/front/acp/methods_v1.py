@@ -37,6 +37,7 @@ from ...store.log import SessionLog, SessionMissing
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
 from ..fanout import FanoutHub
+from ..pages import PageCache
 from .access import Access, connection_limit
 from .connection import AtOnce, ClientConnection
 from .dispatch import DEFERRED
@@ -75,6 +76,8 @@ class AcpMethods:
     access: Access
     surfaces: Mapping[int, Mapping[str, MethodHandler]] = field(default_factory=dict)
     """The methods of each protocol version (v1's where a version has none given)."""
+    pages: PageCache | None = None
+    """The front's list page cache (None: every page is read from Redis)."""
     _initialized: _InitializeCache = field(default_factory=lambda: _InitializeCache(), repr=False)
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
@@ -387,13 +390,28 @@ class AcpMethods:
                 after = self.cursors.decode(cursor, mark)
             except InvalidCursor as exc:
                 raise invalid_params(f"invalid cursor: {exc}") from None
-        page = await self.index.page(conn.tenant, listing, after, self.settings.list_page_size)
+        limit = self.settings.list_page_size
+        pages = self.pages
+        if pages is None:
+            return fastjson.Fragment(await self._list_reply(conn.tenant, listing, after, mark))
+        # The reply itself is kept: a hit costs no Redis round trip, no splice, no cursor.
+        key = (conn.tenant, "acp", cwd, after, limit)
+        text = pages.get(key)
+        if text is None:
+            token = pages.begin()
+            text = await self._list_reply(conn.tenant, listing, after, mark)
+            pages.put(key, token, text)
+        return fastjson.Fragment(text)
+
+    async def _list_reply(self, tenant: str, listing: str, after: str | None, mark: str) -> str:
+        """A ``session/list`` result as JSON text, read from the index."""
+        page = await self.index.page(tenant, listing, after, self.settings.list_page_size)
         # The reply is spliced from the rows' SessionInfo texts as stored (one fragment,
         # not one per row: each one costs the encoder a call back into Python).
         text = '{"sessions":[' + page.infos + "]"
         if page.has_more and page.last is not None:
             text += ',"nextCursor":' + fastjson.dumps(self.cursors.encode(page.last, mark))
-        return fastjson.Fragment(text + "}")
+        return text + "}"
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -32,8 +32,10 @@ from ...store.query import (
     STATUS_VALUES,
     SessionLister,
     SessionPage,
+    SessionQuery,
     parse_query,
 )
+from ..pages import PageCache
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +60,17 @@ class SessionsService:
     """Lists a caller's sessions: authenticate, validate, read one page."""
 
     def __init__(
-        self, lister: SessionLister, authenticate: Authenticator, *, deadline: float = 30.0
+        self,
+        lister: SessionLister,
+        authenticate: Authenticator,
+        *,
+        deadline: float = 30.0,
+        pages: PageCache | None = None,
     ) -> None:
         self.lister = lister
         self.authenticate = authenticate
         self.deadline = deadline
+        self.pages = pages
 
     async def page(self, args: Mapping[str, Any], credentials: Credentials) -> SessionPage:
         """One page for these inputs, within :attr:`deadline` seconds; :class:`ApiError`
@@ -71,7 +79,7 @@ class SessionsService:
             async with asyncio.timeout(self.deadline):
                 tenant = await self.authenticate(credentials)
                 with metrics.LIST_SECONDS.labels("http").time():
-                    return await self.lister.page(tenant, parse_query(args))
+                    return await self._page(tenant, parse_query(args))
         except ApiError:
             raise
         except TimeoutError as exc:
@@ -87,17 +95,47 @@ class SessionsService:
             log.exception("listing sessions failed")
             raise ApiError(ErrorCode.INTERNAL, "the sessions could not be listed") from exc
 
+    async def _page(self, tenant: str, query: SessionQuery) -> SessionPage:
+        """The page, from the front's cache where it holds it (pages are not changed by
+        their readers: REST and MCP render new objects from their rows)."""
+        after = self.lister.position(tenant, query)
+        pages = self.pages
+        if pages is None:
+            return await self.lister.page_after(tenant, query, after)
+        key = (
+            tenant,
+            "catalog",
+            query.statuses,
+            query.kind,
+            query.q,
+            query.cwd,
+            after,
+            query.limit,
+        )
+        page: SessionPage | None = pages.get(key)
+        if page is None:
+            token = pages.begin()
+            page = await self.lister.page_after(tenant, query, after)
+            pages.put(key, token, page)
+        return page
+
 
 def sessions_service(
-    settings: Settings, store: Store, authenticator: BrokerAuthenticator | None = None
+    settings: Settings,
+    store: Store,
+    authenticator: BrokerAuthenticator | None = None,
+    pages: PageCache | None = None,
 ) -> SessionsService:
-    """The service for a node (its authenticator) or for ``acp-broker mcp`` over stdio
-    (no authenticator: whoever runs it holds the Redis URL and acts as the settings' tenant)."""
+    """The service for a node (its authenticator, its page cache) or for ``acp-broker mcp``
+    over stdio (no authenticator: whoever runs it holds the Redis URL and acts as the
+    settings' tenant; no page cache)."""
     lister = SessionLister(store, CursorCodec(settings.cursor_keys()))
     deadline = settings.request_timeout
     if authenticator is None or not authenticator.enabled:
-        return SessionsService(lister, open_access(settings.tenant), deadline=deadline)
-    return SessionsService(lister, bearer_access(authenticator), deadline=deadline)
+        access = open_access(settings.tenant)
+    else:
+        access = bearer_access(authenticator)
+    return SessionsService(lister, access, deadline=deadline, pages=pages)
 
 
 def input_properties(*, after: str = AFTER_TOOL) -> dict[str, JsonObject]:

@@ -1,0 +1,273 @@
+"""A front's cache of list pages, kept fresh by the index's announcements.
+
+A page of ``session/list`` (or of ``GET /v1/sessions`` and the MCP ``session_list``) is
+a function of the tenant's index, and the index changes only where a writer announces it
+(:data:`~broker.store.keys.INDEX_CHANNEL`, see :class:`~broker.store.index.SessionIndex`).
+So a front answers a page it answered before from memory, without the Redis round trip,
+until the tenant's next announcement arrives; then every page of that tenant is dropped.
+
+Correctness rests on three rules:
+
+* **Generations.** A read takes a token (:meth:`PageCache.begin`) before it goes to Redis;
+  its page is stored only if no announcement of its tenant (and no reset) came after the
+  token was taken. A read in flight across an invalidation is answered, not stored.
+* **No subscription, no cache.** Pages are served and stored only while the watch
+  (:class:`IndexWatch`) is subscribed to the channel and hears its own probes. Start-up, a
+  lost connection, a Redis restart (with or without its data), a failover, a stall (a probe
+  not heard within :data:`PROBE_INTERVAL`) all empty the cache and bypass it; every
+  (re)subscription starts it empty, since what was announced meanwhile is unknown.
+* **The front's own writes** (``session/new``, ``set_title``, ``delete`` …) are dropped
+  locally at once, before their reply (``SessionIndex.changed``), and announced to the
+  other fronts like the projector's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+from ..failures import FailureLog
+from ..ops import metrics
+from ..store.client import Store, is_cluster
+from ..store.keys import INDEX_CHANNEL
+from ..store.subscriber import Message, open_subscriber
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL = 1.0
+"""Seconds between two probes of the channel; one not heard by the next is a deaf
+subscription (a stall, a failover): the cache is bypassed until it is subscribed again."""
+RETRY_PAUSE = 0.5
+"""Seconds between two attempts to subscribe while Redis is away."""
+PROBE_MARK = "!"
+"""Probes start with it; tenant names cannot (``names.TENANT_RULE``)."""
+
+Key = tuple[Hashable, ...]
+"""A cached page's key: the tenant first, then everything else that shapes the answer."""
+
+_HIT = metrics.PAGE_CACHE.labels("hit")
+_MISS = metrics.PAGE_CACHE.labels("miss")
+_BYPASS = metrics.PAGE_CACHE.labels("bypass")
+
+
+class PageCache:
+    """A bounded LRU of pages, by tenant, with per-tenant generations."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.live = False
+        """Whether the watch is subscribed: only then are pages served and stored."""
+        self._entries: OrderedDict[Key, Any] = OrderedDict()
+        self._by_tenant: dict[Hashable, set[Key]] = {}
+        self._stamp = 0
+        self._reset_at = 0
+        self._changed_at: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Key) -> Any | None:
+        """The page stored under ``key`` (the most recently used from now), or None."""
+        if not self.live:
+            _BYPASS.inc()
+            return None
+        page = self._entries.get(key)
+        if page is None:
+            _MISS.inc()
+            return None
+        self._entries.move_to_end(key)
+        _HIT.inc()
+        return page
+
+    def begin(self) -> int | None:
+        """A token for a read about to start (None while the cache is bypassed)."""
+        return self._stamp if self.live else None
+
+    def put(self, key: Key, token: int | None, page: Any) -> None:
+        """Store ``page`` unless its tenant changed (or the cache was reset) since ``token``."""
+        tenant = key[0]
+        if (
+            token is None
+            or not self.live
+            or token < self._reset_at
+            or self._changed_at.get(tenant, 0) > token
+        ):
+            return
+        if key not in self._entries:
+            self._by_tenant.setdefault(tenant, set()).add(key)
+        self._entries[key] = page
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            old, _ = self._entries.popitem(last=False)
+            self._forget(old)
+
+    def invalidate(self, tenant: Hashable) -> None:
+        """Drop every page of ``tenant``; reads of it in flight will not be stored."""
+        metrics.PAGE_CACHE_INVALIDATIONS.inc()
+        self._stamp += 1
+        if len(self._changed_at) >= 4 * self.max_entries + 1024:
+            self.reset()  # a bound, not a policy: a tenant's stamp is needed only briefly
+        self._changed_at[tenant] = self._stamp
+        for key in self._by_tenant.pop(tenant, ()):
+            self._entries.pop(key, None)
+
+    def reset(self) -> None:
+        """Drop every page; no read in flight will be stored."""
+        self._stamp += 1
+        self._reset_at = self._stamp
+        self._entries.clear()
+        self._by_tenant.clear()
+        self._changed_at.clear()
+
+    def up(self) -> None:
+        """The watch is (again) subscribed: serve and store pages, from empty."""
+        self.reset()
+        if not self.live:
+            metrics.PAGE_CACHE_LIVE.set(1)
+        self.live = True
+
+    def down(self) -> None:
+        """The watch is not subscribed: bypass the cache, empty."""
+        if self.live:
+            metrics.PAGE_CACHE_LIVE.set(0)
+            metrics.PAGE_CACHE_RESETS.inc()
+        self.live = False
+        self.reset()
+
+    def _forget(self, key: Key) -> None:
+        keys = self._by_tenant.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_tenant[key[0]]
+
+
+class _ClusterChannel:
+    """The channel through redis-py's cluster pub/sub: one connection, to the node that
+    holds the channel's slot (found afresh on every subscription)."""
+
+    def __init__(self, redis: Store) -> None:
+        self._redis = redis
+        self._pubsub = redis.pubsub()
+        self._node: Any = None
+
+    async def ssubscribe(self, channel: str) -> None:
+        await self._redis.initialize()
+        await self._pubsub.ssubscribe(channel)
+        self._node = self._redis.get_node_from_key(channel)
+
+    async def read_batch(self) -> list[Message]:
+        message = await self._pubsub.get_sharded_message(target_node=self._node, timeout=1.0)
+        return [] if message is None else [message]
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()
+
+
+class IndexWatch:
+    """Keeps a :class:`PageCache` subscribed to the index's announcements."""
+
+    def __init__(
+        self, redis: Store, cache: PageCache, *, probe_interval: float = PROBE_INTERVAL
+    ) -> None:
+        self.redis = redis
+        self.cache = cache
+        self.probe_interval = probe_interval
+        self._probe = f"{PROBE_MARK}{secrets.token_hex(8)}:"
+        self._sent = 0
+        self._heard = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self.failures = FailureLog(log, "index announcements")
+
+    def start(self) -> None:
+        self._reader = asyncio.create_task(self._read_loop(None), name="page-cache-reader")
+        self._prober = asyncio.create_task(self._probe_loop(), name="page-cache-probe")
+
+    def loops(self) -> list[asyncio.Task[Any]]:
+        return [task for task in (self._reader, self._prober) if task is not None]
+
+    async def stop(self) -> None:
+        tasks = self.loops()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.cache.down()
+
+    async def _read_loop(self, previous: asyncio.Task[None] | None) -> None:
+        """Subscribe, hand what arrives to the cache; on any failure bypass it and start
+        over (once ``previous``, the reader this one replaces, has ended)."""
+        if previous is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await previous
+        while True:
+            channel: Any = _ClusterChannel(self.redis) if is_cluster(self.redis) else None
+            if channel is None:
+                channel = open_subscriber(self.redis)
+            try:
+                await channel.ssubscribe(INDEX_CHANNEL)
+                while True:
+                    for message in await channel.read_batch():
+                        self._on_message(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure of the subscription: bypass, start over
+                self.failures.failed(exc)
+            finally:
+                self.cache.down()
+                with contextlib.suppress(Exception):  # closing a broken subscription
+                    await channel.aclose()
+            await asyncio.sleep(RETRY_PAUSE)
+
+    def _on_message(self, message: Message) -> None:
+        kind = message.get("type")
+        if message.get("channel") != INDEX_CHANNEL:
+            return
+        if kind == "smessage":
+            data = message.get("data")
+            if not isinstance(data, str):
+                return
+            if data.startswith(PROBE_MARK):
+                if data.startswith(self._probe):
+                    self._heard = max(self._heard, int(data[len(self._probe) :]))
+                return
+            self.cache.invalidate(data)
+        elif kind == "ssubscribe":
+            # Every confirmation, the first and those after a reconnection the client made
+            # by itself (redis-py's subscribes again silently): what was announced in
+            # between is unknown, so the cache starts empty.
+            self._heard = self._sent
+            self.failures.succeeded()
+            self.cache.up()
+        elif kind == "sunsubscribe":  # the slot moved (a failover, a resharding)
+            self._restart("the channel's slot moved")
+
+    async def _probe_loop(self) -> None:
+        """Publish a probe every :attr:`probe_interval`; one not heard by the next is a deaf
+        subscription: bypass the cache and subscribe again."""
+        while True:
+            await asyncio.sleep(self.probe_interval)
+            if self.cache.live and self._heard < self._sent:
+                self._restart(f"a probe went unheard for {self.probe_interval:g} s")
+            self._sent += 1
+            try:
+                await self.redis.spublish(INDEX_CHANNEL, f"{self._probe}{self._sent}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away or stalled: bypass, subscribe afresh
+                self.failures.failed(exc)
+                if self.cache.live:
+                    self._restart(f"a probe could not be sent ({exc})")
+
+    def _restart(self, why: str) -> None:
+        self.cache.down()
+        log.warning("page cache bypassed: %s; subscribing again", why)
+        previous = self._reader
+        if previous is not None:
+            previous.cancel()
+        self._reader = asyncio.create_task(self._read_loop(previous), name="page-cache-reader")

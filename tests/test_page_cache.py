@@ -1,0 +1,356 @@
+"""The fronts' list page cache (``broker/front/pages.py``) and the index's announcements.
+
+Real servers throughout: a redis-server of the test's own, the embedded store and a real
+3-master Redis Cluster. Every wait is bounded and waits for a condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from broker.front.node import FrontNode
+from broker.front.pages import IndexWatch, PageCache
+from broker.protocol.jsonrpc import Request
+from broker.serve import Broker
+from broker.store.client import connect
+from broker.store.events import EventType
+from broker.store.index import SessionIndex
+from broker.store.log import SessionLog, new_session_id
+from broker.store.query import SessionQuery
+from workers.projector.archiving import Archiver
+from workers.projector.rebuild import rebuild_index
+from workers.projector.worker import Projector
+
+from .conftest import make_settings
+from .support.redis_server import restartable_redis
+
+PROBE = 0.5
+"""The probe interval of the tests' watches (seconds)."""
+
+
+@pytest.fixture(params=["redis", "embedded", "cluster"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def _until(check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
+    """Wait (bounded) until ``check`` holds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            outcome = check()
+            if outcome if isinstance(outcome, bool) else await outcome:
+                return
+            await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def _front(store: Any, **overrides: Any) -> AsyncIterator[FrontNode]:
+    """A second front (no roles beside it) on ``store``, its cache subscribed."""
+    node = FrontNode(make_settings(**overrides), redis=store)
+    if node.index_watch is not None:
+        node.index_watch.probe_interval = PROBE
+    await node.start()
+    try:
+        if node.pages is not None:
+            await _until(lambda: node.pages is not None and node.pages.live)
+        yield node
+    finally:
+        await node.stop()
+
+
+def _reads(node: FrontNode) -> list[str]:
+    """Counts the front's page reads from Redis (one entry per read)."""
+    reads: list[str] = []
+    page = node.index.page
+
+    async def counted(tenant: str, *args: Any) -> Any:
+        reads.append(tenant)
+        return await page(tenant, *args)
+
+    node.index.page = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def _list(node: FrontNode, tenant: str = "default", **params: Any) -> dict[str, Any]:
+    conn = types.SimpleNamespace(tenant=tenant)
+    reply = await node.methods.session_list(conn, Request("session/list", params, 1))  # type: ignore[arg-type]
+    return dict(json.loads(reply.text))
+
+
+async def _created(log: SessionLog, tenant: str, title: str | None = None) -> str:
+    session_id = new_session_id()
+    await log.create(tenant, session_id, {"type": EventType.CREATED, "cwd": "/w", "agent": "demo"})
+    if title is not None:
+        await log.append(tenant, session_id, _title(title))
+    return session_id
+
+
+def _title(title: str) -> dict[str, Any]:
+    return {
+        "type": EventType.UPDATE,
+        "update": {"sessionUpdate": "session_info_update", "title": title},
+    }
+
+
+async def _project(node: FrontNode, tenant: str, session_id: str) -> None:
+    await node.index.project(await node.log.snapshot(tenant, session_id))
+
+
+def _titles(reply: dict[str, Any]) -> list[str | None]:
+    return [s.get("title") for s in reply["sessions"]]
+
+
+# -- the cache alone ----------------------------------------------------------------------
+
+
+async def test_a_read_in_flight_across_an_invalidation_or_a_reset_is_not_kept() -> None:
+    cache = PageCache(2)
+    key = ("a", "acp", None, None, 50)
+    assert cache.get(key) is None and cache.begin() is None  # not subscribed: bypassed
+    cache.up()
+    token = cache.begin()
+    cache.invalidate("a")  # arrived while the read was in flight
+    cache.put(key, token, "old")
+    assert cache.get(key) is None
+    token = cache.begin()
+    cache.invalidate("b")  # another tenant's change does not matter
+    cache.put(key, token, "fresh")
+    assert cache.get(key) == "fresh"
+    token = cache.begin()
+    cache.reset()
+    cache.put(("a", "other"), token, "x")
+    assert cache.get(("a", "other")) is None and cache.get(key) is None
+    cache.put(key, cache.begin(), "p1")
+    cache.put(("b", 1), cache.begin(), "p2")
+    cache.get(key)  # used last: the other goes first
+    cache.put(("c", 1), cache.begin(), "p3")
+    assert len(cache) == 2 and cache.get(("b", 1)) is None and cache.get(key) == "p1"
+    cache.down()
+    assert len(cache) == 0 and cache.get(key) is None and cache.begin() is None
+
+
+# -- every writer of the index announces ----------------------------------------------------
+
+
+async def test_every_writer_of_the_index_announces_its_tenants(store: Any) -> None:
+    heard: list[str] = []
+
+    class Recording(PageCache):
+        def invalidate(self, tenant: Any) -> None:
+            heard.append(tenant)
+            super().invalidate(tenant)
+
+    cache = Recording(16)
+    watch = IndexWatch(store, cache, probe_interval=PROBE)
+    watch.start()
+    told: list[str] = []
+    log, index = SessionLog(store), SessionIndex(store, changed=told.append)
+    try:
+        await _until(lambda: cache.live)
+
+        async def announced(tenant: str) -> None:
+            await _until(lambda: tenant in heard)
+            heard.clear()
+
+        # the front's own projection: told at once, and announced
+        one = await _created(log, "t-project")
+        await index.project(await log.snapshot("t-project", one))
+        assert told == ["t-project"]
+        await announced("t-project")
+        # the projector: a full projection of a batch, then the in-place (touch.lua) path
+        projector = Projector(store)
+        await projector.ensure_groups()
+        two = await _created(log, "t-batch")
+        await projector._drain(pending=False)
+        await announced("t-batch")
+        await log.append(
+            "t-batch", two, {"type": EventType.UPDATE, "update": {"sessionUpdate": "plan"}}
+        )
+        await projector._drain(pending=False)
+        await announced("t-batch")
+        # removal (a purge), then a rebuild
+        await log.append("t-project", one, {"type": EventType.DELETED})
+        await Archiver(store, _NoArchive()).purge_session("t-project", one)
+        await announced("t-project")
+        await rebuild_index(store)
+        await announced("t-batch")
+        projector.index.close()
+    finally:
+        await watch.stop()
+        index.close()
+
+
+class _NoArchive:
+    """An archive holding nothing (a purge deletes from it)."""
+
+    async def delete(self, tenant: str, session_id: str) -> None:
+        return None
+
+
+# -- fronts ---------------------------------------------------------------------------------
+
+
+async def test_a_repeated_page_is_a_hit_and_a_projector_change_reaches_a_second_front(
+    store: Any,
+) -> None:
+    broker = Broker(make_settings(), redis=store)  # a front with a projector beside it
+    await broker.start()
+    try:
+        async with _front(store) as second:
+            reads = _reads(second)
+            session_id = await _created(broker.log, "default", "first")
+            await _until(lambda: _has_title(second, "first"))
+            reads.clear()
+            for _ in range(5):
+                assert _titles(await _list(second)) == ["first"]
+            # answered from the cache (one read allowed: an announcement still on its way)
+            assert len(reads) <= 1
+            await broker.log.append("default", session_id, _title("renamed"))
+            await _until(lambda: _has_title(second, "renamed"))  # the projector announced it
+            assert len(reads) >= 1
+            # REST and MCP's pages too: a hit, then a change shows
+            service = second.http.rest.sessions
+            query = SessionQuery()
+            page = await service._page("default", query)
+            assert [row["title"] for row in page.rows] == ["renamed"]
+            assert await service._page("default", query) is page
+            await broker.log.append("default", session_id, _title("again"))
+            await _until(
+                lambda: _rest_title(service, "again"),
+            )
+    finally:
+        await broker.stop()
+
+
+async def _has_title(node: FrontNode, title: str) -> bool:
+    return _titles(await _list(node)) == [title]
+
+
+async def _rest_title(service: Any, title: str) -> bool:
+    page = await service._page("default", SessionQuery())
+    return [row["title"] for row in page.rows] == [title]
+
+
+async def test_a_page_read_across_an_invalidation_is_not_cached(store: Any) -> None:
+    async with _front(store) as node:
+        session_id = await _created(node.log, "default", "before")
+        await _project(node, "default", session_id)
+        started, release = asyncio.Event(), asyncio.Event()
+        page = node.index.page
+
+        async def slow(*args: Any) -> Any:
+            result = await page(*args)  # what the index held when the read was made
+            started.set()
+            await release.wait()
+            return result
+
+        node.index.page = slow  # type: ignore[method-assign]
+        listing = asyncio.create_task(_list(node))
+        await started.wait()
+        assert node.pages is not None
+        before = node.pages._changed_at.get("default", 0)
+        other = SessionIndex(store)  # another writer (a projector), on another process's way
+        await node.log.append("default", session_id, _title("after"))
+        await other.project(await node.log.snapshot("default", session_id))
+        other.close()
+        assert node.pages is not None
+        await _until(lambda: node.pages is not None and node.pages._changed_at["default"] > before)
+        release.set()
+        assert _titles(await listing) == ["before"]  # answered as read
+        node.index.page = page  # type: ignore[method-assign]
+        assert _titles(await _list(node)) == ["after"]  # but not kept
+
+
+async def test_a_fronts_own_change_is_dropped_before_its_reply(store: Any) -> None:
+    async with _front(store) as node:
+        session_id = await _created(node.log, "default", "one")
+        await _project(node, "default", session_id)
+        assert _titles(await _list(node)) == ["one"]
+        await node.log.append("default", session_id, _title("two"))
+        await _project(node, "default", session_id)  # as session/set_title does
+        assert _titles(await _list(node)) == ["two"]  # no wait: dropped locally at once
+
+
+async def test_tenants_never_share_a_page(store: Any) -> None:
+    async with _front(store) as node:
+        for tenant in ("tenant-a", "tenant-b"):
+            session_id = await _created(node.log, tenant, f"of {tenant}")
+            await _project(node, tenant, session_id)
+        for _ in range(2):
+            assert _titles(await _list(node, "tenant-a")) == ["of tenant-a"]
+            assert _titles(await _list(node, "tenant-b")) == ["of tenant-b"]
+            for tenant in ("tenant-a", "tenant-b"):
+                page = await node.http.rest.sessions._page(tenant, SessionQuery())
+                assert [row["title"] for row in page.rows] == [f"of {tenant}"]
+
+
+async def test_with_the_cache_off_every_page_is_read(store: Any) -> None:
+    async with _front(store, list_cache=False) as node:
+        assert node.pages is None and node.index_watch is None
+        reads = _reads(node)
+        session_id = await _created(node.log, "default", "t")
+        await _project(node, "default", session_id)
+        for _ in range(3):
+            assert _titles(await _list(node)) == ["t"]
+        assert len(reads) == 3
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+@pytest.mark.parametrize("keep_data", [True, False])
+async def test_a_redis_restart_bypasses_the_cache_and_it_comes_back_empty(
+    store_kind: str, keep_data: bool
+) -> None:
+    with restartable_redis(aof=True) as server:
+        store = connect(server.url, timeout=1.0)
+        try:
+            async with _front(store) as node:
+                assert node.pages is not None
+                session_id = await _created(node.log, "default", "kept")
+                await _project(node, "default", session_id)
+                assert _titles(await _list(node)) == ["kept"]
+                assert len(node.pages) == 1
+                server.kill()
+                await _until(lambda: node.pages is not None and not node.pages.live)
+                assert len(node.pages) == 0
+                if not keep_data:
+                    server.wipe()
+                server.start()
+                await _until(lambda: node.pages is not None and node.pages.live, 20)
+                reply = await _list(node)
+                assert _titles(reply) == (["kept"] if keep_data else [])  # nothing stale
+        finally:
+            await store.aclose()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_stalled_redis_bypasses_the_cache_until_it_answers(store_kind: str) -> None:
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=1.0)
+        try:
+            async with _front(store) as node:
+                assert node.pages is not None
+                session_id = await _created(node.log, "default", "s")
+                await _project(node, "default", session_id)
+                assert _titles(await _list(node)) == ["s"]
+                server.pause()
+                try:
+                    await _until(lambda: node.pages is not None and not node.pages.live)
+                    assert len(node.pages) == 0
+                finally:
+                    server.resume()
+                await _until(lambda: node.pages is not None and node.pages.live, 20)
+                await node.log.append("default", session_id, _title("after the stall"))
+                await _project(node, "default", session_id)
+                assert _titles(await _list(node)) == ["after the stall"]
+        finally:
+            await store.aclose()
