@@ -1,11 +1,16 @@
 """session/list at 1,000,000 sessions in one tenant: a page at the start, middle and end.
 
-* **broker**: ``session/list`` over a WebSocket to a front node (``serve --no-workers``),
+* **broker**: ``session/list`` over a WebSocket to a front node (``serve --no-workers``)
+  with its list page cache (the default): every cell asks the same page of an unchanged
+  index again and again (what windows polling the first page ask), so after the first
+  answer it is served from the front's memory,
   from the lean client (:mod:`bench.wsclient`) the other benchmarks use,
   with a signed cursor at each depth, with and without a ``cwd`` filter (10 cwds, so the
   filtered listing holds 100,000 sessions). The index is written straight into Redis in the
   projector's format (rows hash + lex-ordered listings), pipelined, which is what the
   projector would leave after projecting these sessions.
+* **uncached**: the same requests to a second front with ``list_cache = false``: every page
+  read from Redis, what a page nobody asked for since the index last changed costs.
 * **floor**: the raw Redis read that one page needs (``ZRANGE … BYLEX LIMIT``; the ACP
   listings' members carry each session's ``SessionInfo`` text), from a redis-py client.
 * **index read**: the broker's own store read of a page as ``session/list`` makes it
@@ -35,7 +40,7 @@ from typing import Any
 from bench import common
 from bench.acp import lean_acp_client
 
-SYSTEMS = ("broker", "floor", "index", "postgres", "pg_ws")
+SYSTEMS = ("broker", "uncached", "floor", "index", "postgres", "pg_ws")
 TENANT = "default"
 PAGE = 50
 CWDS = 10
@@ -364,12 +369,15 @@ async def _one_run(
     system timed in turn; with ``_cpu``: each server's CPU µs per session/list."""
     async with (
         common.fronts(url, 1, f"list-{r}") as nodes,
+        common.fronts(url, 1, f"list-{r}-uncached", env={"ACP_BROKER_LIST_CACHE": "false"}) as bare,
         lean_acp_client(nodes[0].url) as client,
+        lean_acp_client(bare[0].url) as bare_client,
         contextlib.AsyncExitStack() as stack,
     ):
-        pids = {"broker": nodes[0].pid}
+        pids = {"broker": nodes[0].pid, "uncached": bare[0].pid}
         systems = {
             "broker": await list_calls(client, n),
+            "uncached": await list_calls(bare_client, n),
             "floor": await floor_calls(store, n),
             "index": await index_calls(store, n),
         }
@@ -415,7 +423,7 @@ async def run(args: Any) -> None:
     runs: list[dict[str, Any]] = []
     # CPU time per session/list of each server process (µs, one figure per run), over the
     # same window: the front node, and the PostgreSQL peer's server.
-    server_cpu: dict[str, list[float]] = {"broker": [], "pg_ws": []}
+    server_cpu: dict[str, list[float]] = {"broker": [], "uncached": [], "pg_ws": []}
     unavailable = ""
     import redis.asyncio as redis
 
@@ -455,12 +463,16 @@ async def run(args: Any) -> None:
             )
 
         b50, b99 = med("broker", "p50"), med("broker", "p99")
+        u50, u99 = med("uncached", "p50"), med("uncached", "p99")
         f50, f99 = med("floor", "p50"), med("floor", "p99")
         p50, p99 = med("postgres", "p50"), med("postgres", "p99")
         w50, w99 = med("pg_ws", "p50"), med("pg_ws", "p99")
         i50, i99 = med("index", "p50"), med("index", "p99")
         summary[cell] = {
             "broker": [b50, b99],
+            "uncached": [u50, u99],
+            "uncached_p99_over_floor": u99 / f99,
+            "uncached_p99_over_postgres_server": u99 / w99,
             "floor": [f50, f99],
             "postgres": [p50, p99],
             "postgres_server": [w50, w99],
@@ -471,29 +483,54 @@ async def run(args: Any) -> None:
             "broker_p99_over_postgres": b99 / p99,
         }
         rows.append(
-            [cell, b50, b99, w50, w99, f99, i99, p99, b99 / f99, b99 / w99, i99 / p99, b99 / p99]
+            [
+                cell,
+                b50,
+                b99,
+                u50,
+                u99,
+                w50,
+                w99,
+                f50,
+                f99,
+                i99,
+                p99,
+                b99 / f99,
+                u99 / f99,
+                b99 / w99,
+                u99 / w99,
+                i99 / p99,
+            ]
         )
     text = common.table(
         f"session/list, {n:,} sessions, {PAGE} per page (ms; cwd: 1 of {CWDS} cwds)",
         [
             "listing/depth",
-            "broker p50",
-            "broker p99",
+            "cached p50",
+            "cached p99",
+            "uncached p50",
+            "uncached p99",
             "pg server p50",
             "pg server p99",
+            "floor p50",
             "floor p99",
             "index read p99",
             "pg query p99",
-            "broker ÷ floor p99 (≤2)",
-            "broker ÷ pg server p99 (≤1)",
+            "cached ÷ floor p99 (≤1.5)",
+            "uncached ÷ floor p99 (≤1.5)",
+            "cached ÷ pg server p99 (≤1)",
+            "uncached ÷ pg server p99 (≤1)",
             "index read ÷ pg query p99 (≤1)",
-            "broker ÷ pg query p99",
         ],
         rows,
     )
     text += "\n\nServer CPU time (user + system) per session/list: " + ", ".join(
         f"{label} {common.median(server_cpu[name]):.0f} µs"
-        for name, label in (("broker", "front node"), ("pg_ws", "pg server"))
+        for name, label in (
+            ("broker", "front node (cached)"),
+            ("uncached", "front node (uncached)"),
+            ("pg_ws", "pg server"),
+        )
         if server_cpu[name]
     )
     for rev in args.baseline:
@@ -502,14 +539,22 @@ async def run(args: Any) -> None:
             [cell]
             + [
                 common.median([r[system][cell][stat] for r in runs])
-                for system in (name, "broker")
+                for system in (name, "broker", "uncached")
                 for stat in ("p50", "p99")
             ]
             for cell in cells
         ]
         text += "\n\n" + common.table(
             f"session/list: this tree beside {name} (same run, ms)",
-            ["listing/depth", "before p50", "before p99", "after p50", "after p99"],
+            [
+                "listing/depth",
+                "before p50",
+                "before p99",
+                "cached p50",
+                "cached p99",
+                "uncached p50",
+                "uncached p99",
+            ],
             before,
         )
     if unavailable:
@@ -522,6 +567,7 @@ async def run(args: Any) -> None:
             "sessions": n,
             "summary": summary,
             "front_cpu_us_per_request": server_cpu["broker"],
+            "uncached_front_cpu_us_per_request": server_cpu["uncached"],
             "pg_server_cpu_us_per_request": server_cpu["pg_ws"],
             "runs": runs,
         },

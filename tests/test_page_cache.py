@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.events import EventType
 from broker.store.index import SessionIndex
+from broker.store.keys import INDEX_CHANNEL
 from broker.store.log import SessionLog, new_session_id
 from broker.store.query import SessionQuery
 from workers.projector.archiving import Archiver
@@ -354,3 +356,32 @@ async def test_a_stalled_redis_bypasses_the_cache_until_it_answers(store_kind: s
                 assert _titles(await _list(node)) == ["after the stall"]
         finally:
             await store.aclose()
+
+
+@pytest.mark.parametrize("store_kind", ["cluster"])
+async def test_a_failover_of_the_channels_master_leaves_no_stale_page(
+    store: Any, store_kind: str, redis_cluster_info: Any
+) -> None:
+    broker = Broker(make_settings(), redis=store)  # a front with a projector beside it
+    await broker.start()
+    try:
+        async with _front(store) as second:
+            assert second.pages is not None
+            session_id = await _created(broker.log, "default", "before")
+            await _until(lambda: _has_title(second, "before"))
+            master = redis_cluster_info.master_of(INDEX_CHANNEL)
+            replica = redis_cluster_info.replica_of(master)
+            await asyncio.to_thread(
+                subprocess.run,
+                ["redis-cli", "-p", str(replica), "CLUSTER", "FAILOVER"],
+                check=True,
+                capture_output=True,
+                timeout=10,
+            )
+            await _until(lambda: redis_cluster_info.master_of(INDEX_CHANNEL) == replica, 30)
+            await broker.log.append("default", session_id, _title("after"))
+            await _until(lambda: _has_title(second, "after"), 30)
+            await _until(lambda: second.pages is not None and second.pages.live, 30)
+            assert _titles(await _list(second)) == ["after"]
+    finally:
+        await broker.stop()

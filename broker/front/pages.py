@@ -47,6 +47,9 @@ RETRY_PAUSE = 0.5
 PROBE_MARK = "!"
 """Probes start with it; tenant names cannot (``names.TENANT_RULE``)."""
 
+_STAMPS_KEPT = 16_384
+"""Tenants whose last change a cache remembers (a bound, see :meth:`PageCache.invalidate`)."""
+
 Key = tuple[Hashable, ...]
 """A cached page's key: the tenant first, then everything else that shapes the answer."""
 
@@ -110,8 +113,11 @@ class PageCache:
         """Drop every page of ``tenant``; reads of it in flight will not be stored."""
         metrics.PAGE_CACHE_INVALIDATIONS.inc()
         self._stamp += 1
-        if len(self._changed_at) >= 4 * self.max_entries + 1024:
-            self.reset()  # a bound, not a policy: a tenant's stamp is needed only briefly
+        if len(self._changed_at) >= _STAMPS_KEPT:
+            # A tenant's stamp matters only to reads in flight: forget them all, and with
+            # them the right of every read in flight to be kept (the pages kept stay).
+            self._changed_at.clear()
+            self._reset_at = self._stamp
         self._changed_at[tenant] = self._stamp
         for key in self._by_tenant.pop(tenant, ()):
             self._entries.pop(key, None)
