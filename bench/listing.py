@@ -411,7 +411,23 @@ async def _one_run(
                 name: common.ratio((common.cpu_seconds(pids[name]) - cpu[name]) * 1e6, count[0])
                 for name, count in served.items()
             }
+        got["_cache"] = await asyncio.to_thread(page_cache_outcomes, nodes[0].port)
     return got
+
+
+def page_cache_outcomes(port: int) -> dict[str, float]:
+    """The cached front's ``acp_broker_page_cache_total`` by outcome (its ``/metrics``): that
+    the cached path was served from memory, not taken on trust."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("acp_broker_page_cache_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            found[outcome] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 async def run(args: Any) -> None:
@@ -425,6 +441,7 @@ async def run(args: Any) -> None:
     # same window: the front node, and the PostgreSQL peer's server.
     server_cpu: dict[str, list[float]] = {"broker": [], "uncached": [], "pg_ws": []}
     unavailable = ""
+    cache_outcomes: list[dict[str, float]] = []
     import redis.asyncio as redis
 
     # The index and the table are built once and read by every run (at 1,000,000 sessions
@@ -446,6 +463,9 @@ async def run(args: Any) -> None:
             for r in range(args.runs):
                 print(f"  run {r + 1}/{args.runs}", flush=True)
                 got = await _one_run(args, r, url, store, pg, pg_calls, n, samples, seconds)
+                cache = got.pop("_cache")
+                print(f"  cached front's page cache: {cache}", flush=True)
+                cache_outcomes.append(cache)
                 for name, used in got.pop("_cpu").items():
                     server_cpu[name].append(used)
                 for system in SYSTEMS:
@@ -557,6 +577,10 @@ async def run(args: Any) -> None:
             ],
             before,
         )
+    text += "\n\nThe cached front's page cache, per run (hits, misses, bypasses): " + "; ".join(
+        f"{c.get('hit', 0):.0f} / {c.get('miss', 0):.0f} / {c.get('bypass', 0):.0f}"
+        for c in cache_outcomes
+    )
     if unavailable:
         text += f"\n\nPostgreSQL unavailable: {unavailable}"
     common.report(
@@ -567,6 +591,7 @@ async def run(args: Any) -> None:
             "sessions": n,
             "summary": summary,
             "front_cpu_us_per_request": server_cpu["broker"],
+            "page_cache": cache_outcomes,
             "uncached_front_cpu_us_per_request": server_cpu["uncached"],
             "pg_server_cpu_us_per_request": server_cpu["pg_ws"],
             "runs": runs,
