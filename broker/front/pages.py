@@ -32,6 +32,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from ..failures import FailureLog
+from ..loops import cancel_and_wait
 from ..ops import metrics
 from ..store.client import Store, is_cluster
 from ..store.keys import INDEX_CHANNEL
@@ -199,18 +200,14 @@ class IndexWatch:
         return [task for task in (self._reader, self._prober) if task is not None]
 
     async def stop(self) -> None:
-        tasks = self.loops()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self.loops())
         self.cache.down()
 
     async def _read_loop(self, previous: asyncio.Task[None] | None) -> None:
         """Subscribe, hand what arrives to the cache; on any failure bypass it and start
         over (once ``previous``, the reader this one replaces, has ended)."""
         if previous is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await previous
+            await cancel_and_wait(previous)
         while True:
             channel: Any = _ClusterChannel(self.redis) if is_cluster(self.redis) else None
             if channel is None:
@@ -223,6 +220,8 @@ class IndexWatch:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure of the subscription: bypass, start over
+                if _cancelling():  # redis-py can turn a cancellation into another error
+                    raise asyncio.CancelledError from None
                 self.failures.failed(exc)
             finally:
                 self.cache.down()
@@ -266,6 +265,8 @@ class IndexWatch:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away or stalled: bypass, subscribe afresh
+                if _cancelling():
+                    raise asyncio.CancelledError from None
                 self.failures.failed(exc)
                 if self.cache.live:
                     self._restart(f"a probe could not be sent ({exc})")
@@ -277,3 +278,8 @@ class IndexWatch:
         if previous is not None:
             previous.cancel()
         self._reader = asyncio.create_task(self._read_loop(previous), name="page-cache-reader")
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
