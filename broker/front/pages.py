@@ -169,6 +169,10 @@ class _ClusterChannel:
         self._node = self._redis.get_node_from_key(channel)
 
     async def read_batch(self) -> list[Message]:
+        if self._node is None or self._node.name not in self._pubsub.node_pubsub_mapping:
+            # The node gave the channel up (a failover: ``sunsubscribe``): redis-py would
+            # answer None at once, without waiting, for ever.
+            raise ConnectionError("the channel's node holds no subscription of ours")
         message = await self._pubsub.get_sharded_message(target_node=self._node, timeout=1.0)
         return [] if message is None else [message]
 
@@ -215,8 +219,13 @@ class IndexWatch:
             try:
                 await channel.ssubscribe(INDEX_CHANNEL)
                 while True:
-                    for message in await channel.read_batch():
+                    messages = await channel.read_batch()
+                    for message in messages:
                         self._on_message(message)
+                    if not messages:
+                        # An engine may answer nothing without waiting: let the loop run
+                        # (and a cancellation land) before asking again.
+                        await asyncio.sleep(0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure of the subscription: bypass, start over
