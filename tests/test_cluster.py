@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +105,7 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
         )
         await watcher.read_until(lambda: len(_chunks(watcher, session_id)) >= 200, 30)
         # Promote the replica while events are being appended.
-        await asyncio.to_thread(
-            subprocess.run,
-            ["redis-cli", "-p", str(replica), "CLUSTER", "FAILOVER"],
-            check=True,
-            capture_output=True,
-            timeout=10,
-        )
+        await asyncio.to_thread(redis_cluster_info.promote, replica)
         reply = await actor.reply_to("big", timeout=90)
         assert reply["result"]["stopReason"] == "end_turn", reply
         assert redis_cluster_info.master_of(SessionKeys("default", session_id).log) == replica

@@ -40,6 +40,16 @@ class ClusterInfo:
             info = master.info("replication")
         return int(info["slave0"]["port"])
 
+    def promote(self, replica_port: int) -> None:
+        """Make a replica its master's master (``CLUSTER FAILOVER``, as an operator would);
+        blocking: call it through ``asyncio.to_thread`` from a test's loop."""
+        subprocess.run(
+            ["redis-cli", "-p", str(replica_port), "CLUSTER", "FAILOVER"],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
+
     def wait_ok(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
