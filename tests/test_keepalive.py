@@ -13,7 +13,7 @@ import pytest
 import websockets
 
 from broker.front.acp.connection import ClientConnection
-from broker.front.acp.keepalive import PingedConnection, slots
+from broker.front.acp.keepalive import Keepalive, PingedConnection, slots
 from broker.serve import Broker
 
 from .conftest import make_settings
@@ -98,6 +98,21 @@ async def test_each_open_connection_sits_in_one_keepalive_slot_until_it_closes(
     assert sum(len(slot) for slot in keepalive._slots) == len(node.connections) == 3
     for client in clients[1:]:
         await client.close()
+
+
+def test_a_burst_of_connections_is_dealt_over_every_slot() -> None:
+    # Clients arrive in bursts; in the few slots visited meanwhile they would make a few
+    # visits long (hundreds of Pings each) and leave the rest empty.
+    keepalive = Keepalive(interval=1.0, timeout=1.0)
+    count = len(keepalive._slots)
+    burst = [PingedConnection.__new__(PingedConnection) for _ in range(3 * count)]
+    for ws in burst:
+        keepalive.add(ws)
+    assert [len(slot) for slot in keepalive._slots] == [3] * count
+    for ws in burst[::2]:
+        keepalive.discard(ws)
+    assert sum(len(slot) for slot in keepalive._slots) == len(burst[1::2])
+    assert all(ws.keepalive_slot == -1 for ws in burst[::2])
 
 
 async def test_a_closed_connection_is_freed_without_the_cyclic_collector(node: Broker) -> None:

@@ -9,8 +9,14 @@ loop: the connections sit in ``interval / tick`` slots, one slot visited per tic
 visit writes a prepared Ping frame to each of its connections' sockets or, for one whose
 last ping is still unanswered past the timeout, closes it.
 
-A connection joins the slot visited last, so it is first pinged about ``interval`` after
-it opened, as websockets pings it.
+The connections are dealt to the slots in turn, whenever they open, so that every visit
+pings about as many: clients arrive in bursts (a node's clients reconnecting here at once),
+and joining the slot visited last put a burst's connections into the few slots visited while
+it lasted. At 19,488 connections joined in 7 s, 70 of the 200 slots held 200-430 each and
+the rest none; each of those visits wrote 300 Pings in 3-4 ms (up to 9 ms, p99) and as many
+Pongs came back at once, a stall of the fan-outs beside them every tick (``bench c50k``).
+A connection is first pinged a tick to an ``interval`` after it opened (websockets: an
+``interval``); how long a Pong may take stays the same.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ PING_FRAME = bytes((0x89, len(PAYLOAD))) + PAYLOAD
 CLOSE_GRACE = 10.0
 """Seconds a connection closed for an overdue Pong has to close its end: websockets'
 ``close_timeout`` when the connection has one, and never more than the ping timeout."""
-TICK = 0.1
-"""Seconds between two visits (at most: :func:`slots` keeps at least 2 slots)."""
+TICK = 0.02
+"""Seconds between two visits (at most: :func:`slots` keeps at least 2 slots). Short, so
+that a visit is short: 1,000 slots at the default 20 s interval, ~20 Pings a visit at
+19,488 connections (0.1 s: 97, about 1.2 ms of writes and then as many Pongs to read)."""
 
 
 class PingedConnection(ServerConnection):
@@ -72,14 +80,16 @@ class Keepalive:
         self._slots: list[set[PingedConnection]] = [set() for _ in range(slots(interval))]
         self.tick = interval / len(self._slots)
         self._next = 0  # the slot the next tick visits
+        self._deal = 0  # the slot the next connection joins
         self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self.timed_out = 0
         """Connections closed for an overdue Pong."""
 
     def add(self, ws: PingedConnection) -> None:
-        """Ping ``ws`` from now on, first in about ``interval`` seconds."""
-        slot = (self._next - 1) % len(self._slots)
+        """Ping ``ws`` from now on, first within ``interval`` seconds."""
+        slot = self._deal
+        self._deal = (slot + 1) % len(self._slots)
         ws.keepalive_slot = slot
         self._slots[slot].add(ws)
 
