@@ -9,11 +9,13 @@ Two front nodes (``serve --no-workers``) and an agent host on one private Redis:
 * **alone**: a second front with only the ``--hot`` watchers of a second hot session.
 
 Resident memory per connection = (the crowded front's RSS with its N connections - its
-RSS before any) ÷ N. Then, in alternating rounds, each hot session is fed at ``--rate``
-updates/s (as ``bench fanout`` feeds it: ``SessionLog.append_many``, one
-``agent_message_chunk`` stamped with its send time) and its watchers' latency and the
-front's CPU per delivery are measured: the p99 of a fan-out to the hot watchers of the
-crowded front ÷ the same fan-out on the front with nothing else.
+RSS before any) ÷ N, once every connection has had its first keepalive Ping (one ping
+interval after the joins: a connection pinged and ponged holds more than one just joined);
+the same 2 s after the joins is shown beside it. Then, in alternating rounds, each hot
+session is fed at ``--rate`` updates/s (as ``bench fanout`` feeds it:
+``SessionLog.append_many``, one ``agent_message_chunk`` stamped with its send time) and
+its watchers' latency and the front's CPU per delivery are measured: the p99 of a fan-out
+to the hot watchers of the crowded front ÷ the same fan-out on the front with nothing else.
 
 One front cannot hold more connections than its open-file limit allows; when the hard
 ``RLIMIT_NOFILE`` (or ``fs.nr_open``) is below what N needs, the run says so and runs
@@ -34,11 +36,16 @@ from typing import Any
 from bench import common
 from bench.acp import new_sessions
 from bench.fanout import CWD, broker_feeder, measure
+from broker.config import Settings
 
 PER_SWARM = 10_000
 """Idle connections per client process (its own open files stay well under any limit)."""
 FRONT_FILES = 512
 """Open files a front needs besides its client connections (Redis, listeners, logs)."""
+PING_INTERVAL = Settings.model_fields["ping_interval"].default
+"""Seconds until every connection has had its first keepalive Ping (a front's default;
+``--quick`` runs its fronts with 2 s)."""
+QUICK_PING_INTERVAL = 2.0
 
 
 @dataclass(frozen=True)
@@ -131,12 +138,17 @@ def failures(readies: list[dict[str, Any]]) -> list[str]:
     return [r.get("first_failure", "") for r in readies if r["failed"]]
 
 
-async def run_once(p: Plan, rounds: int, rate: float, seconds: float) -> dict[str, Any]:
+async def run_once(
+    p: Plan, rounds: int, rate: float, seconds: float, ping_interval: float
+) -> dict[str, Any]:
     tag = "c50k"
     with common.private_redis() as redis_url:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(common.agent_host(redis_url, tag))
-            crowded, alone = await stack.enter_async_context(common.fronts(redis_url, 2, tag))
+            env = {"ACP_BROKER_PING_INTERVAL": str(ping_interval)}
+            crowded, alone = await stack.enter_async_context(
+                common.fronts(redis_url, 2, tag, env=env)
+            )
             hot_a, hot_b, idle_room = await new_sessions(crowded.url, 3, CWD)
             await asyncio.sleep(1.0)
             before = common.rss_bytes(crowded.pid)
@@ -151,6 +163,8 @@ async def run_once(p: Plan, rounds: int, rate: float, seconds: float) -> dict[st
                 stack, hot_jobs(alone.url, hot_b, p.hot, f"{tag}-alone-hot")
             )
             await asyncio.sleep(2.0)  # idle
+            joined_rss = common.rss_bytes(crowded.pid)
+            await asyncio.sleep(ping_interval)  # each pinged once
             after = common.rss_bytes(crowded.pid)
             readies = [r for _, r in crowded_swarms + alone_swarms]
             joined = sum(r["joined"] for _, r in crowded_swarms)
@@ -182,9 +196,11 @@ async def run_once(p: Plan, rounds: int, rate: float, seconds: float) -> dict[st
         "hot_joined": hot_joined,
         "failures": failures(readies),
         "rss_before": before,
+        "rss_joined": joined_rss,
         "rss_after": after,
         "rss_end": rss_end,
         "bytes_per_connection": (after - before) / joined if joined else float("nan"),
+        "bytes_per_connection_joined": (joined_rss - before) / joined if joined else float("nan"),
         "connects_per_s": joined / join_seconds if join_seconds else float("nan"),
         "cpu_ms_per_connect": join_cpu / joined * 1000 if joined else float("nan"),
         "rounds": got,
@@ -193,17 +209,26 @@ async def run_once(p: Plan, rounds: int, rate: float, seconds: float) -> dict[st
 
 def summarize(p: Plan, runs: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
     kb = common.median([r["bytes_per_connection"] for r in runs]) / 1024
+    kb_joined = common.median([r["bytes_per_connection_joined"] for r in runs]) / 1024
     joined = min(r["joined"] for r in runs)
     title = f"C50K: {p.connections:,} connections on one front"
     if p.limited_by:
         title += f" (asked {p.asked:,}; limited by {p.limited_by})"
     memory = common.table(
         title,
-        ["joined", "KB RSS / connection (≤ 15)", "connects/s", "front CPU ms / connect", "failed"],
+        [
+            "joined",
+            "KB RSS / connection, each pinged (≤ 15)",
+            "2 s after the joins",
+            "connects/s",
+            "front CPU ms / connect",
+            "failed",
+        ],
         [
             [
                 joined,
                 kb,
+                kb_joined,
                 common.median([r["connects_per_s"] for r in runs]),
                 common.median([r["cpu_ms_per_connect"] for r in runs]),
                 sum(len(r["failures"]) for r in runs),
@@ -274,7 +299,8 @@ async def run(args: Any) -> None:
     runs = []
     for r in range(args.runs):
         print(f"c50k: {p.connections:,} connections (run {r + 1}/{args.runs})", flush=True)
-        runs.append(await run_once(p, rounds, args.rate, seconds))
+        ping_interval = QUICK_PING_INTERVAL if args.quick else PING_INTERVAL
+        runs.append(await run_once(p, rounds, args.rate, seconds, ping_interval))
     tables, summary = summarize(p, runs)
     data = {
         "quick": args.quick,
