@@ -357,16 +357,9 @@ class SessionIndex:
             old = Version.decode(raw)
             if old is not None and old.seq >= snapshot.seq and not force:
                 return False
-            try:
-                written = await self._write(
-                    keys, snapshot.session_id, raw or "", old, new, row, force=force
-                )
-            finally:
-                self._tell((snapshot.tenant,))
-            if written:
+            call = _write_call(keys, snapshot.session_id, raw or "", old, new, row, force=force)
+            if await self._write(snapshot.tenant, *call, announce=announce):
                 self._remember(snapshot, new)
-                if announce:
-                    await self.announce((snapshot.tenant,))
                 return True
 
     async def announce(self, tenants: Collection[str]) -> None:
@@ -634,29 +627,52 @@ class SessionIndex:
         while True:
             raw = await self.redis.hget(keys.versions, session_id)
             empty = Version(0, {})
-            try:
-                done = await self._write(
-                    keys, session_id, raw or "", Version.decode(raw), empty, ""
-                )
-            finally:
-                self._tell((tenant,))
-            if done:
-                await self.announce((tenant,))
+            call = _write_call(keys, session_id, raw or "", Version.decode(raw), empty, "")
+            if await self._write(tenant, *call, announce=True):
                 return
 
     async def _write(
-        self,
-        keys: TenantKeys,
-        session_id: str,
-        raw: str,
-        old: Version | None,
-        new: Version,
-        row: str,
-        *,
-        force: bool = False,
+        self, tenant: str, script_keys: list[str], args: list[Any], *, announce: bool
     ) -> bool:
-        script_keys, args = _write_call(keys, session_id, raw, old, new, row, force=force)
-        return bool(await self._project(keys=script_keys, args=args))
+        """One ``project.lua`` call of ``tenant``'s (True: it wrote), the local hook told;
+        ``announce``: and announced, in the same round trip where one can carry both."""
+        if announce and not is_cluster(self.redis):  # on a cluster the channel's slot differs
+            return await self._write_announced(tenant, script_keys, args)
+        try:
+            written = bool(await self._project(keys=script_keys, args=args))
+        finally:
+            self._tell((tenant,))
+        if written and announce:
+            await self.announce((tenant,))
+        return written
+
+    async def _write_announced(self, tenant: str, script_keys: list[str], args: list[Any]) -> bool:
+        """:meth:`_write` with the announcement after the write in its pipeline (one round
+        trip, not two; sent even when the version check wrote nothing: a needless drop of
+        cached pages, where a later one would be a stale page meanwhile)."""
+        names, owed = self._announcing((tenant,))
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.evalsha(self._project.sha, len(script_keys), *script_keys, *args)
+                for name in names:
+                    pipe.spublish(INDEX_CHANNEL, name)
+                written, *published = await pipe.execute(raise_on_error=False)
+        except BaseException:
+            self._owe(names)
+            raise
+        finally:
+            self._tell((tenant,))
+        if any(isinstance(reply, Exception) for reply in published):
+            self._owe(names)
+        else:
+            self._paid(owed)
+        if isinstance(written, NoScriptError):  # a restarted Redis: the client's way loads it
+            written = await self._write(tenant, script_keys, args, announce=False)
+            if written:
+                await self.announce((tenant,))
+        if isinstance(written, Exception):
+            raise written
+        return bool(written)
 
     async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
         """Up to ``limit`` sessions of the ACP listing ``listing`` that sort after position
