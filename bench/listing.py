@@ -403,8 +403,9 @@ async def _one_run(
             if args.profile:
                 from bench.profile import recording
 
-                out = common.RESULTS / "profile-list-broker.txt"
-                await profiling.enter_async_context(recording(nodes[0].pid, out))
+                for name, pid in (("broker", nodes[0].pid), ("uncached", bare[0].pid)):
+                    out = common.RESULTS / f"profile-list-{name}.txt"
+                    await profiling.enter_async_context(recording(pid, out, gil=True))
             cpu = {name: common.cpu_seconds(pids[name]) for name in served}
             got: dict[str, Any] = await interleaved(chosen, samples, seconds)
             got["_cpu"] = {
@@ -602,7 +603,9 @@ async def run(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("list", __doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--profile", action="store_true", help="py-spy the front node")
+    p.add_argument(
+        "--profile", action="store_true", help="py-spy (--gil) both fronts, cached and not"
+    )
     common.add_baseline(p)
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--sessions", type=int, default=0, help="how many (default 1,000,000)")

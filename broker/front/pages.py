@@ -80,12 +80,18 @@ class PageCache:
         if not self.live:
             _BYPASS.inc()
             return None
-        page = self._entries.get(key)
+        page = self.hit(key)
         if page is None:
             _MISS.inc()
-            return None
-        self._entries.move_to_end(key)
-        _HIT.inc()
+        return page
+
+    def hit(self, key: Key) -> Any | None:
+        """:meth:`get` for a caller that falls back on it: a hit is counted, a miss or a
+        bypass is not (the fallback counts it)."""
+        page = self._entries.get(key) if self.live else None
+        if page is not None:
+            self._entries.move_to_end(key)
+            _HIT.inc()
         return page
 
     def begin(self) -> int | None:

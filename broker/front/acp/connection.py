@@ -99,9 +99,9 @@ class Dispatcher(Protocol):
         """The result of ``request``, :data:`~.dispatch.DEFERRED`, or an ``RpcError`` raised."""
         ...
 
-    def at_once(self, request: Request) -> AtOnce | None:
-        """What answers ``request`` without waiting (its result, or an ``RpcError`` raised),
-        if it needs none; None: it is dispatched."""
+    def at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
+        """What answers ``request`` of ``conn`` without waiting (its result, or an
+        ``RpcError`` raised), if it needs none; None: it is dispatched."""
         ...
 
 
@@ -334,8 +334,9 @@ class ClientConnection:
 
     def _answered_at_once(self, request: Request) -> bool:
         """Answer ``request`` in this step if it needs no waiting (no task, no deadline: a
-        reconnecting client's ``initialize``); False: it must be dispatched."""
-        answer = self.methods.at_once(request)
+        reconnecting client's ``initialize``, a list page this front keeps); False: it must
+        be dispatched."""
+        answer = self.methods.at_once(self, request)
         if answer is None:
             return False
         started = time.perf_counter()
@@ -348,7 +349,7 @@ class ClientConnection:
         else:
             self.reply(request, result)
             outcome = "ok"
-        metrics.request_seconds(request.method, outcome).observe(time.perf_counter() - started)
+        _observe(request.method, outcome, time.perf_counter() - started)
         return True
 
     async def _handle(self, request: Request) -> None:
@@ -367,10 +368,7 @@ class ClientConnection:
         try:
             outcome = await self._answer_now(request)
         finally:
-            elapsed = time.perf_counter() - started
-            metrics.request_seconds(request.method, outcome).observe(elapsed)
-            if request.method == "session/list":
-                metrics.list_seconds("acp").observe(elapsed)
+            _observe(request.method, outcome, time.perf_counter() - started)
 
     async def _answer_now(self, request: Request) -> str:
         """Answer ``request``; how it went: ``ok``, ``error`` or ``timeout``."""
@@ -897,6 +895,13 @@ def _wire(text: str) -> bytes:
                 _WIRE.clear()
             _WIRE[text] = wire
     return wire
+
+
+def _observe(method: str, outcome: str, elapsed: float) -> None:
+    """A request's time in its histograms."""
+    metrics.request_seconds(method, outcome).observe(elapsed)
+    if method == "session/list":
+        metrics.list_seconds("acp").observe(elapsed)
 
 
 def _framed(data: bytes) -> bytes:

@@ -104,14 +104,34 @@ class AcpMethods:
 
     # -- initialization ---------------------------------------------------------------------
 
-    def at_once(self, request: Request) -> AtOnce | None:
+    def at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
         """What answers ``request`` without waiting, if it needs none (else it goes through
-        :meth:`dispatch`): ``initialize`` while what the agents advertised was read recently,
-        so that a client's first request is answered in the step that read it, with no task
-        of its own."""
-        if request.method == "initialize" and self.host.capabilities_fresh():
-            return self._initialize_now
+        :meth:`dispatch`), in the step that read it, with no task of its own: ``initialize``
+        while what the agents advertised was read recently (a client's first request), and a
+        ``session/list`` page this front keeps (windows polling the first page)."""
+        if request.method == "initialize":
+            return self._initialize_now if self.host.capabilities_fresh() else None
+        if request.method == "session/list":
+            return self._kept_page(conn, request)
         return None
+
+    def _kept_page(self, conn: ClientConnection, request: Request) -> AtOnce | None:
+        """The answer to a ``session/list`` whose page the cache holds; None for the rest
+        (a miss, a refusal, a bad param: :meth:`dispatch` answers them as ever)."""
+        pages = self.pages
+        version = conn.protocol_version
+        if pages is None or not pages.live or version is None:
+            return None
+        handler = self.surfaces.get(version, V1_HANDLERS).get(request.method)
+        key = _page_key(conn.tenant, request.params, self.settings.list_page_size)
+        if handler is not AcpMethods.session_list or key is None:
+            return None
+        try:
+            self.access.check(conn.principal, request)
+        except RpcError:
+            return None
+        text = pages.hit(key)
+        return None if text is None else functools.partial(_given, fastjson.Fragment(text))
 
     async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
         await self.host.refresh_capabilities()
@@ -390,12 +410,11 @@ class AcpMethods:
                 after = self.cursors.decode(cursor, mark)
             except InvalidCursor as exc:
                 raise invalid_params(f"invalid cursor: {exc}") from None
-        limit = self.settings.list_page_size
         pages = self.pages
-        if pages is None:
+        key = _page_key(conn.tenant, params, self.settings.list_page_size)
+        if pages is None or key is None:
             return fastjson.Fragment(await self._list_reply(conn.tenant, listing, after, mark))
         # The reply itself is kept: a hit costs no Redis round trip, no splice, no cursor.
-        key = (conn.tenant, "acp", cwd, after, limit)
         text = pages.get(key)
         if text is None:
             token = pages.begin()
@@ -554,6 +573,24 @@ def _agent_params(
 
 def _without_session_id(reply: JsonObject) -> JsonObject:
     return {k: v for k, v in reply.items() if k != "sessionId"}
+
+
+def _page_key(tenant: str, params: JsonObject, limit: int) -> tuple[Any, ...] | None:
+    """The page cache's key of a ``session/list``: the tenant, the ``cwd`` and ``cursor`` as
+    given, the page size; None unless both are strings or absent (the handler refuses them).
+
+    The texts, not what they decode to: a page is kept only once its request was checked,
+    and the same texts check the same way for the same tenant (the cursor keys are fixed
+    for the front's life), so a hit needs no cursor verification."""
+    cwd, cursor = params.get("cwd"), params.get("cursor")
+    if (cwd is None or type(cwd) is str) and (cursor is None or type(cursor) is str):
+        return (tenant, "acp", cwd, cursor, limit)
+    return None
+
+
+def _given(page: fastjson.Fragment, conn: ClientConnection, request: Request) -> Any:
+    """An :data:`AtOnce` answer known before it was asked for (a kept page)."""
+    return page
 
 
 MethodHandler = Callable[[AcpMethods, ClientConnection, Request], Awaitable[Any]]
