@@ -659,17 +659,18 @@ class SessionIndex:
                 written, *published = await pipe.execute(raise_on_error=False)
         except BaseException:
             self._owe(names)
-            raise
-        finally:
             self._tell((tenant,))
+            raise
         if any(isinstance(reply, Exception) for reply in published):
             self._owe(names)
         else:
             self._paid(owed)
-        if isinstance(written, NoScriptError):  # a restarted Redis: the client's way loads it
+        if isinstance(written, NoScriptError):  # nothing written: the client's way loads it
             written = await self._write(tenant, script_keys, args, announce=False)
             if written:
                 await self.announce((tenant,))
+            return written
+        self._tell((tenant,))
         if isinstance(written, Exception):
             raise written
         return bool(written)
