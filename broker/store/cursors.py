@@ -22,6 +22,8 @@ from typing import Any
 from .. import fastjson
 
 _TAG_BYTES = 16
+_MEMO_ENTRIES = 4096
+"""Cursors a codec remembers, made and verified (a bound: past it they are forgotten)."""
 
 
 class InvalidCursor(ValueError):
@@ -42,13 +44,30 @@ class CursorCodec:
             raise ValueError("a cursor codec needs at least one key")
         # Keyed once: a copy of a keyed HMAC signs in half the time of keying it anew.
         self._macs = [hmac.new(key, digestmod=hashlib.sha256) for key in keys]
+        # The pages asked most are asked again and again (windows polling the first pages):
+        # their cursors are made and checked once, not once a request (~10 µs a page). Both
+        # are functions of their arguments for the codec's life (its keys are fixed), and
+        # only genuine cursors are remembered.
+        self._made: dict[tuple[str, str], str] = {}
+        self._checked: dict[tuple[str, str], str] = {}
 
     def encode(self, position: str, fingerprint: str) -> str:
-        payload = _b64(fastjson.dumps({"p": position, "f": fingerprint}).encode())
-        return f"{payload}.{_b64(_tag(self._macs[0], payload))}"
+        cursor = self._made.get((position, fingerprint))
+        if cursor is None:
+            payload = _b64(fastjson.dumps({"p": position, "f": fingerprint}).encode())
+            cursor = f"{payload}.{_b64(_tag(self._macs[0], payload))}"
+            _remember(self._made, (position, fingerprint), cursor)
+        return cursor
 
     def decode(self, cursor: str, fingerprint: str) -> str:
         """The position a cursor holds; :class:`InvalidCursor` unless it is genuine and ours."""
+        position = self._checked.get((cursor, fingerprint))
+        if position is None:
+            position = self._verified(cursor, fingerprint)
+            _remember(self._checked, (cursor, fingerprint), position)
+        return position
+
+    def _verified(self, cursor: str, fingerprint: str) -> str:
         payload, sep, tag = cursor.partition(".")
         if not sep or not payload or not cursor.isascii():
             raise InvalidCursor("malformed cursor")
@@ -67,6 +86,12 @@ class CursorCodec:
         if not isinstance(position, str):
             raise InvalidCursor("malformed cursor")
         return position
+
+
+def _remember(memo: dict[tuple[str, str], str], key: tuple[str, str], value: str) -> None:
+    if len(memo) >= _MEMO_ENTRIES:
+        memo.clear()  # a bound, not a cache policy: a forgotten cursor costs one HMAC
+    memo[key] = value
 
 
 def _tag(mac: hmac.HMAC, payload: str) -> bytes:

@@ -353,22 +353,17 @@ class ClientConnection:
         return True
 
     async def _handle(self, request: Request) -> None:
-        try:
-            await self._answer(request)
-        finally:
-            if request.id is not None:
-                self._inflight.pop(request.id, None)
-                room = self._room
-                if room is not None and not room.done():
-                    room.set_result(None)
-
-    async def _answer(self, request: Request) -> None:
         started = time.perf_counter()
         outcome = "error"
         try:
             outcome = await self._answer_now(request)
         finally:
             _observe(request.method, outcome, time.perf_counter() - started)
+            if request.id is not None:
+                self._inflight.pop(request.id, None)
+                room = self._room
+                if room is not None and not room.done():
+                    room.set_result(None)
 
     async def _answer_now(self, request: Request) -> str:
         """Answer ``request``; how it went: ``ok``, ``error`` or ``timeout``."""
