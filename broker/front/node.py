@@ -45,7 +45,7 @@ from ..store.pressure import store_readiness
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
-from .acp.keepalive import Keepalive, PingedConnection
+from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
 from .agents import RemoteAgents
@@ -257,12 +257,14 @@ class FrontNode:
         _forget_handshake(ws)
         conn = ClientConnection(ws, self.methods, principal=principal)
         self.connections.add(conn)
-        pinged = cast(PingedConnection, ws)  # made by websocket_only.connection_class
+        pinged = cast(websocket_only.WebSocketOnlyConnection, ws)  # see connection_class
         self.keepalive.add(pinged)
+        pinged.frame_in = conn.frame_in
         metrics.CONNECTIONS.inc()
         try:
             await conn.run()
         finally:
+            pinged.frame_in = None
             metrics.CONNECTIONS.dec()
             self.keepalive.discard(pinged)
             self.connections.discard(conn)

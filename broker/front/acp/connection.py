@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
 from ...auth.principal import Principal
@@ -134,6 +135,7 @@ class ClientConnection:
         self._queued_bytes = 0
         self._writer: asyncio.Task[None] | None = None  # while the queue is not empty
         self._closing = False
+        self._idle = False  # whether :meth:`run` waits for a message, none queued (frame_in)
         self._tasks: set[asyncio.Task[Any]] | None = None  # while any runs (a set is 216 B)
         self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
         self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
@@ -145,8 +147,16 @@ class ClientConnection:
 
     async def run(self) -> None:
         """Serve the connection until it closes, then leave every session."""
+        ws = self.ws
         try:
-            async for frame in self.ws:
+            while True:
+                # websockets' queue holds no message while this waits (its get returns at
+                # once when one is queued), so a message read now may be taken at once.
+                self._idle = True
+                try:
+                    frame = await ws.recv()
+                finally:
+                    self._idle = False
                 if isinstance(frame, str):
                     await self._take(frame)
                 # An idle connection waits for its next frame here: it does not keep its
@@ -168,6 +178,48 @@ class ClientConnection:
             if writer is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await writer
+
+    def frame_in(self, frame: Frame) -> bool:
+        """A message's last frame, as websockets parses it (``data_received``): True when it
+        was taken in that step, no task woken to read it (a text message that needs no wait,
+        while :meth:`run` waits for the next one); False leaves it to websockets' queue and
+        :meth:`run`, and every message after it until :meth:`run` reads on (none overtakes
+        another)."""
+        if self._idle and frame.opcode is Opcode.TEXT and frame.fin:
+            try:
+                text: str | None = bytes(frame.data).decode()
+            except UnicodeDecodeError:  # websockets' queue fails the connection as it does
+                text = None
+            if text is not None and self._took(text):
+                return True
+        self._idle = False
+        return False
+
+    def _took(self, frame: str) -> bool:
+        """:meth:`_take` in this step; False when the pace asks for a wait (nothing done:
+        :meth:`run` reads the frame again, and waits)."""
+        message = self._receive(frame)
+        if message is None:
+            return True
+        if not self._paced_now(message):
+            return False
+        self._dispatch(message, None)
+        return True
+
+    def _paced_now(self, message: Message | Invalid | Batch) -> bool:
+        """:meth:`_pace` when it would not wait (True: counted in); False: nothing counted."""
+        requests = _requests_in(message)
+        if not requests:
+            return True
+        if len(self._inflight) + requests > self.settings.max_requests_in_flight:
+            return False
+        if not self.pace.ready(requests):
+            return False
+        subject = counted_subject(self.principal)
+        if subject and not self.methods.access.rates.take_leased(subject, requests):
+            return False
+        self.pace.spend(requests)
+        return True
 
     async def _take(self, frame: str) -> None:
         """One text frame in: parsed, paced, dispatched."""
@@ -223,8 +275,7 @@ class ClientConnection:
     async def _pace(self, message: Message | Invalid | Batch) -> RpcError | None:
         """Wait as long as the frame's requests need (:mod:`.flow`); the error that refuses
         them when the credential's budget has no room within ``max_pace`` seconds."""
-        entries = message.entries if isinstance(message, Batch) else (message,)
-        requests = sum(1 for entry in entries if isinstance(entry, Request))
+        requests = _requests_in(message)
         if not requests:
             return None
         loop = self._loop
@@ -890,6 +941,12 @@ def _wire(text: str) -> bytes:
                 _WIRE.clear()
             _WIRE[text] = wire
     return wire
+
+
+def _requests_in(message: Message | Invalid | Batch) -> int:
+    """How many requests a frame carries (what its pace counts)."""
+    entries = message.entries if isinstance(message, Batch) else (message,)
+    return sum(1 for entry in entries if isinstance(entry, Request))
 
 
 def _observe(method: str, outcome: str, elapsed: float) -> None:

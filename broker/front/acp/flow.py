@@ -40,11 +40,18 @@ class Pace:
     def spend(self, requests: int) -> float:
         """Count ``requests`` in; the seconds to wait before reading on (0: read on now)."""
         now = time.monotonic()
-        capacity = 2 * self.rate
-        tokens = capacity if self.tokens is None else self.tokens
-        self.tokens = min(capacity, tokens + (now - self.stamp) * self.rate) - requests
+        self.tokens = self._refilled(now) - requests
         self.stamp = now
         return -self.tokens / self.rate if self.tokens < 0 else 0.0
+
+    def ready(self, requests: int) -> bool:
+        """Whether :meth:`spend` would let ``requests`` in without a wait (nothing spent)."""
+        return self._refilled(time.monotonic()) >= requests
+
+    def _refilled(self, now: float) -> float:
+        capacity = 2 * self.rate
+        tokens = capacity if self.tokens is None else self.tokens
+        return min(capacity, tokens + (now - self.stamp) * self.rate)
 
 
 def rate_key(subject: str, second: int) -> str:
@@ -60,6 +67,16 @@ class TokenRates:
         self.limit = max(1, int(rate))
         self.lease = max(1, self.limit // 10)
         self._leased: dict[str, tuple[int, int]] = {}  # subject -> (second, requests left)
+
+    def take_leased(self, subject: str, requests: int) -> bool:
+        """:meth:`take` when what this node leased of the current second covers ``requests``
+        (True: taken); False: nothing taken (:meth:`take` asks Redis for more)."""
+        second = math.floor(time.time())
+        leased_second, left = self._leased.get(subject, (second, 0))
+        if leased_second != second or left < requests:
+            return False
+        self._leased[subject] = (second, left - requests)
+        return True
 
     async def take(self, subject: str, requests: int) -> float:
         """Take ``requests`` from the credential's budget of this second: 0.0 if taken, else

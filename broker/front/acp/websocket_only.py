@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.frames import DATA_OPCODES, Frame
 
 from ...config import Settings
 from .keepalive import PingedConnection
@@ -75,6 +76,22 @@ class WebSocketOnlyConnection(PingedConnection):
     settings: Settings
     http_base: Callable[[], str]
     _first = True
+    frame_in: Callable[[Frame], bool] | None = None
+    """Told each message's last frame as it is parsed (the ACP connection's
+    :meth:`~.connection.ClientConnection.frame_in`); True: it was taken there, not queued
+    for ``recv`` (no task woken, no queue, no reassembly for a whole text message)."""
+
+    def process_event(self, event: Any) -> None:
+        told = self.frame_in
+        if (
+            told is not None
+            and type(event) is Frame
+            and event.fin
+            and event.opcode in DATA_OPCODES
+            and told(event)
+        ):
+            return
+        super().process_event(event)
 
     def data_received(self, data: bytes) -> None:
         if self._first:
@@ -117,11 +134,15 @@ def _break_cycles(ws: ServerConnection) -> None:
 
     - ``select_subprotocol``, the server's, is bound to the protocol in a closure over this
       connection (protocol -> closure -> connection -> protocol);
+    - the ACP connection's :attr:`WebSocketOnlyConnection.frame_in` (a bound method: the
+      connection holds this one);
     - the protocol's parser is a generator suspended in a method of the protocol; at the end
       of the stream (``connection_lost`` fed it) it only waits at its last ``yield``.
       Closing it ends it: nothing steps it after the end of the stream.
     """
     protocol = ws.protocol
+    if isinstance(ws, WebSocketOnlyConnection):
+        ws.frame_in = None  # a bound method of the ACP connection, which holds ws
     protocol.__dict__.pop("select_subprotocol", None)
     protocol.parser.close()
 
