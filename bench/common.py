@@ -292,11 +292,17 @@ def baseline_tree(rev: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def fronts_at(
-    tree: Path, redis_url: str, count: int, tag: str, *, ready_lines: list[str] | None = None
+    tree: Path,
+    redis_url: str,
+    count: int,
+    tag: str,
+    *,
+    ready_lines: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[list[tuple[str, int]]]:
     """``count`` front nodes running the code of ``tree`` (see :func:`baseline_tree`);
     yields (url, pid) pairs. ``ready_lines`` gets each node's start-up line (it names the
-    HTTP port too)."""
+    HTTP port too); ``env``: more of their environment, as :func:`fronts` takes."""
     from tests.support.broker_process import READY
 
     code = (
@@ -327,7 +333,7 @@ async def fronts_at(
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log_file,
-                    env={**broker_env(), **BENCH_ENV, "PYTHONPATH": str(tree)},
+                    env={**broker_env(), **BENCH_ENV, **(env or {}), "PYTHONPATH": str(tree)},
                     cwd=str(tree),
                     start_new_session=True,
                 )

@@ -45,6 +45,8 @@ TENANT = "default"
 PAGE = 50
 CWDS = 10
 BASE_MS = 1_780_000_000_000
+UNCACHED = {"ACP_BROKER_LIST_CACHE": "false"}
+"""The environment of the uncached fronts: every page read from Redis."""
 PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -369,7 +371,7 @@ async def _one_run(
     system timed in turn; with ``_cpu``: each server's CPU µs per session/list."""
     async with (
         common.fronts(url, 1, f"list-{r}") as nodes,
-        common.fronts(url, 1, f"list-{r}-uncached", env={"ACP_BROKER_LIST_CACHE": "false"}) as bare,
+        common.fronts(url, 1, f"list-{r}-uncached", env=UNCACHED) as bare,
         lean_acp_client(nodes[0].url) as client,
         lean_acp_client(bare[0].url) as bare_client,
         contextlib.AsyncExitStack() as stack,
@@ -387,11 +389,12 @@ async def _one_run(
             systems["pg_ws"] = await list_calls(peer, n, pg_position)
         for rev in args.baseline:
             tree = common.baseline_tree(rev)
-            pairs = await stack.enter_async_context(
-                common.fronts_at(tree, url, 1, f"list-{r}-{rev}")
-            )
-            old = await stack.enter_async_context(lean_acp_client(pairs[0][0]))
-            systems[f"broker@{rev}"] = await list_calls(old, n)
+            for name, env in (("broker", None), ("uncached", UNCACHED)):
+                pairs = await stack.enter_async_context(
+                    common.fronts_at(tree, url, 1, f"list-{r}-{name}-{rev}", env=env)
+                )
+                old = await stack.enter_async_context(lean_acp_client(pairs[0][0]))
+                systems[f"{name}@{rev}"] = await list_calls(old, n)
         chosen = {
             k: v for k, v in systems.items() if k in args.systems or k == "broker" or "@" in k
         }
@@ -555,24 +558,26 @@ async def run(args: Any) -> None:
         if server_cpu[name]
     )
     for rev in args.baseline:
-        name = f"broker@{rev}"
+        order = (f"broker@{rev}", "broker", f"uncached@{rev}", "uncached")
         before = [
             [cell]
             + [
                 common.median([r[system][cell][stat] for r in runs])
-                for system in (name, "broker", "uncached")
+                for system in order
                 for stat in ("p50", "p99")
             ]
             for cell in cells
         ]
         text += "\n\n" + common.table(
-            f"session/list: this tree beside {name} (same run, ms)",
+            f"session/list: this tree beside {rev}'s fronts (same run, ms)",
             [
                 "listing/depth",
-                "before p50",
-                "before p99",
+                "cached before p50",
+                "cached before p99",
                 "cached p50",
                 "cached p99",
+                "uncached before p50",
+                "uncached before p99",
                 "uncached p50",
                 "uncached p99",
             ],
