@@ -457,6 +457,24 @@ def test_cursor_round_trip() -> None:
         assert CursorCodec([KEY]).decode(cursor, FP) == position
 
 
+def test_a_cursor_checked_once_is_still_checked_for_its_listing() -> None:
+    """Cursors are remembered once made or verified: the memo answers only what the same
+    check would (the same text for the same fingerprint), never a forgery or another
+    listing's."""
+    codec = CursorCodec([KEY])
+    cursor = codec.encode("0000000000001:sess_a", FP)
+    assert codec.encode("0000000000001:sess_a", FP) == cursor
+    for _ in range(2):
+        assert codec.decode(cursor, FP) == "0000000000001:sess_a"
+        with pytest.raises(InvalidCursor):
+            codec.decode(cursor, fingerprint("tenant-b", "acp", {}))
+        with pytest.raises(InvalidCursor):
+            codec.decode(_flip(cursor, 3), FP)
+    for i in range(5000):  # past the memo's bound: forgotten, and checked afresh
+        codec.decode(codec.encode(f"{i:013d}:sess_b", FP), FP)
+    assert codec.decode(cursor, FP) == "0000000000001:sess_a"
+
+
 def test_codec_needs_a_key() -> None:
     with pytest.raises(ValueError):
         CursorCodec([])
