@@ -31,6 +31,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
+from ... import fastjson
 from ...auth.principal import Principal
 from ...config import Settings
 from ...failures import describe
@@ -455,7 +456,10 @@ class ClientConnection:
         if request.id is not None:
             if self.protocol_version == v2.V2:
                 result = v2.result(request.method, result)
-            self.send(jsonrpc.result_reply(request.id, result))
+            if type(result) is fastjson.Fragment and request.id not in self._batched:
+                self.send_text(jsonrpc.encode_result(request.id, result.text))
+            else:
+                self.send(jsonrpc.result_reply(request.id, result))
 
     def send(self, message: JsonObject) -> None:
         """Queue one message; a reply to a request of a batch joins the batch's array."""
