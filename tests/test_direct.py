@@ -241,3 +241,83 @@ async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_
     finally:
         log.close()
         await store.aclose()
+
+
+async def _calls_of(store: Any, command: str) -> int:
+    stats = await store.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_alike_shared_reads_of_one_step_are_read_once_and_each_caller_answered(
+    redis_url: str,
+) -> None:
+    """Reads asked in one step go out together; ``shared`` ones that are the same command
+    are read once for all their callers, the others each time."""
+    store = connect(redis_url)
+    direct = direct_calls(store)
+    assert direct is not None
+    try:
+        await store.hset("h", mapping={"a": "1"})
+        await store.set("s", "x")
+        await direct.call("PING")  # connected
+        before = await _calls_of(store, "hgetall")
+        read = (("HGETALL", "h"), ("GET", "s"))
+        replies = await asyncio.gather(
+            *(direct.calls(*read, shared=True) for _ in range(5)),
+            direct.calls(("HGETALL", "h"), shared=True),  # another command: read on its own
+            direct.calls(*read),  # not shared: read again
+        )
+        assert replies == [[["a", "1"], "x"]] * 5 + [[["a", "1"]], [["a", "1"], "x"]]
+        assert await _calls_of(store, "hgetall") - before == 3
+        # Asked again in a later step: read again, and the shared reply is not kept.
+        await store.set("s", "y")
+        assert await direct.calls(*read, shared=True) == [["a", "1"], "y"]
+    finally:
+        direct.close()
+        await store.aclose()
+
+
+async def test_a_shared_read_whose_caller_gives_up_still_answers_the_others(
+    redis_url: str,
+) -> None:
+    store = connect(redis_url)
+    direct = direct_calls(store)
+    assert direct is not None
+    try:
+        await store.set("s", "x")
+        await direct.call("PING")
+        connection = direct._connection
+        assert connection is not None and connection._transport is not None
+        connection._transport.pause_reading()
+        first, second = (
+            asyncio.ensure_future(direct.calls(("GET", "s"), shared=True)) for _ in "ab"
+        )
+        await wait_for(lambda: connection._waiting and not connection._out, what="the read sent")
+        first.cancel()
+        connection._transport.resume_reading()
+        assert await second == ["x"]
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await direct.calls(("GET", "s"), shared=True) == ["x"]
+    finally:
+        direct.close()
+        await store.aclose()
+
+
+async def test_calls_asked_before_a_cut_fail_and_the_next_ones_reconnect(redis_url: str) -> None:
+    store = connect(redis_url)
+    direct = direct_calls(store)
+    assert direct is not None
+    try:
+        await direct.call("PING")
+        connection = direct._connection
+        assert connection is not None
+        waiting = [asyncio.ensure_future(direct.calls(("GET", "s"), shared=True)) for _ in "ab"]
+        connection.close()  # before the step's write
+        for call in waiting:
+            with pytest.raises(RedisConnectionError):
+                await call
+        assert await direct.calls(("GET", "s"), shared=True) == [None]
+    finally:
+        direct.close()
+        await store.aclose()

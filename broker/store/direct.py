@@ -44,12 +44,13 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.call(*command)
 
-    async def calls(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """The replies to several commands sent together (see :meth:`call`)."""
+    async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
+        """The replies to several commands sent together (see :meth:`call`); ``shared``:
+        reads whose replies may be shared (see :class:`~.raw.RawConnection`)."""
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect()
-        return await connection.calls(*commands)
+        return await connection.calls(*commands, shared=shared)
 
     async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
         """The replies to ``count`` commands packed already (see :meth:`RawConnection.send`)."""

@@ -495,13 +495,17 @@ class SessionLog:
         What a reconnecting client's ``session/resume`` reads before it answers: a node's
         clients reconnecting elsewhere at once make thousands a second, so with
         ``direct_reads`` they are read on this log's own connection (:mod:`.direct`), all
-        three commands in one write; on any error, and elsewhere, through the client."""
+        three commands in one write with the other reads of the step, once for all of a
+        step's resumes of one session; on any error, and elsewhere, through the client."""
         keys = SessionKeys(tenant, session_id)
         replies: list[Any] | None = None
         if self._direct is not None:
             with contextlib.suppress(RedisError):  # the client's way recovers from anything
                 snap, meta, holder = await self._direct.calls(
-                    ("HGETALL", keys.snapshot), ("HGETALL", keys.meta), ("GET", keys.lease)
+                    ("HGETALL", keys.snapshot),
+                    ("HGETALL", keys.meta),
+                    ("GET", keys.lease),
+                    shared=True,  # the clients of a session resuming at once: one read
                 )
                 replies = [_pairs(snap), _pairs(meta), holder]
         if replies is None:
