@@ -253,9 +253,10 @@ class FrontNode:
             self.stalled_stops.append(name)
 
     async def _handle(self, ws: ServerConnection) -> None:
-        principal = self._principals.pop(str(ws.id), None)
+        conn_id = str(ws.id)
+        principal = self._principals.pop(conn_id, None)
         _forget_handshake(ws)
-        conn = ClientConnection(ws, self.methods, principal=principal)
+        conn = ClientConnection(ws, self.methods, principal=principal, conn_id=conn_id)
         self.connections.add(conn)
         pinged = cast(websocket_only.WebSocketOnlyConnection, ws)  # see connection_class
         self.keepalive.add(pinged)

@@ -111,10 +111,15 @@ class ClientConnection:
     """The broker's side of one WebSocket connection."""
 
     def __init__(
-        self, ws: ServerConnection, methods: Dispatcher, *, principal: Principal | None
+        self,
+        ws: ServerConnection,
+        methods: Dispatcher,
+        *,
+        principal: Principal | None,
+        conn_id: str | None = None,
     ) -> None:
         self.ws = ws
-        self.id = str(ws.id)
+        self.id = conn_id or str(ws.id)  # given: the caller had made it already
         # Held, not looked up: on Python 3.11 each lookup of the running loop is a getpid()
         # system call, ten a request before (13% of a front's samples under session/list).
         self._loop = asyncio.get_running_loop()
@@ -124,12 +129,14 @@ class ClientConnection:
         self.tenant = principal.tenant if principal else ""
         self.unauthenticated_since: float | None = None if principal else time.monotonic()
         self.pace = Pace(self.settings.rate_per_connection)
-        self.login_attempts = Pace(LOGINS_PER_SECOND)
+        # Made on first use, as the queue below: few connections log in or are asked
+        # anything, and every connection made is a connect's work and an idle one's memory.
+        self._login_attempts: Pace | None = None
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
         self._notices: bool | None = None
         self.active: dict[str, ActiveSession] = {}
-        self._pending = PendingRequests()
+        self._pending: PendingRequests | None = None  # the client's answers awaited
         # Made on first use: most connections never queue a frame, and an empty deque is
         # 760 bytes (at 10,000 idle connections, each byte here is 10 KB).
         self._queue: deque[str] | None = None
@@ -172,7 +179,8 @@ class ClientConnection:
                 writer.cancel()
             for task in list(self._tasks or ()):
                 task.cancel()
-            self._pending.fail_all("the client disconnected")
+            if self._pending is not None:
+                self._pending.fail_all("the client disconnected")
             for session in list(self.active.values()):
                 await self.methods.hub.leave(session.tenant, session.session_id, self)
             self.active.clear()
@@ -221,6 +229,14 @@ class ClientConnection:
             return False
         self.pace.spend(requests)
         return True
+
+    @property
+    def login_attempts(self) -> Pace:
+        """The pace of this connection's login attempts (ACP ``authenticate``)."""
+        pace = self._login_attempts
+        if pace is None:
+            pace = self._login_attempts = Pace(LOGINS_PER_SECOND)
+        return pace
 
     async def _take(self, frame: str) -> None:
         """One text frame in: parsed, paced, dispatched."""
@@ -332,7 +348,8 @@ class ClientConnection:
             if message.reply is not None:
                 self._respond(message.reply, batch)
         elif isinstance(message, Response):
-            self._pending.resolve(message)
+            if self._pending is not None:
+                self._pending.resolve(message)
         elif message.method == "$/cancel_request":
             self._cancel_request(message.params.get("requestId"))
         elif message.id is not None and message.id in self._inflight:
@@ -608,7 +625,10 @@ class ClientConnection:
             if not v2.client_answers(method):
                 raise ConnectionError(f"a v2 client has no {method}")  # ask another
             params = v2.client_request(method, params)
-        msg_id, future = self._pending.open()
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = PendingRequests()
+        msg_id, future = pending.open()
         self.send(jsonrpc.request(msg_id, method, params))
         try:
             return await future
@@ -618,7 +638,7 @@ class ClientConnection:
         except PeerGone as exc:
             raise ConnectionError(str(exc)) from None
         finally:
-            self._pending.discard(msg_id)
+            pending.discard(msg_id)
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -949,8 +969,11 @@ def _wire(text: str) -> bytes:
 
 def _requests_in(message: Message | Invalid | Batch) -> int:
     """How many requests a frame carries (what its pace counts)."""
-    entries = message.entries if isinstance(message, Batch) else (message,)
-    return sum(1 for entry in entries if isinstance(entry, Request))
+    if isinstance(message, Request):  # most frames: no entries to walk
+        return 1
+    if isinstance(message, Batch):
+        return sum(1 for entry in message.entries if isinstance(entry, Request))
+    return 0
 
 
 def _observe(method: str, outcome: str, elapsed: float) -> None:
