@@ -15,6 +15,8 @@ from broker.store.log import SessionLog, new_session_id
 from workers.projector.feeds import trim_feed, trim_feeds, trim_floor
 from workers.projector.worker import GROUP, Projector
 
+from .support.projection import until_consumed
+
 TENANT = "acme"
 CHUNK = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}
 
@@ -68,7 +70,7 @@ async def test_the_projector_goes_on_after_a_trim(store: Any) -> None:
     projector = Projector(store)
     task = asyncio.create_task(projector.run())
     try:
-        await _until_consumed(store, keys.feed)
+        await until_consumed(store, [keys.feed])
         assert await trim_feeds(store) >= 300
         assert await store.xlen(keys.feed) < 200
         title = {"sessionUpdate": "session_info_update", "title": "after the trim"}
@@ -89,12 +91,3 @@ async def _until_titled(store: Any, keys: SessionKeys, title: str) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"the index did not show the title {title!r} within 10 s")
-
-
-async def _until_consumed(store: Any, feed: str) -> None:
-    for _ in range(500):
-        groups = await store.xinfo_groups(feed)
-        if groups and groups[0]["lag"] == 0 and groups[0]["pending"] == 0:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the projector did not consume and acknowledge the feed within 10 s")

@@ -30,6 +30,7 @@ from workers.projector.rebuild import rebuild_index
 
 from .conftest import run_cli
 from .support.client import AcpTestClient, acp_client
+from .support.projection import feeds_of, until_consumed
 
 TENANT = "default"
 TIMEOUT = 30.0
@@ -58,7 +59,9 @@ async def _make_sessions(client: AcpTestClient) -> dict[str, str]:
 
 
 async def _caught_up(redis: Any, made: dict[str, str]) -> dict[str, Any]:
-    """Wait (bounded) until every session's index version is its snapshot's seq."""
+    """Wait (bounded) until every session's index version is its snapshot's seq and the
+    projector has nothing of theirs in flight: a batch the front's own projections overtook
+    retries its writes, and one landing after the wipe below would put a row back."""
     session_log = SessionLog(redis)
     keys = TenantKeys(TENANT)
     deadline = asyncio.get_running_loop().time() + 10.0
@@ -67,6 +70,7 @@ async def _caught_up(redis: Any, made: dict[str, str]) -> dict[str, Any]:
         seqs = {sid: (await session_log.snapshot(TENANT, sid)).seq for sid in made.values()}
         indexed = {sid: json.loads(versions[sid])["q"] for sid in made.values() if sid in versions}
         if indexed == seqs:
+            await until_consumed(redis, feeds_of(TENANT, made.values()))
             rows = await redis.hgetall(keys.rows)
             named = decode_row(rows[made["named"]])
             titled = decode_row(rows[made["titled"]])
