@@ -317,56 +317,56 @@ async def test_with_the_cache_off_every_page_is_read(store: Any) -> None:
 # -- faults ---------------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def _front_on_own_redis(aof: bool, title: str) -> AsyncIterator[tuple[Any, FrontNode, str]]:
+    """A redis-server of the test's own (to restart or stall), a front on it, and a session
+    titled ``title`` in its index: ``(server, node, session_id)``."""
+    with restartable_redis(aof=aof) as server:
+        store = connect(server.url, timeout=1.0)
+        try:
+            async with _front(store) as node:
+                assert node.pages is not None
+                session_id = await _created(node.log, "default", title)
+                await _project(node, "default", session_id)
+                yield server, node, session_id
+        finally:
+            await store.aclose()
+
+
 @pytest.mark.parametrize("store_kind", ["redis"])
 @pytest.mark.parametrize("keep_data", [True, False])
 async def test_a_redis_restart_bypasses_the_cache_and_it_comes_back_empty(
     store_kind: str, keep_data: bool
 ) -> None:
-    with restartable_redis(aof=True) as server:
-        store = connect(server.url, timeout=1.0)
-        try:
-            async with _front(store) as node:
-                assert node.pages is not None
-                session_id = await _created(node.log, "default", "kept")
-                await _project(node, "default", session_id)
-                # The projection's own announcement may come back after the first read and
-                # drop its page, so list until a page is kept.
-                await wait_for(lambda: _listed_and_kept(node, ["kept"]))
-                server.kill()
-                await wait_for(lambda: node.pages is not None and not node.pages.live)
-                assert len(node.pages) == 0
-                if not keep_data:
-                    server.wipe()
-                server.start()
-                await wait_for(lambda: node.pages is not None and node.pages.live, 20)
-                reply = await _list(node)
-                assert _titles(reply) == (["kept"] if keep_data else [])  # nothing stale
-        finally:
-            await store.aclose()
+    async with _front_on_own_redis(aof=True, title="kept") as (server, node, _):
+        # The projection's own announcement may come back after the first read and drop its
+        # page, so list until a page is kept.
+        await wait_for(lambda: _listed_and_kept(node, ["kept"]))
+        server.kill()
+        await wait_for(lambda: node.pages is not None and not node.pages.live)
+        assert node.pages is not None and len(node.pages) == 0
+        if not keep_data:
+            server.wipe()
+        server.start()
+        await wait_for(lambda: node.pages is not None and node.pages.live, 20)
+        reply = await _list(node)
+        assert _titles(reply) == (["kept"] if keep_data else [])  # nothing stale
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])
 async def test_a_stalled_redis_bypasses_the_cache_until_it_answers(store_kind: str) -> None:
-    with restartable_redis(aof=False) as server:
-        store = connect(server.url, timeout=1.0)
+    async with _front_on_own_redis(aof=False, title="s") as (server, node, session_id):
+        assert _titles(await _list(node)) == ["s"]
+        server.pause()
         try:
-            async with _front(store) as node:
-                assert node.pages is not None
-                session_id = await _created(node.log, "default", "s")
-                await _project(node, "default", session_id)
-                assert _titles(await _list(node)) == ["s"]
-                server.pause()
-                try:
-                    await wait_for(lambda: node.pages is not None and not node.pages.live)
-                    assert len(node.pages) == 0
-                finally:
-                    server.resume()
-                await wait_for(lambda: node.pages is not None and node.pages.live, 20)
-                await node.log.append("default", session_id, _title("after the stall"))
-                await _project(node, "default", session_id)
-                assert _titles(await _list(node)) == ["after the stall"]
+            await wait_for(lambda: node.pages is not None and not node.pages.live)
+            assert node.pages is not None and len(node.pages) == 0
         finally:
-            await store.aclose()
+            server.resume()
+        await wait_for(lambda: node.pages is not None and node.pages.live, 20)
+        await node.log.append("default", session_id, _title("after the stall"))
+        await _project(node, "default", session_id)
+        assert _titles(await _list(node)) == ["after the stall"]
 
 
 @pytest.mark.parametrize("store_kind", ["cluster"])
