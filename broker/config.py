@@ -197,6 +197,11 @@ class Settings(BaseSettings):
     feed_maxlen: int = Field(default=100_000, ge=1000)
     feed_trim_interval: float = Field(default=30.0, gt=0)
     """Seconds between two trims of the change feeds behind the projectors' group."""
+    projector_claim_idle: float = Field(default=30.0, gt=0)
+    """Seconds a notice may sit read but unacknowledged by one projector before another takes
+    it over: how long a killed projector's last batch waits. Shorter takes over sooner, but
+    a projector slower than this on one batch sees it projected twice (harmless: projection
+    is idempotent, only wasted work)."""
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop ``serve`` and the workers run on (see :mod:`broker.loops`)."""
 

@@ -16,7 +16,7 @@ from typing import Any
 from workers.agent_host.worker import HostWorker
 from workers.projector.archiving import archiving_role
 from workers.projector.feeds import run_feed_trimming
-from workers.projector.worker import Projector
+from workers.projector.worker import configured_projector
 
 from .collector import FreezeSurvivors
 from .config import Settings
@@ -41,7 +41,7 @@ class Broker(FrontNode):
             self.worker = HostWorker(self.redis, settings, archive=self.archive)
             # Started in this order and stopped in reverse: the host hands its sessions
             # over while the projector (and the archiving role) still runs.
-            projector = LoopTask("projector", Projector(self.redis).run)
+            projector = LoopTask("projector", configured_projector(self.redis, settings).run)
             self.colocated.append(projector)
             self.health.add("projector loop", tasks_running(projector.loops))
             trimming = LoopTask(

@@ -147,12 +147,7 @@ async def test_an_agent_that_cannot_start_gives_a_clear_error(store: Any) -> Non
 
 
 async def wait_for_status(broker: Broker, session_id: str, status: str) -> None:
-    deadline = 10.0
-    import asyncio
+    async def reached() -> bool:
+        return await _status(broker, session_id) == status
 
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while await _status(broker, session_id) != status:
-        if loop.time() > end:
-            raise AssertionError(f"{session_id} never became {status}")
-        await asyncio.sleep(0.02)
+    await wait_for(reached, 10.0, f"{session_id} to become {status}")

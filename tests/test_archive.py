@@ -27,7 +27,7 @@ from broker.store.log import SessionLog, new_session_id
 from workers.projector.archiving import STOP_AT_ENV, Archiver
 
 from .conftest import ROOT, subprocess_env
-from .support.client import acp_client
+from .support.client import acp_client, wait_for
 from .support.wire import CheckedClient
 from .test_acp_v2 import position, resume
 
@@ -152,11 +152,10 @@ async def archive_now(broker: Broker, session_id: str) -> None:
     assert broker.archive is not None
     archiver = Archiver(broker.redis, broker.archive, session_log=broker.log)
 
-    for _ in range(200):  # at most 10 s
-        if await archiver.archive_session(TENANT, session_id) > 0:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"session {session_id} never stayed quiet long enough to archive")
+    async def archived() -> bool:
+        return await archiver.archive_session(TENANT, session_id) > 0
+
+    await wait_for(archived, 10.0, f"session {session_id} to stay quiet long enough to archive")
 
 
 async def test_v1_and_v2_windows_on_an_archived_session(broker: Broker, url: str) -> None:

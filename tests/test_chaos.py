@@ -17,6 +17,7 @@ from broker.store.log import SessionLog
 from workers.projector.rebuild import rebuild_index
 
 from .support.client import RawClient, text
+from .support.projection import feeds_of, until_consumed
 from .test_scale_out import _updates, cluster_of
 
 SESSIONS = 100
@@ -145,19 +146,9 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
             total += sum(1 for e in events if e.type == "update")
         assert total >= SESSIONS * CHUNKS // 2
         index = SessionIndex(redis)
-        live = await _settled_dump(index)
+        sessions = [w.session_id for w in watchers]
+        await until_consumed(redis, feeds_of("default", sessions), timeout=30)
+        live = await index.dump("default")
         await rebuild_index(redis)
         assert await index.dump("default") == live
         await redis.aclose()
-
-
-async def _settled_dump(index: SessionIndex) -> Any:
-    """The index once the surviving projector has caught up (it stops changing)."""
-    previous = None
-    for _ in range(100):
-        current = await index.dump("default")
-        if current == previous:
-            return current
-        previous = current
-        await asyncio.sleep(0.2)
-    raise AssertionError("the index never settled")

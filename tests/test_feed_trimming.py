@@ -15,6 +15,7 @@ from broker.store.log import SessionLog, new_session_id
 from workers.projector.feeds import trim_feed, trim_feeds, trim_floor
 from workers.projector.worker import GROUP, Projector
 
+from .support.client import wait_for
 from .support.projection import until_consumed
 
 TENANT = "acme"
@@ -85,9 +86,9 @@ async def test_the_projector_goes_on_after_a_trim(store: Any) -> None:
 
 async def _until_titled(store: Any, keys: SessionKeys, title: str) -> None:
     index = SessionIndex(store)
-    for _ in range(500):
+
+    async def titled() -> bool:
         row = await index.row(TENANT, keys.session_id)
-        if row is not None and row["title"] == title:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"the index did not show the title {title!r} within 10 s")
+        return row is not None and row["title"] == title
+
+    await wait_for(titled, 10.0, f"the index to show the title {title!r}")

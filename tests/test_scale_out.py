@@ -13,7 +13,7 @@ from broker.store.keys import lease_key
 from broker.store.log import SessionLog
 
 from .support.broker_process import broker_process
-from .support.client import RawClient, text
+from .support.client import RawClient, text, wait_for
 from .support.roles import role_process
 
 FRONT_ONLY = ("--no-workers",)
@@ -52,7 +52,12 @@ async def cluster_of(
         ]
         projector_procs = [
             await stack.enter_async_context(
-                role_process("projector", redis_url, tmp_path / f"projector{i}.log")
+                role_process(
+                    "projector",
+                    redis_url,
+                    tmp_path / f"projector{i}.log",
+                    env={"ACP_BROKER_PROJECTOR_CLAIM_IDLE": "2"},
+                )
             )
             for i in range(projectors)
         ]
@@ -179,7 +184,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
             value = await redis.get(lease_key("default", session_id))
             return value if value and value != holder else None
 
-        assert await _eventually(new_holder, 20) != holder
+        assert await wait_for(new_holder, 20) != holder
         again = await client.call(
             "session/prompt", {"sessionId": session_id, "prompt": text("/notool again")}, timeout=30
         )
@@ -199,20 +204,6 @@ async def _kill_holder(hosts: list, holder: str) -> None:
             await host.kill()
             return
     raise AssertionError(f"no host process is {holder}")
-
-
-async def _eventually(probe, timeout: float):
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if loop.time() > end:
-            raise AssertionError("condition never held")
-        await asyncio.sleep(0.05)
 
 
 async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once(
@@ -272,7 +263,7 @@ async def test_a_host_that_lost_its_lease_can_never_append_again(redis_url: str)
     with contextlib.suppress(HeldElsewhere):
         await Leases(redis, "host-new", ttl=5).acquire("default", sid)
         raise AssertionError("a live lease was taken")
-    await _eventually(lambda: _lapsed(redis, sid), 5)
+    await wait_for(lambda: _lapsed(redis, sid), 5)
     new = await Leases(redis, "host-new", ttl=5).acquire("default", sid)
     assert new.fence != old.fence
     update = {"type": EventType.UPDATE, "update": {"sessionUpdate": "agent_message_chunk"}}

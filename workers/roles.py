@@ -23,7 +23,7 @@ from broker.store.client import Store, connect, masked_url
 from .agent_host.worker import HostWorker
 from .projector.archiving import archiving_role
 from .projector.feeds import run_feed_trimming
-from .projector.worker import Projector
+from .projector.worker import configured_projector
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ async def run_projector_role(settings: Settings) -> None:
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
     tasks = [
-        asyncio.create_task(Projector(redis).run(), name="projector"),
+        asyncio.create_task(configured_projector(redis, settings).run(), name="projector"),
         asyncio.create_task(
             run_feed_trimming(redis, settings.feed_trim_interval), name="feed trimming"
         ),

@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from broker.config import Settings
 from broker.failures import FailureLog
 from broker.ops import metrics
 from broker.store.client import Store, is_cluster
@@ -281,6 +282,11 @@ def _cancelling() -> bool:
     """redis-py turns a cancellation during a blocking read into a TimeoutError."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def configured_projector(redis: Store, settings: Settings) -> Projector:
+    """The projector a role or ``serve`` runs, with the settings' takeover time."""
+    return Projector(redis, claim_idle_ms=round(settings.projector_claim_idle * 1000))
 
 
 async def run_projector(redis: Store, **options: Any) -> None:
