@@ -13,6 +13,7 @@ import asyncio
 import base64
 import os
 from collections.abc import Callable
+from typing import cast
 
 OnText = Callable[[bytes], None]
 
@@ -43,10 +44,10 @@ class WsClient(asyncio.Protocol):
         self._is_upgraded = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are no subclass of asyncio.Transport, only alike
+        self.transport = cast(asyncio.Transport, transport)
         key = base64.b64encode(os.urandom(16)).decode()
-        transport.write(
+        self.transport.write(
             (
                 f"GET {self.path} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"

@@ -138,13 +138,38 @@ def _break_cycles(ws: ServerConnection) -> None:
       connection holds this one);
     - the protocol's parser is a generator suspended in a method of the protocol; at the end
       of the stream (``connection_lost`` fed it) it only waits at its last ``yield``.
-      Closing it ends it: nothing steps it after the end of the stream.
+      Closing it ends it: nothing steps it after the end of the stream;
+    - the exceptions websockets keeps once a connection failed (what stopped the parser, as
+      the ``EOFError`` of a peer gone without a Close frame; what failed the handshake, on
+      the protocol and on its request; what failed the connection) hold their tracebacks,
+      whose frames hold the protocol or the connection (protocol -> exception ->
+      traceback -> a frame of the protocol -> protocol): 16 objects of every connection
+      that ended without a Close frame, the usual end of a client gone away, 27-52 of one
+      whose handshake failed. Only the tracebacks go: the exceptions stay, the causes of
+      the ``ConnectionClosed`` each later ``recv`` raises.
     """
     protocol = ws.protocol
     if isinstance(ws, WebSocketOnlyConnection):
         ws.frame_in = None  # a bound method of the ACP connection, which holds ws
     protocol.__dict__.pop("select_subprotocol", None)
     protocol.parser.close()
+    request = ws.request
+    for exc in (
+        protocol.parser_exc,
+        protocol.handshake_exc,
+        ws.connection_exc,
+        None if request is None else request._exception,
+    ):
+        _drop_tracebacks(exc)
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions it was raised from or while."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _answer(status: http.HTTPStatus, text: str, extra_headers: str) -> bytes:
