@@ -91,8 +91,9 @@ async def run_broker(settings: Settings) -> None:
     # out of the collector's way, so that a full collection, which bursts of events set off,
     # walks only what the traffic made (a 10,000-event replay: 24k -> 37k events/s); and
     # what each full collection leaves, so that the next walks only what came since (a
-    # burst of 10,000 connections: 1.0 s of collections, see broker/collector.py).
-    collector = FreezeSurvivors()
+    # burst of 10,000 connections: 1.0 s of collections, see broker/collector.py). The whole
+    # heap is swept only once the heap per open connection has doubled.
+    collector = FreezeSurvivors(lambda: len(broker.connections))
     collector.start()
     print(
         f"acp-broker ready on ws://{settings.host}:{broker.port}{settings.path}"

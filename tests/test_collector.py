@@ -1,4 +1,5 @@
-"""The server's collector policy: survivors of full collections frozen, swept on a schedule."""
+"""The server's collector policy: survivors frozen, the whole heap swept once the heap per
+connection has doubled."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class _Node:
 
 
 async def test_full_collections_freeze_their_survivors_and_a_sweep_finds_frozen_garbage() -> None:
-    collector = FreezeSurvivors(interval=3600)
+    collector = FreezeSurvivors(check_every=3600)
     collector.start()
     try:
         assert collector._on_collection in gc.callbacks
@@ -37,7 +38,7 @@ async def test_full_collections_freeze_their_survivors_and_a_sweep_finds_frozen_
 
 
 async def test_what_outlives_a_middle_generation_collection_is_frozen() -> None:
-    collector = FreezeSurvivors(interval=3600)
+    collector = FreezeSurvivors(check_every=3600)
     collector.start()
     try:
         gc.unfreeze()
@@ -54,11 +55,20 @@ async def test_what_outlives_a_middle_generation_collection_is_frozen() -> None:
         gc.unfreeze()
 
 
-async def test_the_sweep_runs_on_its_schedule() -> None:
-    collector = FreezeSurvivors(interval=0.01)
+async def test_a_sweep_comes_once_the_heap_per_connection_has_doubled() -> None:
+    open_connections = [10_000]
+    collector = FreezeSurvivors(lambda: open_connections[0], check_every=0.01)
     collector.start()
     try:
-        await wait_for(lambda: collector.sweeps >= 2, 5, "two sweeps")
+        # Clients joining grow the heap with the connections: no sweep.
+        kept = [_Node() for _ in range(10_000)]
+        open_connections[0] = 20_000
+        assert not collector.due()
+        # The same heap over far fewer connections (garbage left behind, say): a sweep.
+        open_connections[0] = 1_000
+        assert collector.due()
+        await wait_for(lambda: collector.sweeps == 1, 5, "a sweep")
+        assert not collector.due() and collector.sweeps == 1 and len(kept) == 10_000
     finally:
         await collector.stop()
         gc.unfreeze()
