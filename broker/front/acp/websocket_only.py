@@ -153,12 +153,11 @@ def _break_cycles(ws: ServerConnection) -> None:
         ws.frame_in = None  # a bound method of the ACP connection, which holds ws
     protocol.__dict__.pop("select_subprotocol", None)
     protocol.parser.close()
-    request = ws.request
     for exc in (
         protocol.parser_exc,
         protocol.handshake_exc,
         ws.connection_exc,
-        None if request is None else request._exception,
+        getattr(ws.request, "_exception", None),  # private in websockets: may go
     ):
         _drop_tracebacks(exc)
 
