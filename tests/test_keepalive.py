@@ -15,7 +15,7 @@ import websockets
 from bench import wsclient
 from broker import loops
 from broker.front.acp.connection import ClientConnection
-from broker.front.acp.keepalive import Keepalive, PingedConnection, slots
+from broker.front.acp.keepalive import BATCH, MAX_WAIT, Keepalive, PingedConnection, slots
 from broker.serve import Broker
 from broker.store.client import connect
 
@@ -221,3 +221,21 @@ def test_churning_connections_leaves_no_garbage_for_the_cyclic_collector() -> No
     before, after, still_open = loops.run(_tracked_after_churn(), "uvloop")
     assert still_open == 0
     assert after - before < 500, f"{after - before} more tracked objects after {CHURN} connections"
+
+
+def test_a_visit_takes_as_many_slots_as_hold_a_batch_of_connections() -> None:
+    # A front with few connections wakes for a batch of Pings, not every tick for one.
+    keepalive = Keepalive(interval=20.0, timeout=20.0)
+    count = len(keepalive._slots)
+    assert keepalive.span() == keepalive.max_span == round(MAX_WAIT / keepalive.tick)
+    crowd = [PingedConnection.__new__(PingedConnection) for _ in range(count // 2)]
+    for ws in crowd:
+        keepalive.add(ws)
+    assert keepalive.span() == 2 * BATCH  # 2 slots a connection: 20 in 40 slots
+    more = [PingedConnection.__new__(PingedConnection) for _ in range(20 * count)]
+    for ws in more:
+        keepalive.add(ws)
+    assert keepalive.span() == 1
+    for ws in crowd + more:
+        keepalive.discard(ws)
+    assert keepalive.span() == keepalive.max_span
