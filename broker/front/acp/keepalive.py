@@ -22,7 +22,7 @@ A visit takes as many slots in turn as hold about :data:`BATCH` connections, so 
 with few connections does not wake every tick for a Ping or two (or none): each wake of an
 idle process costs ~0.2 ms of CPU on a small VM whatever it does, and 50 a second were most
 of what an idle front burned (1.8% of a core with no connection at all; ``bench fanout``
-S=1/W=1000 at 20 updates/s: ~2 µs of the front's ~14 µs of CPU per delivery). 500
+S=1/W=1000 at 20 updates/s: ~2 µs of the fronts' ~28 µs of CPU per delivery). 500
 connections are pinged ~20 at a time, a visit every 0.8 s; 19,488 still a slot a tick.
 """
 
