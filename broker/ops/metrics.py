@@ -10,6 +10,7 @@ set) and outcome (``ok``, ``error``, ``timeout``).
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Iterator
 
@@ -21,8 +22,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 METRICS_PATH = "/metrics"
 
@@ -48,6 +50,37 @@ class Tally(Collector):
         yield CounterMetricFamily(self.name, self.documentation, value=self.value)
 
 
+class LoopHistogram(Collector):
+    """A histogram observed on the event loop's thread only, exported as a Prometheus one.
+
+    prometheus_client's ``Histogram.observe`` takes a lock and walks the buckets in Python:
+    once per event, with ``Counter.inc`` beside it, they were ~6% of a front's CPU fanning a
+    thousand sessions out to two watchers each (py-spy, ``bench fanout`` S=1000/W=2). A
+    bisection and two additions do here.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = tuple(sorted(buckets))
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        REGISTRY.register(self)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        cumulative, running = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            cumulative.append((floatToGoString(bound), running))
+        yield HistogramMetricFamily(
+            self.name, self.documentation, buckets=cumulative, sum_value=self.sum
+        )
+
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 # -- front: connections, fan-out, requests --------------------------------------------------
@@ -57,13 +90,13 @@ SESSIONS_ACTIVE = Gauge(
 )
 FRAMES_SENT = Tally("acp_broker_frames_sent_total", "WebSocket frames sent to clients")
 BYTES_SENT = Tally("acp_broker_sent_bytes_total", "Bytes of WebSocket frames sent to clients")
-EVENTS_DELIVERED = Counter(
+EVENTS_DELIVERED = Tally(
     "acp_broker_events_delivered_total", "Session events handed to client connections"
 )
-FANOUT_LAG = Histogram(
+FANOUT_LAG = LoopHistogram(
     "acp_broker_fanout_lag_seconds",
     "From an event's append to its delivery to this node's connections",
-    buckets=LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
 )
 CATCH_UP_READS = Counter(
     "acp_broker_catch_up_reads_total", "Log reads that filled a gap pub/sub left (or lost)"
