@@ -213,7 +213,7 @@ async def index_calls(store: Any, n: int) -> dict[str, Any]:
 
             async def call(listing: str = listing, after: str | None = after) -> None:
                 page = await index.page(TENANT, listing, after, PAGE)
-                assert page.infos.count('"sessionId"') == PAGE
+                assert page.infos.count(b'"sessionId"') == PAGE
 
             await call()
             out[f"{'cwd' if filtered else 'all'}/{depth}"] = call

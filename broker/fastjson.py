@@ -60,12 +60,12 @@ def loads_shape(text: str) -> Any:
 
 
 class Fragment:
-    """JSON text that :func:`dumps` puts into its output as it is, unparsed: the caller
-    vouches for it (it was made by :func:`dumps`)."""
+    """JSON text (or its UTF-8 bytes) that :func:`dumps` puts into its output as it is,
+    unparsed: the caller vouches for it (it was made by :func:`dumps`)."""
 
     __slots__ = ("text",)
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str | bytes) -> None:
         self.text = text
 
 

@@ -94,6 +94,10 @@ class PageCache:
             _HIT.inc()
         return page
 
+    def missed(self) -> None:
+        """Count what :meth:`get` would have counted for a page :meth:`hit` did not find."""
+        (_MISS if self.live else _BYPASS).inc()
+
     def begin(self) -> int | None:
         """A token for a read about to start (None while the cache is bypassed)."""
         return self._stamp if self.live else None

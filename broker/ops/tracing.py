@@ -60,6 +60,11 @@ def _tracing() -> bool:
     return _provider_set
 
 
+def active() -> bool:
+    """Whether requests are traced here (their spans go somewhere)."""
+    return otel is not None and propagate is not None and _tracing()
+
+
 def request_span(method: str, params: Any) -> contextlib.AbstractContextManager[dict[str, str]]:
     """A span for one client request; gives the trace context to send on to the agent
     (the client's own when nothing traces here: then no generator is made for it)."""

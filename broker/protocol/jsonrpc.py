@@ -357,6 +357,13 @@ def encode_result(msg_id: RequestId, result: str) -> str:
     return '{"jsonrpc":"2.0","id":' + fastjson.dumps(msg_id) + ',"result":' + result + "}"
 
 
+def encode_result_parts(msg_id: RequestId, result: bytes) -> tuple[bytes, bytes, bytes]:
+    """:func:`encode_result` for a result that is UTF-8 JSON text already: the reply's
+    bytes in three parts (around ``result`` as it is), for the caller to join once, with
+    whatever goes before them (a frame's header)."""
+    return b'{"jsonrpc":"2.0","id":' + fastjson.dumps(msg_id).encode() + b',"result":', result, b"}"
+
+
 def encode_batch(messages: list[JsonObject]) -> str:
     """A batch reply (never empty) as one frame."""
     return fastjson.dumps(messages)

@@ -18,23 +18,27 @@ import asyncio
 from typing import Any
 
 from .client import Store
-from .raw import RawConnection, bare_options, open_raw
+from .raw import RawConnection, bare_options, open_raw, reply_timeout
 
 
-def direct_calls(redis: Store) -> DirectCalls | None:
+def direct_calls(redis: Store, encoding: str | None = "utf-8") -> DirectCalls | None:
     """A :class:`DirectCalls` for a single Redis server over plain TCP or a Unix socket;
-    None for the others (a cluster, TLS, the embedded store), which keep the client's path."""
+    None for the others (a cluster, TLS, the embedded store), which keep the client's path.
+    ``encoding``: how the replies' strings are decoded (None: they stay bytes)."""
     options = bare_options(redis)
-    return DirectCalls(options) if options is not None else None
+    return DirectCalls(options, encoding) if options is not None else None
 
 
 class DirectCalls:
     """Commands on a connection of this object's own."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], encoding: str | None = "utf-8") -> None:
         self._options = options
+        self._encoding = encoding
         self._connection: RawConnection | None = None
         self._connecting = asyncio.Lock()
+        self.timeout = reply_timeout(options)
+        """Seconds a call waits for its reply (then it fails)."""
 
     async def call(self, *command: Any) -> Any:
         """The reply to ``command``. Raises redis-py's errors: ``ResponseError`` or
@@ -52,6 +56,16 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.calls(*commands, shared=shared)
 
+    def request(self, *command: Any) -> tuple[RawConnection, asyncio.Future[Any]] | None:
+        """``command`` sent now on the open connection, and the future of its reply (see
+        :meth:`RawConnection.request`), with the connection that reads it out
+        (:meth:`RawConnection.result`); None while no connection is open (:meth:`call`
+        opens one)."""
+        connection = self._connection
+        if connection is None or connection.lost:
+            return None
+        return connection, connection.request(*command)
+
     async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
         """The replies to ``count`` commands packed already (see :meth:`RawConnection.send`)."""
         connection = self._connection
@@ -63,7 +77,7 @@ class DirectCalls:
         async with self._connecting:
             connection = self._connection
             if connection is None or connection.lost:
-                connection = self._connection = await open_raw(self._options)
+                connection = self._connection = await open_raw(self._options, self._encoding)
             return connection
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ from .client import Store, is_cluster
 from .direct import direct_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .keys import INDEX_CHANNEL, TenantKeys
+from .raw import RawConnection
 
 _VERSIONS_KEPT = 100_000
 """How many sessions' versions a projecting index remembers (about 200 bytes each)."""
@@ -56,6 +57,7 @@ ACP_LISTING = "acp"  # every session not deleted, by updatedAt
 # text nor a session id (``sess_<hex>``) holds a control character, so the first one splits
 # the two, and members sort by position as before.
 _INFO_MARK = "\x01"
+_INFO_MARK_BYTES = _INFO_MARK.encode()
 # A range bound of ``(<position><_PAST>`` falls after every member stored at that position
 # (the bare position of the earlier format too) and before the next position's.
 _PAST = "\x02"
@@ -96,6 +98,35 @@ def lower_bound(after: str | None) -> str:
     """The ``ZRANGE … BYLEX`` lower bound of the members past position ``after`` (all of
     them when None)."""
     return f"({after}{_PAST}" if after else "-"
+
+
+PageRead = tuple[RawConnection, "asyncio.Future[Any]"]
+"""A page read in flight on a bare connection (:meth:`SessionIndex.begin_page`)."""
+
+
+def page_command(tenant: str, listing: str, after: str | None, limit: int) -> tuple[Any, ...]:
+    """The one ``ZRANGE`` that reads a page of an ACP listing (one member more than
+    ``limit``: whether a next page exists)."""
+    low = lower_bound(after)
+    return ("ZRANGE", TenantKeys(tenant).index(listing), low, "+", "BYLEX", "LIMIT", 0, limit + 1)
+
+
+def page_of(members: list[bytes], limit: int) -> Page | None:
+    """The page a listing's members make (each carries its ``SessionInfo`` after the
+    position); None when some are bare positions, written before members carried it."""
+    split = [m.partition(_INFO_MARK_BYTES) for m in members[:limit]]
+    if not split:
+        return Page(b"", None, False)
+    if not all([mark for _, mark, _ in split]):
+        return None
+    return Page(
+        b",".join([info for _, _, info in split]), split[-1][0].decode(), len(members) > limit
+    )
+
+
+def _as_bytes(members: list[Any]) -> list[bytes]:
+    """Members as the bare connection reads them (bytes), whichever way they were read."""
+    return [m.encode() for m in members] if members and type(members[0]) is str else members
 
 
 def normalize_cwd(cwd: str) -> str:
@@ -240,13 +271,13 @@ class Version:
 class Page:
     """One page of an ACP listing; ``last`` is the keyset position to continue after."""
 
-    infos: str  # the rows' SessionInfo JSON texts joined by commas, ready to splice
+    infos: bytes  # the rows' SessionInfo JSON texts (UTF-8) joined by commas, to splice
     last: str | None
     has_more: bool
 
     def sessions(self) -> list[JsonObject]:
         """The page's ``SessionInfo`` objects, parsed."""
-        return list(fastjson.loads("[" + self.infos + "]"))
+        return list(fastjson.loads(b"[" + self.infos + b"]"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +365,8 @@ class SessionIndex:
         self._owings = 0
         self._project = redis.register_script(_script("project.lua"))
         self._touch = redis.register_script(_script("touch.lua"))
-        self._direct = direct_calls(redis)
+        # Replies as bytes: a page's texts go on to the client's frame as they were read.
+        self._direct = direct_calls(redis, encoding=None)
         self._versions: dict[tuple[str, str], tuple[str, Version | None, bool | None]] = {}
         """(tenant, session) -> the version last written or read by :meth:`project_many`
         (its text, itself) and whether the row written shows the updated time as its
@@ -675,44 +707,62 @@ class SessionIndex:
             raise written
         return bool(written)
 
-    async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
+    async def page(
+        self, tenant: str, listing: str, after: str | None, limit: int, *, direct: bool = True
+    ) -> Page:
         """Up to ``limit`` sessions of the ACP listing ``listing`` that sort after position
         ``after``, as ``session/list`` shows them: one ``ZRANGE``, whose members carry the
-        ``SessionInfo`` texts, joined here into one string."""
-        keys = TenantKeys(tenant)
-        low = lower_bound(after)
-        query = ("ZRANGE", keys.index(listing), low, "+", "BYLEX", "LIMIT", 0, limit + 1)
-        members: list[str] = await self._read(*query)
-        shown = members[:limit]
-        if not shown:
-            return Page("", None, False)
-        split = [m.partition(_INFO_MARK) for m in shown]
-        if all(mark for _, mark, _ in split):
-            text = ",".join([info for _, _, info in split])
-        else:  # members in the earlier format, without their SessionInfo: from the rows
-            text = await self._render_bare(keys, split)
-        return Page(text, split[-1][0], len(members) > limit)
+        ``SessionInfo`` texts, joined here into one string. ``direct=False``: through the
+        client only (the bare connection just failed this read)."""
+        command = page_command(tenant, listing, after, limit)
+        members = _as_bytes(await self._read(*command, direct=direct))
+        page = page_of(members, limit)
+        return page if page is not None else await self._bare_page(tenant, members, limit)
 
-    async def _read(self, *command: Any) -> Any:
-        if self._direct is not None:
+    def begin_page(
+        self, tenant: str, listing: str, after: str | None, limit: int
+    ) -> PageRead | None:
+        """:meth:`page`'s read sent now, for a caller that answers in a callback: the future
+        of its reply (then :meth:`read_page`); None when no bare connection is open (or
+        there is none): :meth:`page` reads it."""
+        if self._direct is None:
+            return None
+        return self._direct.request(*page_command(tenant, listing, after, limit))
+
+    @property
+    def page_timeout(self) -> float | None:
+        """Seconds a :meth:`begin_page` read may wait for its reply (None: there is none)."""
+        return self._direct.timeout if self._direct is not None else None
+
+    def read_page(self, read: PageRead, limit: int) -> Page | None:
+        """The page a :meth:`begin_page` read brought (its future done, not cancelled);
+        None when it holds members written before members carried their ``SessionInfo``
+        (:meth:`page` reads those). Raises ``RedisError`` when the read failed."""
+        connection, future = read
+        return page_of(connection.result(future), limit)
+
+    async def _read(self, *command: Any, direct: bool = True) -> Any:
+        if self._direct is not None and direct:
             with contextlib.suppress(RedisError):  # the client's way recovers from anything
                 return await self._direct.call(*command)
         return await self.redis.execute_command(*command)
 
-    async def _render_bare(self, keys: TenantKeys, split: list[tuple[str, str, str]]) -> str:
-        """A page's ``SessionInfo`` texts where some members are bare positions (written
-        before members carried them): those come from the rows, and a gone row is left out."""
-        bare = [at.partition(":")[2] for at, mark, _ in split if not mark]
-        rows = iter(await self._read("HMGET", keys.rows, *bare))
+    async def _bare_page(self, tenant: str, members: list[bytes], limit: int) -> Page:
+        """A page where some members are bare positions (written before members carried
+        their ``SessionInfo``): those come from the rows, and a gone row is left out."""
+        split = [m.partition(_INFO_MARK_BYTES) for m in members[:limit]]
+        bare = [at.partition(b":")[2].decode() for at, mark, _ in split if not mark]
+        rows = iter(await self._read("HMGET", TenantKeys(tenant).rows, *bare))
         infos = []
         for _, mark, info in split:
             if not mark:
                 row = next(rows)
                 if not row:
                     continue
-                info = session_info_json(row)
+                text = row.decode() if isinstance(row, bytes) else row
+                info = session_info_json(text).encode()
             infos.append(info)
-        return ",".join(infos)
+        return Page(b",".join(infos), split[-1][0].decode(), len(members) > limit)
 
     def close(self) -> None:
         """Close the connection pages are read on, if one was opened (the next page opens

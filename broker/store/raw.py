@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from typing import Any, cast
 
 import hiredis
@@ -35,6 +36,12 @@ def bare_options(redis: Store) -> dict[str, Any] | None:
     ):
         return None
     return dict(pool.connection_kwargs)
+
+
+def reply_timeout(options: dict[str, Any]) -> float:
+    """Seconds a bare connection to the server ``options`` name waits for a reply: the
+    client's own ``socket_timeout``."""
+    return float(options.get("socket_timeout") or CONNECT_TIMEOUT)
 
 
 def command(*args: Any) -> bytes:
@@ -68,8 +75,9 @@ class RawConnection(asyncio.Protocol):
     waits no extra turn of the loop: +10-20 us on a session/list p50, ``bench list``), and
     joins that write otherwise, so that replies come in the order they are awaited."""
 
-    def __init__(self) -> None:
-        self._reader = hiredis.Reader(encoding="utf-8")
+    def __init__(self, encoding: str | None = "utf-8") -> None:
+        # ``encoding`` None: strings come as bytes (a page sent on as it was read).
+        self._reader = hiredis.Reader(encoding=encoding) if encoding else hiredis.Reader()
         # A reply's waiter: one future, or a shared read's list of them (one per caller).
         self._waiting: collections.deque[asyncio.Future[Any] | list[asyncio.Future[Any]]] = (
             collections.deque()
@@ -125,6 +133,27 @@ class RawConnection(asyncio.Protocol):
             raise self._stalled() from None
         finally:
             timer.cancel()
+        return _checked(reply)
+
+    def request(self, *args: Any) -> asyncio.Future[Any]:
+        """:meth:`call` for a caller that cannot await (one answering in a callback, with no
+        task of its own): the future of the reply, to be read with :meth:`result` once done.
+        Bounded as :meth:`call` is: failed after :attr:`timeout`; cancelling it drops the
+        reply."""
+        if self.lost or self._transport is None:
+            raise RedisConnectionError("connection lost")
+        (future,) = self._queue(command(*args), 1, shared=False)
+        timer = self._loop.call_at(self._loop.time() + self.timeout, _expire, future)
+        future.add_done_callback(functools.partial(_stop_timer, timer))
+        return future
+
+    def result(self, future: asyncio.Future[Any]) -> Any:
+        """The reply a :meth:`request`'s future (done, not cancelled) brought; raises as
+        :meth:`call` does."""
+        try:
+            reply = future.result()
+        except _Stalled:
+            raise self._stalled() from None
         return _checked(reply)
 
     async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
@@ -211,6 +240,10 @@ def _expire(*futures: asyncio.Future[Any]) -> None:
             future.set_exception(_Stalled())
 
 
+def _stop_timer(timer: asyncio.TimerHandle, future: asyncio.Future[Any]) -> None:
+    timer.cancel()
+
+
 def _settle(futures: list[asyncio.Future[Any]]) -> None:
     """After a wait for ``futures`` ended, the way ``asyncio.gather`` leaves them: any still
     pending cancelled (its reply is then dropped), any failure retrieved (not logged)."""
@@ -228,19 +261,21 @@ def _checked(reply: Any) -> Any:
     return reply
 
 
-async def open_raw(options: dict[str, Any]) -> RawConnection:
+async def open_raw(options: dict[str, Any], encoding: str | None = "utf-8") -> RawConnection:
     """A :class:`RawConnection` to the server ``options`` name, authenticated, its database
-    selected; raises redis-py's ``ConnectionError`` when it cannot be had."""
+    selected; raises redis-py's ``ConnectionError`` when it cannot be had. ``encoding``:
+    how its replies' strings are decoded (None: left as bytes)."""
     loop = asyncio.get_running_loop()
     raw: RawConnection | None = None
+    made = functools.partial(RawConnection, encoding)
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT):
             if options.get("path"):
-                _, raw = await loop.create_unix_connection(RawConnection, options["path"])
+                _, raw = await loop.create_unix_connection(made, options["path"])
             else:
                 host, port = options.get("host", "localhost"), int(options.get("port", 6379))
-                _, raw = await loop.create_connection(RawConnection, host, port)
-            raw.timeout = float(options.get("socket_timeout") or CONNECT_TIMEOUT)
+                _, raw = await loop.create_connection(made, host, port)
+            raw.timeout = reply_timeout(options)
             for step in handshake(options):
                 await raw.call(*step)
     except (OSError, TimeoutError, ResponseError) as exc:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -82,7 +84,30 @@ and 10,000 of them cost it more than parsing the same text in 40 arrays)."""
 
 
 AtOnce = Callable[["ClientConnection", Request], Any]
-"""A method that answers a request in the step that read it (see :meth:`Dispatcher.at_once`)."""
+"""A method that answers a request in the step that read it (see :meth:`Dispatcher.at_once`):
+its result, or a :class:`Later`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """What an :data:`AtOnce` answers when its answer comes in a callback, with no task: a
+    store read it sent, bounded in time by a timer of its own (``future``: cancelled when
+    the request is, or the connection closes), and ``finish``, which makes the result of the
+    done future (raises ``RpcError`` to refuse, :class:`Redispatch` to have the request
+    dispatched as any other, with what is left of its deadline)."""
+
+    future: asyncio.Future[Any]
+    finish: Callable[[asyncio.Future[Any]], Any]
+
+
+class Redispatch(Exception):
+    """A :class:`Later` could not answer: the request is answered by ``work`` (a coroutine
+    function: its result is the request's) in a task, with what is left of its deadline, or
+    (None) dispatched as any other."""
+
+    def __init__(self, work: Callable[[], Awaitable[Any]] | None = None) -> None:
+        super().__init__()
+        self.work = work
 
 
 class Dispatcher(Protocol):
@@ -144,8 +169,9 @@ class ClientConnection:
         self._writer: asyncio.Task[None] | None = None  # while the queue is not empty
         self._closing = False
         self._idle = False  # whether :meth:`run` waits for a message, none queued (frame_in)
-        self._tasks: set[asyncio.Task[Any]] | None = None  # while any runs (a set is 216 B)
-        self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Task[Any]]] = {}
+        # Tasks, and reads of :class:`Later` answers, while any runs (a set is 216 B).
+        self._tasks: set[asyncio.Future[Any]] | None = None
+        self._inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Future[Any]]] = {}
         self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
         self._room: asyncio.Future[None] | None = None  # set when a request in flight ends
         self._corked: list[bytes] = []  # event frames to write once this burst is handed out
@@ -412,59 +438,113 @@ class ClientConnection:
         try:
             with tracing.request_span(request.method, request.params):
                 result = answer(self, request)
+        except Redispatch:
+            return False
         except RpcError as exc:
             self.send(jsonrpc.error_reply(request.id, exc))
             outcome = "error"
         else:
+            if type(result) is Later:
+                self._answer_later(request, result, started)
+                return True
             self.reply(request, result)
             outcome = "ok"
         _observe(request.method, outcome, time.perf_counter() - started)
         return True
 
-    async def _handle(self, request: Request) -> None:
-        started = time.perf_counter()
+    def _answer_later(self, request: Request, later: Later, started: float) -> None:
+        """Answer ``request`` when ``later``'s read is done, in its callback (in flight until
+        then, as a task would be: counted, cancellable, cancelled when the connection ends)."""
+        future = later.future
+        assert request.id is not None
+        self._inflight[request.id] = (request, future)
+        self._hold(future)
+        future.add_done_callback(functools.partial(self._later_done, request, later, started))
+
+    def _later_done(
+        self, request: Request, later: Later, started: float, future: asyncio.Future[Any]
+    ) -> None:
+        outcome = "error"  # cancelled: by the client (answered then), or the connection's end
+        if not future.cancelled():
+            try:
+                result = later.finish(future)
+            except Redispatch as redo:
+                left = deadline_for(request.method, self.settings) - (time.perf_counter() - started)
+                task = self._spawn(self._handle(request, left, started, redo.work))
+                assert request.id is not None
+                self._inflight[request.id] = (request, task)
+                return
+            except Exception as exc:
+                outcome = self._failed(request, exc)
+            else:
+                self.reply(request, result)
+                outcome = "ok"
+        self._ended(request)
+        _observe(request.method, outcome, time.perf_counter() - started)
+
+    async def _handle(
+        self,
+        request: Request,
+        seconds: float | None = None,
+        started: float | None = None,
+        work: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        """Answer ``request`` (by ``work`` when given) within ``seconds`` (its method's
+        deadline when None), timed from ``started`` (now when None)."""
+        started = time.perf_counter() if started is None else started
         outcome = "error"
         try:
-            outcome = await self._answer_now(request)
+            outcome = await self._answer_now(request, seconds, work)
         finally:
             _observe(request.method, outcome, time.perf_counter() - started)
-            if request.id is not None:
-                self._inflight.pop(request.id, None)
-                room = self._room
-                if room is not None and not room.done():
-                    room.set_result(None)
+            self._ended(request)
 
-    async def _answer_now(self, request: Request) -> str:
+    def _ended(self, request: Request) -> None:
+        """A request is no longer in flight: make room for the next."""
+        if request.id is not None:
+            self._inflight.pop(request.id, None)
+            room = self._room
+            if room is not None and not room.done():
+                room.set_result(None)
+
+    async def _answer_now(
+        self,
+        request: Request,
+        seconds: float | None = None,
+        work: Callable[[], Awaitable[Any]] | None = None,
+    ) -> str:
         """Answer ``request``; how it went: ``ok``, ``error`` or ``timeout``."""
+        if seconds is None:
+            seconds = deadline_for(request.method, self.settings)
         try:
             with tracing.request_span(request.method, request.params) as onward:
                 if onward and isinstance(request.params, dict):
                     request.params.update(with_trace(request.params, onward))
-                result = await within_deadline(
-                    self.methods.dispatch(self, request),
-                    request.method,
-                    deadline_for(request.method, self.settings),
-                    self._loop,
-                )
-        except RpcError as exc:
-            if request.id is not None:
-                self.send(jsonrpc.error_reply(request.id, exc))
-            return "timeout" if isinstance(exc, DeadlinePassed) else "error"
+                answer = work() if work is not None else self.methods.dispatch(self, request)
+                result = await within_deadline(answer, request.method, seconds, self._loop)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            failure = rpc_failure(exc)
-            if failure is None:
-                log.error("handling %s failed: %s", request.method, describe(exc), exc_info=exc)
-                failure = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
-            else:
-                log.warning("%s failed: %s", request.method, failure.message)
-            if request.id is not None:
-                self.send(jsonrpc.error_reply(request.id, failure))
-            return "error"
+            return self._failed(request, exc)
         if not isinstance(result, Deferred):
             self.reply(request, result)
         return "ok"
+
+    def _failed(self, request: Request, exc: Exception) -> str:
+        """Tell the client ``request`` failed with ``exc``; how: ``error`` or ``timeout``."""
+        if isinstance(exc, RpcError):
+            if request.id is not None:
+                self.send(jsonrpc.error_reply(request.id, exc))
+            return "timeout" if isinstance(exc, DeadlinePassed) else "error"
+        failure = rpc_failure(exc)
+        if failure is None:
+            log.error("handling %s failed: %s", request.method, describe(exc), exc_info=exc)
+            failure = RpcError(jsonrpc.INTERNAL_ERROR, "internal error")
+        else:
+            log.warning("%s failed: %s", request.method, failure.message)
+        if request.id is not None:
+            self.send(jsonrpc.error_reply(request.id, failure))
+        return "error"
 
     # -- outgoing ---------------------------------------------------------------------------
 
@@ -474,7 +554,11 @@ class ClientConnection:
             if self.protocol_version == v2.V2:
                 result = v2.result(request.method, result)
             if type(result) is fastjson.Fragment and request.id not in self._batched:
-                self.send_text(jsonrpc.encode_result(request.id, result.text))
+                text = result.text
+                if isinstance(text, bytes):
+                    self._send_encoded(jsonrpc.encode_result_parts(request.id, text))
+                else:
+                    self.send_text(jsonrpc.encode_result(request.id, text))
             else:
                 self.send(jsonrpc.result_reply(request.id, result))
 
@@ -513,6 +597,19 @@ class ClientConnection:
             return
         if self._writer is None:
             self._writer = self._loop.create_task(self._write_queue(queue))
+
+    def _send_encoded(self, parts: tuple[bytes, ...]) -> None:
+        """Send one frame whose text is ``parts`` in UTF-8 (a reply spliced around a list
+        page as it was read): framed with them in one copy and written at once while the
+        socket keeps up, else queued as any frame."""
+        if not self._writes_directly():
+            self.send_text(b"".join(parts).decode())
+            return
+        size = sum(map(len, parts))
+        metrics.FRAMES_SENT.inc()
+        metrics.BYTES_SENT.inc(size)
+        self._uncork()  # what was written before goes first
+        self.ws.transport.write(b"".join((_frame_head(size), *parts)))
 
     def _writes_directly(self) -> bool:
         """Whether frames may go straight to the socket (:meth:`_write_texts`): nothing
@@ -891,13 +988,17 @@ class ClientConnection:
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro, loop=self._loop)
-        if self._tasks is None:
-            self._tasks = set()
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        self._hold(task)
         return task
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _hold(self, work: asyncio.Future[Any]) -> None:
+        """Tie ``work`` (a task, a read) to the connection's life: cancelled at its end."""
+        if self._tasks is None:
+            self._tasks = set()
+        self._tasks.add(work)
+        work.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Future[Any]) -> None:
         tasks = self._tasks
         if tasks is not None:
             tasks.discard(task)
@@ -986,12 +1087,16 @@ def _observe(method: str, outcome: str, elapsed: float) -> None:
 def _framed(data: bytes) -> bytes:
     """A text frame's payload as this server puts it on the wire (FIN, unmasked, no
     extensions)."""
-    size = len(data)
+    return _frame_head(len(data)) + data
+
+
+def _frame_head(size: int) -> bytes:
+    """The header of a text frame of ``size`` bytes as :func:`_framed` makes it."""
     if size < 126:
-        return bytes((0x81, size)) + data
+        return bytes((0x81, size))
     if size < 65536:
-        return b"\x81\x7e" + size.to_bytes(2, "big") + data
-    return b"\x81\x7f" + size.to_bytes(8, "big") + data
+        return b"\x81\x7e" + size.to_bytes(2, "big")
+    return b"\x81\x7f" + size.to_bytes(8, "big")
 
 
 def _framed_or_dropped(text: str, conn_id: str) -> bytes:

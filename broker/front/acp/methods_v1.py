@@ -8,6 +8,7 @@ return :data:`DEFERRED`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import posixpath
 import time
@@ -15,8 +16,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from ... import fastjson
 from ...config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
+from ...ops import tracing
 from ...protocol import capabilities, v2
 from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import (
@@ -32,14 +36,14 @@ from ...protocol.render import POSITION_META, check_position
 from ...protocol.trace import trace_fields, with_trace, without_trace
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ...store.events import EventType, SessionSnapshot
-from ...store.index import ACP_LISTING, SessionIndex, cwd_listing, normalize_cwd
+from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normalize_cwd
 from ...store.log import SessionLog, SessionMissing
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
 from ..fanout import FanoutHub
 from ..pages import PageCache
 from .access import Access, connection_limit
-from .connection import AtOnce, ClientConnection
+from .connection import AtOnce, ClientConnection, Later, Redispatch
 from .dispatch import DEFERRED
 
 PROTOCOL_VERSION = 1
@@ -105,33 +109,78 @@ class AcpMethods:
     # -- initialization ---------------------------------------------------------------------
 
     def at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
-        """What answers ``request`` without waiting, if it needs none (else it goes through
-        :meth:`dispatch`), in the step that read it, with no task of its own: ``initialize``
-        while what the agents advertised was read recently (a client's first request), and a
-        ``session/list`` page this front keeps (windows polling the first page)."""
+        """What answers ``request`` without a task of its own, if it needs none (else it goes
+        through :meth:`dispatch`), from the step that read it: ``initialize`` while what the
+        agents advertised was read recently (a client's first request), and ``session/list``
+        (a page this front keeps, or one read on the index's bare connection)."""
         if request.method == "initialize":
             return self._initialize_now if self.host.capabilities_fresh() else None
         if request.method == "session/list":
-            return self._kept_page(conn, request)
+            return self._list_at_once(conn, request)
         return None
 
-    def _kept_page(self, conn: ClientConnection, request: Request) -> AtOnce | None:
-        """The answer to a ``session/list`` whose page the cache holds; None for the rest
-        (a miss, a refusal, a bad param: :meth:`dispatch` answers them as ever)."""
-        pages = self.pages
+    def _list_at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
+        """The answer to a ``session/list`` the connection may give without a task: a page
+        the cache holds; a page read on the index's bare connection while one is open and
+        its reply's timeout bounds the read within the request's deadline (a missing page,
+        or no cache); None for the rest (a refusal, a bad param, a traced request, no bare
+        connection: :meth:`dispatch` answers them as ever)."""
         version = conn.protocol_version
-        if pages is None or not pages.live or version is None:
+        if version is None:
             return None
         handler = self.surfaces.get(version, V1_HANDLERS).get(request.method)
-        key = _page_key(conn.tenant, request.params, self.settings.list_page_size)
-        if handler is not AcpMethods.session_list or key is None:
+        if handler is not AcpMethods.session_list:
             return None
         try:
             self.access.check(conn.principal, request)
         except RpcError:
             return None
-        text = pages.hit(key)
-        return None if text is None else functools.partial(_given, fastjson.Fragment(text))
+        pages = self.pages
+        if pages is not None and pages.live:
+            key = _page_key(conn.tenant, request.params, self.settings.list_page_size)
+            text = pages.hit(key) if key is not None else None
+            if text is not None:
+                return functools.partial(_given, fastjson.Fragment(text))
+        bound = self.index.page_timeout
+        if bound is None or bound > self.settings.request_timeout or tracing.active():
+            return None
+        return self._list_later
+
+    def _list_later(self, conn: ClientConnection, request: Request) -> Later | Any:
+        """``session/list`` answered from the callback of its page's read, sent now on the
+        index's bare connection (or, none being open, dispatched)."""
+        listing, after, mark = self._list_query(conn.tenant, request.params)
+        limit = self.settings.list_page_size
+        read = self.index.begin_page(conn.tenant, listing, after, limit)
+        if read is None:
+            raise Redispatch
+        pages, key = self.pages, _page_key(conn.tenant, request.params, limit)
+        token = None
+        if pages is not None and key is not None:
+            pages.missed()
+            token = pages.begin()
+
+        async def through_client() -> fastjson.Fragment:
+            # Not on the bare connection again: a stalled server would fail it as slowly.
+            page = await self.index.page(conn.tenant, listing, after, limit, direct=False)
+            return keep(page)
+
+        def keep(page: Page) -> fastjson.Fragment:
+            text = self._list_text(page, mark)
+            if pages is not None and key is not None:
+                pages.put(key, token, text)
+            return fastjson.Fragment(text)
+
+        def finish(future: asyncio.Future[Any]) -> fastjson.Fragment:
+            try:
+                page = self.index.read_page(read, limit)
+            except RedisError:  # the client's way recovers from anything
+                raise Redispatch(through_client) from None
+            if page is None:  # members of an earlier format: they need the rows too
+                raise Redispatch
+            return keep(page)
+
+        return Later(read[1], finish)
 
     async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
         await self.host.refresh_capabilities()
@@ -394,24 +443,9 @@ class AcpMethods:
         return {}
 
     async def session_list(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
-        params = request.params
-        cwd = params.get("cwd")
-        listing = ACP_LISTING
-        if cwd is not None:
-            cwd = normalize_cwd(_absolute(cwd, "cwd"))
-            listing = cwd_listing(cwd)
-        mark = _acp_fingerprint(conn.tenant, cwd)
-        after = None
-        cursor = params.get("cursor")
-        if cursor is not None:
-            if not isinstance(cursor, str):
-                raise invalid_params("cursor must be a string")
-            try:
-                after = self.cursors.decode(cursor, mark)
-            except InvalidCursor as exc:
-                raise invalid_params(f"invalid cursor: {exc}") from None
+        listing, after, mark = self._list_query(conn.tenant, request.params)
         pages = self.pages
-        key = _page_key(conn.tenant, params, self.settings.list_page_size)
+        key = _page_key(conn.tenant, request.params, self.settings.list_page_size)
         if pages is None or key is None:
             return fastjson.Fragment(await self._list_reply(conn.tenant, listing, after, mark))
         # The reply itself is kept: a hit costs no Redis round trip, no splice, no cursor.
@@ -422,15 +456,39 @@ class AcpMethods:
             pages.put(key, token, text)
         return fastjson.Fragment(text)
 
-    async def _list_reply(self, tenant: str, listing: str, after: str | None, mark: str) -> str:
-        """A ``session/list`` result as JSON text, read from the index."""
+    def _list_query(self, tenant: str, params: JsonObject) -> tuple[str, str | None, str]:
+        """A ``session/list``'s listing, the position it starts after and its cursors'
+        fingerprint, from its params (checked: -32602)."""
+        cwd = params.get("cwd")
+        listing = ACP_LISTING
+        if cwd is not None:
+            cwd = normalize_cwd(_absolute(cwd, "cwd"))
+            listing = cwd_listing(cwd)
+        mark = _acp_fingerprint(tenant, cwd)
+        after = None
+        cursor = params.get("cursor")
+        if cursor is not None:
+            if not isinstance(cursor, str):
+                raise invalid_params("cursor must be a string")
+            try:
+                after = self.cursors.decode(cursor, mark)
+            except InvalidCursor as exc:
+                raise invalid_params(f"invalid cursor: {exc}") from None
+        return listing, after, mark
+
+    async def _list_reply(self, tenant: str, listing: str, after: str | None, mark: str) -> bytes:
+        """A ``session/list`` result as JSON text (UTF-8), read from the index."""
         page = await self.index.page(tenant, listing, after, self.settings.list_page_size)
-        # The reply is spliced from the rows' SessionInfo texts as stored (one fragment,
-        # not one per row: each one costs the encoder a call back into Python).
-        text = '{"sessions":[' + page.infos + "]"
-        if page.has_more and page.last is not None:
-            text += ',"nextCursor":' + fastjson.dumps(self.cursors.encode(page.last, mark))
-        return text + "}"
+        return self._list_text(page, mark)
+
+    def _list_text(self, page: Page, mark: str) -> bytes:
+        """The ``session/list`` result of ``page``, spliced from the rows' SessionInfo texts
+        as read (one fragment, not one per row: each one costs the encoder a call back into
+        Python), in UTF-8: it goes into the reply's frame as it is."""
+        if not (page.has_more and page.last is not None):
+            return b"".join((b'{"sessions":[', page.infos, b"]}"))
+        cursor = fastjson.dumps(self.cursors.encode(page.last, mark)).encode()
+        return b"".join((b'{"sessions":[', page.infos, b'],"nextCursor":', cursor, b"}"))
 
     # -- helpers ----------------------------------------------------------------------------
 
