@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.protocol.jsonrpc import REQUEST_CANCELLED
 from broker.serve import Broker
+from broker.store.client import connect
 from broker.store.cursors import fingerprint
 from broker.store.events import EventType
 from broker.store.index import (
@@ -23,7 +30,8 @@ from broker.store.index import (
 )
 from broker.store.log import new_session_id
 
-from .support.client import RawClient
+from .conftest import make_settings
+from .support.client import RawClient, wait_for
 
 
 async def _seed(broker: Broker, count: int, *, distinct_times: int) -> list[tuple[int, str]]:
@@ -213,3 +221,147 @@ def test_members_carrying_their_info_sort_by_position_and_pages_resume_past_them
         bound = lower_bound(at[sid])[1:]  # "(" dropped: exclusive
         past = [other for other in by_position if stored[other] > bound]
         assert past == by_position[k + 1 :]
+
+
+# -- a page read without a task (the front's miss path) --------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _uncached_broker(redis_url: str, **overrides: Any) -> AsyncIterator[Broker]:
+    """A broker with no page cache (every page read from Redis) on a store whose commands
+    time out after ``REPLY_TIMEOUT`` (the bare connection's reply timeout with them)."""
+    store = connect(redis_url, timeout=REPLY_TIMEOUT)
+    node = Broker(make_settings(list_cache=False, **overrides), redis=store)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+        await store.aclose()
+
+
+REPLY_TIMEOUT = 0.5
+
+
+def _counted_reads(broker: Broker) -> dict[str, int]:
+    """How the broker's page reads go: dispatched (``SessionIndex.page``) or begun from the
+    step that read the request (``begin_page``)."""
+    counts = {"dispatched": 0, "at once": 0}
+    page, begin = broker.index.page, broker.index.begin_page
+
+    async def dispatched(*args: Any, **kwargs: Any) -> Any:
+        counts["dispatched"] += 1
+        return await page(*args, **kwargs)
+
+    def at_once(*args: Any) -> Any:
+        counts["at once"] += 1
+        return begin(*args)
+
+    broker.index.page = dispatched  # type: ignore[method-assign]
+    broker.index.begin_page = at_once  # type: ignore[method-assign]
+    return counts
+
+
+async def _bare_transport(broker: Broker) -> Any:
+    direct = broker.index._direct
+    assert direct is not None
+    await wait_for(lambda: direct._connection is not None, what="the bare connection")
+    assert direct._connection is not None and direct._connection._transport is not None
+    return direct._connection, direct._connection._transport
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url, list_page_size=5) as broker:
+        await _seed(broker, 12, distinct_times=12)
+        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+        await client.initialize()
+        counts = _counted_reads(broker)
+        first = (await client.call("session/list", {}))["result"]  # opens the connection
+        assert counts == {"dispatched": 1, "at once": 1}  # none open yet: dispatched
+        for _ in range(3):
+            assert (await client.call("session/list", {}))["result"] == first
+        walked, pages = await _walk(client, {})
+        assert pages == 3 and counts == {"dispatched": 1, "at once": 4 + pages}
+        assert [s["sessionId"] for s in walked][: len(first["sessions"])] == [
+            s["sessionId"] for s in first["sessions"]
+        ]
+        assert len(walked) == 12
+        # The same answer as the dispatched read's, byte for byte: a v2 client too.
+        via_methods = await broker.methods._list_reply("default", ACP_LISTING, None, "")
+        assert json.loads(via_methods)["sessions"] == first["sessions"]
+        assert not client.inbox
+        await client.close()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_stalled_read_is_answered_through_the_client_in_bounded_time(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url) as broker:
+        await _seed(broker, 5, distinct_times=5)
+        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+        await client.initialize()
+        expected = (await client.call("session/list", {}))["result"]
+        raw, transport = await _bare_transport(broker)
+        transport.pause_reading()  # the server's reply is never read: a stall, to this front
+        started = time.monotonic()
+        assert (await client.call("session/list", {}))["result"] == expected
+        waited = time.monotonic() - started
+        assert REPLY_TIMEOUT * 0.9 <= waited < REPLY_TIMEOUT * 2 + 1.0, waited
+        assert raw.lost  # given up; the next read opens another
+        assert (await client.call("session/list", {}))["result"] == expected
+        assert (await client.call("session/list", {}))["result"] == expected
+        assert not client.inbox
+        await client.close()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_read_in_flight_is_cancelled_by_its_client_and_by_its_connection_s_end(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url) as broker:
+        await _seed(broker, 5, distinct_times=5)
+        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+        await client.initialize()
+        expected = (await client.call("session/list", {}))["result"]
+        raw, transport = await _bare_transport(broker)
+        transport.pause_reading()
+        await client.send({"jsonrpc": "2.0", "id": 7, "method": "session/list", "params": {}})
+        await wait_for(lambda: raw._waiting, what="the page read to be sent")
+        cancel = {"requestId": 7}
+        await client.send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": cancel})
+        refused = await client.reply_to(7)
+        assert refused["error"]["code"] == REQUEST_CANCELLED
+        transport.resume_reading()
+        assert (await client.call("session/list", {}))["result"] == expected
+        assert all(m.get("id") != 7 for m in client.inbox)  # answered once: the refusal
+        # A read in flight as its connection closes: dropped, nothing left behind.
+        transport.pause_reading()
+        await client.send({"jsonrpc": "2.0", "id": 8, "method": "session/list", "params": {}})
+        await wait_for(lambda: raw._waiting, what="the page read to be sent")
+        await client.close()
+        await wait_for(lambda: not broker.connections, what="the connection to end")
+        transport.resume_reading()
+        await wait_for(lambda: not raw._waiting, what="the reply to be read and dropped")
+        again = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+        await again.initialize()
+        assert (await again.call("session/list", {}))["result"] == expected
+        await again.close()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_reply_timeout_past_the_request_deadline_keeps_the_dispatched_read(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url, request_timeout=REPLY_TIMEOUT / 2) as broker:
+        await _seed(broker, 3, distinct_times=3)
+        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+        await client.initialize()
+        counts = _counted_reads(broker)
+        for _ in range(3):
+            assert len((await client.call("session/list", {}))["result"]["sessions"]) == 3
+        assert counts == {"dispatched": 3, "at once": 0}
+        await client.close()
