@@ -304,9 +304,13 @@ def _counted(call: Any, served: list[int]) -> Any:
 
 
 async def interleaved(
-    systems: dict[str, dict[str, Any]], samples: int, seconds: float
+    systems: dict[str, dict[str, Any]],
+    samples: int,
+    seconds: float,
+    churn: Callable[[], Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Time every system's call for each cell in turn, so the machine's noise hits all alike."""
+    """Time every system's call for each cell in turn, so the machine's noise hits all alike;
+    ``churn`` (awaited before each turn, untimed): the tenant's index changes."""
     out: dict[str, dict[str, Any]] = {name: {} for name in systems}
     cells = list(next(iter(systems.values())))
     for cell in cells:
@@ -318,6 +322,8 @@ async def interleaved(
         deadline = time.monotonic() + seconds
         k = 0
         while k < samples and time.monotonic() < deadline:
+            if churn is not None:
+                await churn()
             for name, call in calls[k % len(calls) :] + calls[: k % len(calls)]:
                 t = time.perf_counter()
                 await call()
@@ -410,13 +416,27 @@ async def _one_run(
                     out = common.RESULTS / f"profile-list-{name}.txt"
                     await profiling.enter_async_context(recording(pid, out, gil=True))
             cpu = {name: common.cpu_seconds(pids[name]) for name in served}
-            got: dict[str, Any] = await interleaved(chosen, samples, seconds)
+            churn = _churn(store, args.announce_gap / 1000) if args.announce_gap else None
+            got: dict[str, Any] = await interleaved(chosen, samples, seconds, churn)
             got["_cpu"] = {
                 name: common.ratio((common.cpu_seconds(pids[name]) - cpu[name]) * 1e6, count[0])
                 for name, count in served.items()
             }
         got["_cache"] = await asyncio.to_thread(page_cache_outcomes, nodes[0].port)
     return got
+
+
+def _churn(store: Any, gap: float) -> Callable[[], Any]:
+    """An announcement that the tenant's index changed (what the projector publishes after
+    each batch that wrote it), then ``gap`` seconds before the next turn's asks: a window
+    polling a page some time after each change of its tenant."""
+    from broker.store.keys import INDEX_CHANNEL
+
+    async def churn() -> None:
+        await store.spublish(INDEX_CHANNEL, TENANT)
+        await asyncio.sleep(gap)
+
+    return churn
 
 
 def page_cache_outcomes(port: int) -> dict[str, float]:
@@ -527,7 +547,12 @@ async def run(args: Any) -> None:
             ]
         )
     text = common.table(
-        f"session/list, {n:,} sessions, {PAGE} per page (ms; cwd: 1 of {CWDS} cwds)",
+        f"session/list, {n:,} sessions, {PAGE} per page (ms; cwd: 1 of {CWDS} cwds)"
+        + (
+            f"; the tenant's index announced changed {args.announce_gap:g} ms before each turn"
+            if args.announce_gap
+            else ""
+        ),
         [
             "listing/depth",
             "cached p50",
@@ -595,6 +620,7 @@ async def run(args: Any) -> None:
         {
             "quick": args.quick,
             "sessions": n,
+            "announce_gap_ms": args.announce_gap,
             "summary": summary,
             "front_cpu_us_per_request": server_cpu["broker"],
             "page_cache": cache_outcomes,
@@ -615,6 +641,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--sessions", type=int, default=0, help="how many (default 1,000,000)")
     p.add_argument("--samples", type=int, default=0, help="requests a cell (default 3,000)")
+    p.add_argument(
+        "--announce-gap",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="announce a change of the tenant's index before each turn, MS ms before its asks"
+        " (the cached fronts' pages are dropped: read again, or refreshed meanwhile)",
+    )
     asyncio.run(run(p.parse_args(argv)))
 
 

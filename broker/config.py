@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     (``broker/front/pages.py``)."""
     list_cache_pages: int = Field(default=1024, ge=1)
     """The most pages a front's list cache holds (least recently used dropped first)."""
+    list_cache_refresh: bool = True
+    """Whether a front reads a page asked for lately again when its tenant's announcement
+    drops it (so that the next ask is a hit); False: dropped only."""
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(default=64, ge=4)

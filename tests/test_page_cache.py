@@ -134,6 +134,88 @@ async def test_a_read_in_flight_across_an_invalidation_or_a_reset_is_not_kept() 
     assert len(cache) == 0 and cache.get(key) is None and cache.begin() is None
 
 
+async def test_a_page_asked_for_lately_is_read_again_when_dropped_and_coalesced() -> None:
+    cache = PageCache(8)
+    cache.refreshing = True
+    cache.up()
+    reads: list[asyncio.Future[str]] = []
+
+    async def reload() -> str:
+        reads.append(asyncio.get_running_loop().create_future())
+        return await reads[-1]
+
+    key, idle = ("a", "acp", None, None, 50), ("a", "acp", "/w", None, 50)
+    cache.put(key, cache.begin(), "v1", reload)
+    cache.put(idle, cache.begin(), "w1", reload)
+    cache._reloads[idle] = (reload, 0.0)  # last asked long ago: dropped only
+    cache.put(("b", 1), cache.begin(), "other")  # no way to read it again: dropped only
+    cache.invalidate("a")
+    await wait_for(lambda: len(reads) == 1, what="one page read again")
+    assert cache.get(key) is None  # dropped at once: not served while it is read
+    cache.invalidate("a")  # another change while the read is under way
+    reads[0].set_result("v2")  # read before that change: not kept ...
+    await wait_for(lambda: len(reads) == 2, what="... and read once more")
+    assert cache.get(key) is None
+    reads[1].set_result("v3")
+    await wait_for(lambda: cache.hit(key) == "v3", what="the page kept again")
+    assert cache.get(idle) is None and len(reads) == 2
+    cache.invalidate("b")
+    assert cache.get(("b", 1)) is None and not cache._refreshers
+    # Refreshed is not asked for: a page nobody asks for again stops being read.
+    cache._reloads[key] = (reload, 0.0)
+    cache.invalidate("a")
+    assert cache.get(key) is None and len(reads) == 2
+    # A failed read leaves the page dropped; down, nothing is read or kept.
+    cache.put(key, cache.begin(), "v4", reload)
+    cache.invalidate("a")
+    await wait_for(lambda: len(reads) == 3, what="a third read")
+    reads[2].set_exception(ConnectionError("away"))
+    await wait_for(lambda: not cache._refreshers, what="the refresh to end")
+    assert cache.get(key) is None and cache.refresh_failures.failing
+    cache.put(key, cache.begin(), "v5", reload)
+    cache.down()
+    assert cache.get(key) is None and len(reads) == 3
+    await cache.stop_refreshing()
+
+
+async def test_a_polled_page_is_a_hit_again_after_its_tenants_change_and_shows_it(
+    store: Any,
+) -> None:
+    async with _front(store) as node, _front(store) as other:
+        assert node.pages is not None
+        reads = _reads(node)
+        session_id = await _created(node.log, "default", "one")
+        await _project(node, "default", session_id)
+        assert _titles(await _list(node)) == ["one"]
+        await _heard_until_now(node)
+        # Another front's change (announced): dropped, read again, the next ask a hit.
+        before = len(reads)
+        await other.log.append("default", session_id, _title("two"))
+        await _project(other, "default", session_id)
+        pages = node.pages
+        await wait_for(lambda: len(pages) == 1 and len(reads) > before, what="read again")
+        read = len(reads)
+        assert _titles(await _list(node)) == ["two"]
+        assert len(reads) == read  # a hit: nothing read for it
+        # The front's own change: seen at once by the next ask, whether the page read
+        # again is there yet or not.
+        await node.log.append("default", session_id, _title("three"))
+        await _project(node, "default", session_id)
+        assert _titles(await _list(node)) == ["three"]
+        await wait_for(lambda: len(pages) == 1, what="kept again")
+        assert _titles(await _list(node)) == ["three"]
+
+
+async def test_with_refresh_off_a_dropped_page_is_only_dropped(store: Any) -> None:
+    async with _front(store, list_cache_refresh=False) as node:
+        assert node.pages is not None and not node.pages.refreshing
+        session_id = await _created(node.log, "default", "one")
+        await _project(node, "default", session_id)
+        assert _titles(await _list(node)) == ["one"]
+        node.pages.invalidate("default")
+        assert len(node.pages) == 0 and not node.pages._refreshers
+
+
 # -- every writer of the index announces ----------------------------------------------------
 
 

@@ -97,6 +97,8 @@ class FrontNode:
             direct_reads=True,
         )
         self.pages = PageCache(settings.list_cache_pages) if settings.list_cache else None
+        if self.pages is not None:
+            self.pages.refreshing = settings.list_cache_refresh
         self.index = SessionIndex(
             self.redis, changed=self.pages.invalidate if self.pages is not None else None
         )

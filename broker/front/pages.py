@@ -19,6 +19,14 @@ Correctness rests on three rules:
 * **The front's own writes** (``session/new``, ``set_title``, ``delete`` …) are dropped
   locally at once, before their reply (``SessionIndex.changed``), and announced to the
   other fronts like the projector's.
+
+**Refreshed, not only dropped.** A page asked for within :data:`REFRESH_WINDOW` is read
+again in the background when its tenant's announcement drops it (at most
+:data:`REFRESH_PAGES` of a tenant, one refresh of a tenant at a time: announcements that
+arrive meanwhile are coalesced into one more), so the next ask (a window polling the first
+page, while the tenant's sessions are busy) is a hit rather than a read. A refreshed page
+is an ordinary read: taken after the announcement, kept only under the rules above, so it
+is never older than a page a miss would have read then.
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from ..failures import FailureLog
@@ -54,6 +63,16 @@ _STAMPS_KEPT = 16_384
 Key = tuple[Hashable, ...]
 """A cached page's key: the tenant first, then everything else that shapes the answer."""
 
+REFRESH_WINDOW = 30.0
+"""Seconds since it was last asked for within which a dropped page is read again."""
+REFRESH_PAGES = 16
+"""The most pages of one tenant read again on one announcement (the most recently asked)."""
+REFRESH_TENANTS = 64
+"""The most tenants whose pages are being read again at once (beyond: dropped only)."""
+
+Reload = Callable[[], Awaitable[Any]]
+"""Reads a kept page again (what a miss of its key reads)."""
+
 _HIT = metrics.PAGE_CACHE.labels("hit")
 _MISS = metrics.PAGE_CACHE.labels("miss")
 _BYPASS = metrics.PAGE_CACHE.labels("bypass")
@@ -71,6 +90,13 @@ class PageCache:
         self._stamp = 0
         self._reset_at = 0
         self._changed_at: dict[Hashable, int] = {}
+        self.refreshing = False
+        """Whether dropped pages that were asked for lately are read again (a front's)."""
+        self._reloads: dict[Key, tuple[Reload, float]] = {}  # how to read a page, last asked
+        self._refreshes: dict[Hashable, dict[Key, tuple[Reload, float]]] = {}  # pages owed
+        self._reading: dict[Hashable, dict[Key, tuple[Reload, float]]] = {}  # being read
+        self._refreshers: set[asyncio.Task[None]] = set()
+        self.refresh_failures = FailureLog(log, "page refreshes")
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -92,6 +118,9 @@ class PageCache:
         if page is not None:
             self._entries.move_to_end(key)
             _HIT.inc()
+            reload = self._reloads.get(key)
+            if reload is not None:
+                self._reloads[key] = (reload[0], time.monotonic())
         return page
 
     def missed(self) -> None:
@@ -102,8 +131,9 @@ class PageCache:
         """A token for a read about to start (None while the cache is bypassed)."""
         return self._stamp if self.live else None
 
-    def put(self, key: Key, token: int | None, page: Any) -> None:
-        """Store ``page`` unless its tenant changed (or the cache was reset) since ``token``."""
+    def put(self, key: Key, token: int | None, page: Any, reload: Reload | None = None) -> None:
+        """Store ``page`` unless its tenant changed (or the cache was reset) since ``token``;
+        ``reload`` reads it again (see :meth:`invalidate`), this ask counting as its last."""
         tenant = key[0]
         if (
             token is None
@@ -116,6 +146,8 @@ class PageCache:
             self._by_tenant.setdefault(tenant, set()).add(key)
         self._entries[key] = page
         self._entries.move_to_end(key)
+        if reload is not None and self.refreshing:
+            self._reloads[key] = (reload, time.monotonic())
         while len(self._entries) > self.max_entries:
             old, _ = self._entries.popitem(last=False)
             self._forget(old)
@@ -130,8 +162,64 @@ class PageCache:
             self._changed_at.clear()
             self._reset_at = self._stamp
         self._changed_at[tenant] = self._stamp
-        for key in self._by_tenant.pop(tenant, ()):
+        keys = self._by_tenant.pop(tenant, ())
+        owed: dict[Key, tuple[Reload, float]] = {}
+        lately = time.monotonic() - REFRESH_WINDOW
+        for key in keys:
             self._entries.pop(key, None)
+            reload = self._reloads.pop(key, None)
+            if reload is not None and reload[1] >= lately:
+                owed[key] = reload
+        if owed or tenant in self._refreshes:  # under way: what it reads is owed again
+            self._refresh(tenant, owed)
+
+    def _refresh(self, tenant: Hashable, owed: dict[Key, tuple[Reload, float]]) -> None:
+        """Read ``owed`` again in the background: the most recently asked first, a bounded
+        number; joined to the tenant's refresh under way if there is one."""
+        pending = self._refreshes.get(tenant)
+        if pending is None and len(self._refreshes) >= REFRESH_TENANTS:
+            return
+        chosen = sorted(owed.items(), key=lambda item: item[1][1], reverse=True)
+        if pending is not None:
+            # What is being read crossed this announcement: it will not be kept, so it is
+            # owed again.
+            pending.update(self._reading.get(tenant, {}))
+            pending.update(chosen[: max(0, REFRESH_PAGES - len(pending))])
+            return
+        self._refreshes[tenant] = dict(chosen[:REFRESH_PAGES])
+        task = asyncio.get_running_loop().create_task(self._refreshing(tenant))
+        self._refreshers.add(task)
+        task.add_done_callback(self._refreshers.discard)
+
+    async def _refreshing(self, tenant: Hashable) -> None:
+        """Read the tenant's owed pages, again while announcements owe more meanwhile (the
+        reads that crossed one are not kept: generations, as any read's)."""
+        try:
+            while self._refreshes.get(tenant):
+                owed, self._refreshes[tenant] = self._refreshes[tenant], {}
+                self._reading[tenant] = owed
+                token = self.begin()
+                if token is None:  # bypassed: nothing would be kept
+                    return
+                pages = await asyncio.gather(
+                    *(reload() for reload, _ in owed.values()), return_exceptions=True
+                )
+                for (key, (reload, asked)), page in zip(owed.items(), pages, strict=True):
+                    if isinstance(page, BaseException):
+                        if isinstance(page, asyncio.CancelledError):
+                            raise page
+                        self.refresh_failures.failed(page)  # the page stays dropped
+                        continue
+                    self.put(key, token, page, reload)
+                    if key in self._reloads:
+                        self._reloads[key] = (reload, asked)  # refreshed is not asked
+        finally:
+            self._refreshes.pop(tenant, None)
+            self._reading.pop(tenant, None)
+
+    async def stop_refreshing(self) -> None:
+        """Cancel the refreshes under way (and wait for them to end)."""
+        await cancel_and_wait(*self._refreshers)
 
     def reset(self) -> None:
         """Drop every page; no read in flight will be stored."""
@@ -140,6 +228,7 @@ class PageCache:
         self._entries.clear()
         self._by_tenant.clear()
         self._changed_at.clear()
+        self._reloads.clear()
 
     def up(self) -> None:
         """The watch is (again) subscribed: serve and store pages, from empty."""
@@ -157,6 +246,7 @@ class PageCache:
         self.reset()
 
     def _forget(self, key: Key) -> None:
+        self._reloads.pop(key, None)
         keys = self._by_tenant.get(key[0])
         if keys is not None:
             keys.discard(key)
@@ -216,6 +306,7 @@ class IndexWatch:
     async def stop(self) -> None:
         await cancel_and_wait(*self.loops())
         self.cache.down()
+        await self.cache.stop_refreshing()
 
     async def _read_loop(self, previous: asyncio.Task[None] | None) -> None:
         """Subscribe, hand what arrives to the cache; on any failure bypass it and start

@@ -168,7 +168,8 @@ class AcpMethods:
         def keep(page: Page) -> fastjson.Fragment:
             text = self._list_text(page, mark)
             if pages is not None and key is not None:
-                pages.put(key, token, text)
+                reload = functools.partial(self._list_reply, conn.tenant, listing, after, mark)
+                pages.put(key, token, text, reload)
             return fastjson.Fragment(text)
 
         def finish(future: asyncio.Future[Any]) -> fastjson.Fragment:
@@ -452,8 +453,9 @@ class AcpMethods:
         text = pages.get(key)
         if text is None:
             token = pages.begin()
-            text = await self._list_reply(conn.tenant, listing, after, mark)
-            pages.put(key, token, text)
+            reload = functools.partial(self._list_reply, conn.tenant, listing, after, mark)
+            text = await reload()
+            pages.put(key, token, text, reload)
         return fastjson.Fragment(text)
 
     def _list_query(self, tenant: str, params: JsonObject) -> tuple[str, str | None, str]:

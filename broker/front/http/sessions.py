@@ -9,6 +9,7 @@ REST (:mod:`.rest`) and MCP (:mod:`.mcp`) only translate its answers and its
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -115,8 +116,9 @@ class SessionsService:
         page: SessionPage | None = pages.get(key)
         if page is None:
             token = pages.begin()
-            page = await self.lister.page_after(tenant, query, after)
-            pages.put(key, token, page)
+            reload = functools.partial(self.lister.page_after, tenant, query, after)
+            page = await reload()
+            pages.put(key, token, page, reload)
         return page
 
 
