@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from broker.front.node import FrontNode
-from broker.front.pages import IndexWatch, PageCache
+from broker.front.pages import REFRESH_BUDGET, IndexWatch, PageCache
 from broker.protocol.jsonrpc import Request
 from broker.serve import Broker
 from broker.store.client import connect
@@ -134,7 +134,7 @@ async def test_a_read_in_flight_across_an_invalidation_or_a_reset_is_not_kept() 
     assert len(cache) == 0 and cache.get(key) is None and cache.begin() is None
 
 
-async def test_a_page_asked_for_lately_is_read_again_when_dropped_and_coalesced() -> None:
+async def test_a_dropped_page_is_read_again_within_its_budget_and_coalesced() -> None:
     cache = PageCache(8)
     cache.refreshing = True
     cache.up()
@@ -147,7 +147,7 @@ async def test_a_page_asked_for_lately_is_read_again_when_dropped_and_coalesced(
     key, idle = ("a", "acp", None, None, 50), ("a", "acp", "/w", None, 50)
     cache.put(key, cache.begin(), "v1", reload)
     cache.put(idle, cache.begin(), "w1", reload)
-    cache._reloads[idle] = (reload, 0.0)  # last asked long ago: dropped only
+    cache._reloads[idle].left = 0  # read again as often as it may be, unasked: dropped only
     cache.put(("b", 1), cache.begin(), "other")  # no way to read it again: dropped only
     cache.invalidate("a")
     await wait_for(lambda: len(reads) == 1, what="one page read again")
@@ -157,24 +157,30 @@ async def test_a_page_asked_for_lately_is_read_again_when_dropped_and_coalesced(
     await wait_for(lambda: len(reads) == 2, what="... and read once more")
     assert cache.get(key) is None
     reads[1].set_result("v3")
-    await wait_for(lambda: cache.hit(key) == "v3", what="the page kept again")
+    await wait_for(lambda: cache._entries.get(key) == "v3", what="the page kept again")
     assert cache.get(idle) is None and len(reads) == 2
     cache.invalidate("b")
     assert cache.get(("b", 1)) is None and not cache._refreshers
-    # Refreshed is not asked for: a page nobody asks for again stops being read.
-    cache._reloads[key] = (reload, 0.0)
+    # Refreshed is not asked for: a page nobody asks for again is read again twice in all
+    # (REFRESH_BUDGET), then only dropped; an ask gives it its budget back.
+    assert cache._reloads[key].left == 1  # spent on the first refresh (the second was owed)
     cache.invalidate("a")
-    assert cache.get(key) is None and len(reads) == 2
+    await wait_for(lambda: len(reads) == 3, what="read again: the budget's last")
+    reads[2].set_result("v4")
+    await wait_for(lambda: key in cache._entries, what="kept")
+    cache.invalidate("a")
+    assert key not in cache._entries and len(reads) == 3 and not cache._refreshers
+    cache.put(key, cache.begin(), "v5", reload)
+    assert cache.hit(key) == "v5" and cache._reloads[key].left == REFRESH_BUDGET
     # A failed read leaves the page dropped; down, nothing is read or kept.
-    cache.put(key, cache.begin(), "v4", reload)
     cache.invalidate("a")
-    await wait_for(lambda: len(reads) == 3, what="a third read")
-    reads[2].set_exception(ConnectionError("away"))
+    await wait_for(lambda: len(reads) == 4, what="a fourth read")
+    reads[3].set_exception(ConnectionError("away"))
     await wait_for(lambda: not cache._refreshers, what="the refresh to end")
     assert cache.get(key) is None and cache.refresh_failures.failing
-    cache.put(key, cache.begin(), "v5", reload)
+    cache.put(key, cache.begin(), "v6", reload)
     cache.down()
-    assert cache.get(key) is None and len(reads) == 3
+    assert cache.get(key) is None and len(reads) == 4
     await cache.stop_refreshing()
 
 

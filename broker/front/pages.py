@@ -20,13 +20,15 @@ Correctness rests on three rules:
   locally at once, before their reply (``SessionIndex.changed``), and announced to the
   other fronts like the projector's.
 
-**Refreshed, not only dropped.** A page asked for within :data:`REFRESH_WINDOW` is read
-again in the background when its tenant's announcement drops it (at most
-:data:`REFRESH_PAGES` of a tenant, one refresh of a tenant at a time: announcements that
-arrive meanwhile are coalesced into one more), so the next ask (a window polling the first
-page, while the tenant's sessions are busy) is a hit rather than a read. A refreshed page
-is an ordinary read: taken after the announcement, kept only under the rules above, so it
-is never older than a page a miss would have read then.
+**Refreshed, not only dropped.** A page is read again in the background when its tenant's
+announcement drops it, up to :data:`REFRESH_BUDGET` times between two asks of it (at most
+:data:`REFRESH_PAGES` of a tenant, the most recently asked; one refresh of a tenant at a
+time: announcements that arrive meanwhile are coalesced into one more), so the next ask (a
+window polling the first page while the tenant's sessions change now and then) is a hit
+rather than a read; a page whose tenant changes far more often than it is asked for is
+dropped only, once its budget is spent. A refreshed page is an ordinary read: taken after
+the announcement, kept only under the rules above, so it is never older than a page a miss
+would have read then.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from ..failures import FailureLog
@@ -63,8 +66,8 @@ _STAMPS_KEPT = 16_384
 Key = tuple[Hashable, ...]
 """A cached page's key: the tenant first, then everything else that shapes the answer."""
 
-REFRESH_WINDOW = 30.0
-"""Seconds since it was last asked for within which a dropped page is read again."""
+REFRESH_BUDGET = 2
+"""The most times a page is read again between two asks of it."""
 REFRESH_PAGES = 16
 """The most pages of one tenant read again on one announcement (the most recently asked)."""
 REFRESH_TENANTS = 64
@@ -72,6 +75,17 @@ REFRESH_TENANTS = 64
 
 Reload = Callable[[], Awaitable[Any]]
 """Reads a kept page again (what a miss of its key reads)."""
+
+
+@dataclass(slots=True)
+class _Refreshable:
+    """How a kept page is read again, when it was last asked for, and how many more times
+    it may be read again before it is asked for again."""
+
+    read: Reload
+    asked: float
+    left: int = REFRESH_BUDGET
+
 
 _HIT = metrics.PAGE_CACHE.labels("hit")
 _MISS = metrics.PAGE_CACHE.labels("miss")
@@ -92,9 +106,9 @@ class PageCache:
         self._changed_at: dict[Hashable, int] = {}
         self.refreshing = False
         """Whether dropped pages that were asked for lately are read again (a front's)."""
-        self._reloads: dict[Key, tuple[Reload, float]] = {}  # how to read a page, last asked
-        self._refreshes: dict[Hashable, dict[Key, tuple[Reload, float]]] = {}  # pages owed
-        self._reading: dict[Hashable, dict[Key, tuple[Reload, float]]] = {}  # being read
+        self._reloads: dict[Key, _Refreshable] = {}
+        self._refreshes: dict[Hashable, dict[Key, _Refreshable]] = {}  # pages owed a read
+        self._reading: dict[Hashable, dict[Key, _Refreshable]] = {}  # being read
         self._refreshers: set[asyncio.Task[None]] = set()
         self.refresh_failures = FailureLog(log, "page refreshes")
 
@@ -118,9 +132,9 @@ class PageCache:
         if page is not None:
             self._entries.move_to_end(key)
             _HIT.inc()
-            reload = self._reloads.get(key)
-            if reload is not None:
-                self._reloads[key] = (reload[0], time.monotonic())
+            again = self._reloads.get(key)
+            if again is not None:
+                again.asked, again.left = time.monotonic(), REFRESH_BUDGET
         return page
 
     def missed(self) -> None:
@@ -147,7 +161,7 @@ class PageCache:
         self._entries[key] = page
         self._entries.move_to_end(key)
         if reload is not None and self.refreshing:
-            self._reloads[key] = (reload, time.monotonic())
+            self._reloads[key] = _Refreshable(reload, time.monotonic())
         while len(self._entries) > self.max_entries:
             old, _ = self._entries.popitem(last=False)
             self._forget(old)
@@ -163,23 +177,23 @@ class PageCache:
             self._reset_at = self._stamp
         self._changed_at[tenant] = self._stamp
         keys = self._by_tenant.pop(tenant, ())
-        owed: dict[Key, tuple[Reload, float]] = {}
-        lately = time.monotonic() - REFRESH_WINDOW
+        owed: dict[Key, _Refreshable] = {}
         for key in keys:
             self._entries.pop(key, None)
-            reload = self._reloads.pop(key, None)
-            if reload is not None and reload[1] >= lately:
-                owed[key] = reload
+            again = self._reloads.pop(key, None)
+            if again is not None and again.left > 0:
+                again.left -= 1
+                owed[key] = again
         if owed or tenant in self._refreshes:  # under way: what it reads is owed again
             self._refresh(tenant, owed)
 
-    def _refresh(self, tenant: Hashable, owed: dict[Key, tuple[Reload, float]]) -> None:
+    def _refresh(self, tenant: Hashable, owed: dict[Key, _Refreshable]) -> None:
         """Read ``owed`` again in the background: the most recently asked first, a bounded
         number; joined to the tenant's refresh under way if there is one."""
         pending = self._refreshes.get(tenant)
         if pending is None and len(self._refreshes) >= REFRESH_TENANTS:
             return
-        chosen = sorted(owed.items(), key=lambda item: item[1][1], reverse=True)
+        chosen = sorted(owed.items(), key=lambda item: item[1].asked, reverse=True)
         if pending is not None:
             # What is being read crossed this announcement: it will not be kept, so it is
             # owed again.
@@ -202,17 +216,17 @@ class PageCache:
                 if token is None:  # bypassed: nothing would be kept
                     return
                 pages = await asyncio.gather(
-                    *(reload() for reload, _ in owed.values()), return_exceptions=True
+                    *(again.read() for again in owed.values()), return_exceptions=True
                 )
-                for (key, (reload, asked)), page in zip(owed.items(), pages, strict=True):
+                for (key, again), page in zip(owed.items(), pages, strict=True):
                     if isinstance(page, BaseException):
                         if isinstance(page, asyncio.CancelledError):
                             raise page
                         self.refresh_failures.failed(page)  # the page stays dropped
                         continue
-                    self.put(key, token, page, reload)
-                    if key in self._reloads:
-                        self._reloads[key] = (reload, asked)  # refreshed is not asked
+                    self.put(key, token, page)
+                    if key in self._entries:
+                        self._reloads[key] = again  # refreshed is not asked: budget spent
         finally:
             self._refreshes.pop(tenant, None)
             self._reading.pop(tenant, None)
