@@ -227,10 +227,12 @@ def test_members_carrying_their_info_sort_by_position_and_pages_resume_past_them
 
 
 @contextlib.asynccontextmanager
-async def _uncached_broker(redis_url: str, **overrides: Any) -> AsyncIterator[Broker]:
+async def _uncached_broker(
+    redis_url: str, timeout: float = 5.0, **overrides: Any
+) -> AsyncIterator[Broker]:
     """A broker with no page cache (every page read from Redis) on a store whose commands
-    time out after ``REPLY_TIMEOUT`` (the bare connection's reply timeout with them)."""
-    store = connect(redis_url, timeout=REPLY_TIMEOUT)
+    time out after ``timeout`` (the bare connection's reply timeout with them)."""
+    store = connect(redis_url, timeout=timeout)
     node = Broker(make_settings(list_cache=False, **overrides), redis=store)
     await node.start()
     try:
@@ -241,6 +243,7 @@ async def _uncached_broker(redis_url: str, **overrides: Any) -> AsyncIterator[Br
 
 
 REPLY_TIMEOUT = 0.5
+"""The stall test's reply timeout (the others keep the default: a busy machine)."""
 
 
 def _counted_reads(broker: Broker) -> dict[str, int]:
@@ -300,7 +303,7 @@ async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
 async def test_a_stalled_read_is_answered_through_the_client_in_bounded_time(
     redis_url: str, store_kind: str
 ) -> None:
-    async with _uncached_broker(redis_url) as broker:
+    async with _uncached_broker(redis_url, REPLY_TIMEOUT) as broker:
         await _seed(broker, 5, distinct_times=5)
         client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
         await client.initialize()
@@ -356,7 +359,7 @@ async def test_a_read_in_flight_is_cancelled_by_its_client_and_by_its_connection
 async def test_a_reply_timeout_past_the_request_deadline_keeps_the_dispatched_read(
     redis_url: str, store_kind: str
 ) -> None:
-    async with _uncached_broker(redis_url, request_timeout=REPLY_TIMEOUT / 2) as broker:
+    async with _uncached_broker(redis_url, 5.0, request_timeout=2.5) as broker:
         await _seed(broker, 3, distinct_times=3)
         client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
         await client.initialize()
