@@ -474,7 +474,7 @@ class ClientConnection:
                 assert request.id is not None
                 self._inflight[request.id] = (request, task)
                 return
-            except Exception as exc:
+            except Exception as exc:  # answered, not swallowed: the client gets its error
                 outcome = self._failed(request, exc)
             else:
                 self.reply(request, result)
