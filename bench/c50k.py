@@ -35,7 +35,7 @@ from typing import Any
 
 from bench import common
 from bench.acp import new_sessions
-from bench.fanout import CWD, broker_feeder, measure
+from bench.fanout import CWD, Running, broker_feeder, measure
 from broker.config import Settings
 
 PER_SWARM = 10_000
@@ -177,18 +177,18 @@ async def run_once(
             send, close = await broker_feeder(redis_url)
             stack.push_async_callback(close)
             got: dict[str, list[dict[str, Any]]] = {"crowded": [], "alone": []}
+            runs = {
+                name: Running(name, send, swarms, [pid], [room], hot_joined[name])
+                for name, (pid, room, swarms) in cells.items()
+            }
             for name in ("crowded", "alone"):  # warm-up
-                pid, room, swarms = cells[name]
-                await measure(send, swarms, [pid], [room], hot_joined[name], 4, None)
+                await measure([runs[name]], 4, None)
             for k in range(rounds):
                 order = ("crowded", "alone") if k % 2 == 0 else ("alone", "crowded")
                 print(f"c50k: fan-out round {k + 1}/{rounds}", flush=True)
                 for name in order:
-                    pid, room, swarms = cells[name]
                     count = int(rate * seconds)
-                    got[name].append(
-                        await measure(send, swarms, [pid], [room], hot_joined[name], count, rate)
-                    )
+                    got[name].append((await measure([runs[name]], count, rate))[name])
             rss_end = common.rss_bytes(crowded.pid)
     return {
         "connections": p.connections,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -18,6 +19,7 @@ import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -119,6 +121,73 @@ def cpu_seconds(pid: int) -> float:
 
 def cpu_of(pids: Sequence[int]) -> float:
     return sum(cpu_seconds(pid) for pid in pids)
+
+
+@dataclass(frozen=True)
+class MachineCpu:
+    """CPU seconds the whole machine spent busy, and those of processes not of this run."""
+
+    busy: float
+    others: float
+
+    def __sub__(self, other: MachineCpu) -> MachineCpu:
+        return MachineCpu(self.busy - other.busy, self.others - other.others)
+
+    def __add__(self, other: MachineCpu) -> MachineCpu:
+        return MachineCpu(self.busy + other.busy, self.others + other.others)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """This process's cyclic garbage collector off for the block, one collection after it.
+
+    The bench process feeds every system; its heap (imports, peers' clients, every report
+    so far) makes a full collection take 40-70 ms here, and one that fell between a
+    stamp and its send would count as that system's latency, whichever it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+            gc.collect()
+
+
+def machine_cpu() -> MachineCpu:
+    """The machine's busy CPU seconds so far (``/proc/stat``: all but idle and iowait), and
+    how much of it went to processes outside this one's tree (its children and theirs):
+    what other work on a shared machine took while a run was measured."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+    return MachineCpu(busy, busy - _tree_cpu(os.getpid()))
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and its descendants that are alive (and of their reaped
+    children: ``cutime``/``cstime``)."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile: none of ours are ending mid-run
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        cpu[pid] = sum(int(x) for x in fields[11:15]) / CLK_TCK
+    total = 0.0
+    for pid, seconds in cpu.items():
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p == root:
+            total += seconds
+    return total
 
 
 def rss_bytes(pid: int) -> int:

@@ -15,7 +15,12 @@ processes of lean WebSocket clients):
 
 Every update carries its send time (``ts=<unix time>`` in its text); a watcher's latency is
 its receive time minus that. CPU per delivery is the user+system time of the 2 server
-processes over the run divided by the messages delivered.
+processes over the run divided by the messages delivered. Each run also records how busy
+the machine was (``machine_cores``) and how much of that was processes outside this run
+(``others_cores``: other work on a shared machine), and with ``BENCH_TRACE=1`` in the
+environment, per swarm process, each update's first and last arrival (``trace``: a list of
+``[stamp, first, last, count]`` per swarm, unix times) to find which updates made a tail.
+``--slices N`` interleaves the fixed-rate runs of a round (see :func:`measure`).
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench import common
 from bench.acp import new_sessions
 
 SYSTEMS = ("broker", "socketio", "relay")
+TRACE = bool(os.environ.get("BENCH_TRACE"))
 CWD = "/srv/bench"
 TENANT = "default"
 
@@ -144,9 +151,12 @@ def feeder_of(
     return FEEDERS[system.partition("@")[0]]
 
 
-async def feed(send: Send, rooms: list[str], count: int, rate: float | None, seconds: float) -> int:
-    """Send ``count`` updates round robin over ``rooms``: at ``rate``/s, or as fast as it goes
-    (batches of 64, one round trip each). Bounded by ``seconds``. Returns how many were sent."""
+async def feed(
+    send: Send, rooms: list[str], count: int, rate: float | None, seconds: float, first: int = 0
+) -> int:
+    """Send ``count`` updates round robin over ``rooms`` (from the ``first``-th on): at
+    ``rate``/s, or as fast as it goes (batches of 64, one round trip each). Bounded by
+    ``seconds``. Returns how many were sent."""
     start = time.monotonic()
     deadline = start + seconds
     sent = 0
@@ -155,7 +165,7 @@ async def feed(send: Send, rooms: list[str], count: int, rate: float | None, sec
             due = min(count, int((time.monotonic() - start) * rate) + 1)
         else:
             due = min(count, sent + 64)
-        batch = [rooms[i % len(rooms)] for i in range(sent, due)]
+        batch = [rooms[(first + i) % len(rooms)] for i in range(sent, due)]
         sent = due
         if batch:
             await send(batch)
@@ -210,54 +220,93 @@ async def swarm_reports(swarms: list[common.Child]) -> list[dict[str, Any]]:
     return out
 
 
-async def measure(
-    send: Send,
-    swarms: list[common.Child],
-    pids: list[int],
-    rooms: list[str],
-    joined: int,
-    count: int,
-    rate: float | None,
-) -> dict[str, Any]:
-    await swarm_reports(swarms)  # start counting afresh
-    cpu0 = common.cpu_of(pids)
-    t0 = time.time()
-    sent = await feed(send, rooms, count, rate, seconds=120)
-    feed_seconds = time.time() - t0
-    expected = sent * joined // len(rooms)
+async def settle(swarms: list[common.Child], expected: int) -> int:
+    """Wait until the swarms have counted ``expected`` messages (since their last report),
+    or nothing more arrived for 3 s (at most 60 s); returns how many they counted."""
     got, still, deadline = 0, time.monotonic(), time.monotonic() + 60
     while time.monotonic() < deadline:
         now_got = await swarm_counts(swarms)
         if now_got >= expected:
-            got = now_got
-            break
+            return now_got
         if now_got != got:
             got, still = now_got, time.monotonic()
         elif time.monotonic() - still > 3.0:
             break
         await asyncio.sleep(0.05)
-    cpu = common.cpu_of(pids) - cpu0
-    reports = await swarm_reports(swarms)
-    delivered = sum(r["count"] for r in reports)
-    last = max((r["last"] for r in reports if r["count"]), default=t0)
+    return got
+
+
+@dataclass
+class Tally:
+    """What one system's turns of an interleaved run added up to."""
+
+    sent: int = 0
+    feed_seconds: float = 0.0
+    cpu: float = 0.0
+    machine: common.MachineCpu = field(default_factory=lambda: common.MachineCpu(0.0, 0.0))
+    seconds: float = 0.0
+    t0: float = 0.0
+
+
+async def measure(
+    systems: list[Running], count: int, rate: float | None, slices: int = 1
+) -> dict[str, dict[str, Any]]:
+    """Send ``count`` updates to each system (at ``rate``/s, or as fast as it goes) and
+    measure what its watchers got; keyed by system.
+
+    ``slices`` > 1 interleaves the systems: each system's updates go in ``slices`` turns,
+    the systems taking turns (A, B, A, B, …; each turn waits until its deliveries have
+    arrived), so that a stretch of noise from the rest of a shared machine lands on all of
+    them alike instead of on whichever one it happened to overlap. CPU is counted over a
+    system's own turns only."""
+    for r in systems:
+        await swarm_reports(r.swarms)  # start counting afresh
+    tallies = {r.system: Tally() for r in systems}
+    per = count // slices
+    for k in range(slices):
+        n = per if k < slices - 1 else count - per * (slices - 1)
+        for r in systems:
+            tally = tallies[r.system]
+            cpu0, machine0, t0 = common.cpu_of(r.pids), common.machine_cpu(), time.time()
+            tally.t0 = tally.t0 or t0
+            with common.collector_paused():
+                tally.sent += await feed(r.send, r.rooms, n, rate, seconds=120, first=per * k)
+                tally.feed_seconds += time.time() - t0
+                await settle(r.swarms, tally.sent * r.joined // len(r.rooms))
+            tally.cpu += common.cpu_of(r.pids) - cpu0
+            tally.machine = tally.machine + (common.machine_cpu() - machine0)
+            tally.seconds += time.time() - t0
+    return {r.system: await _summary(r, tallies[r.system], rate) for r in systems}
+
+
+async def _summary(r: Running, tally: Tally, rate: float | None) -> dict[str, Any]:
+    """One system's figures from its swarms' reports and its tally."""
+    reports = await swarm_reports(r.swarms)
+    delivered = sum(rep["count"] for rep in reports)
+    expected = tally.sent * r.joined // len(r.rooms)
+    last = max((rep["last"] for rep in reports if rep["count"]), default=tally.t0)
     samples: list[float] = []
-    for r in reports:
-        samples.extend(r["samples"])
+    for rep in reports:
+        samples.extend(rep["samples"])
     lat = common.latency_summary(samples)
-    seconds = max(last - t0, 1e-9)
+    seconds = max(tally.seconds, 1e-9)
     return {
         "offered_rate": rate,
-        "sent": sent,
-        "feed_seconds": feed_seconds,
+        "sent": tally.sent,
+        "feed_seconds": tally.feed_seconds,
         "expected": expected,
         "delivered": delivered,
         "lost": max(0, expected - delivered),
-        "delivered_per_s": delivered / seconds,
+        "delivered_per_s": delivered / max(last - tally.t0, 1e-9),
         "p50_ms": lat["p50"],
         "p99_ms": lat["p99"],
         "p999_ms": lat["p999"],
-        "cpu_s": cpu,
-        "cpu_us_per_delivery": cpu / delivered * 1e6 if delivered else float("nan"),
+        "cpu_s": tally.cpu,
+        "cpu_us_per_delivery": tally.cpu / delivered * 1e6 if delivered else float("nan"),
+        "t0": tally.t0,
+        "others_cores": tally.machine.others / seconds,
+        "machine_cores": tally.machine.busy / seconds,
+        **({"trace": [rep["updates"] for rep in reports]} if TRACE else {}),
     }
 
 
@@ -294,6 +343,7 @@ async def running(system: str, shape: Shape, tag: str) -> AsyncIterator[Running]
                         "targets": part,
                         "cwd": CWD,
                         "concurrency": 64,
+                        "trace": TRACE,
                     }
                     swarms.append(
                         await stack.enter_async_context(
@@ -331,11 +381,12 @@ async def profiled(on: bool, r: Running, name: str, *, gil: bool = False) -> Asy
 
 
 async def run_shape(
-    shape: Shape, systems: tuple[str, ...], rounds: int, profile: bool
+    shape: Shape, systems: tuple[str, ...], rounds: int, profile: bool, slices: int = 1
 ) -> list[dict[str, Any]]:
     """All systems up side by side (idle when not measured), measured in alternating rounds:
     every round runs each system at the fixed rate, then each at max, in a rotating order,
-    so that the machine's noise over time hits all of them alike."""
+    so that the machine's noise over time hits all of them alike; ``slices`` > 1: the
+    fixed-rate runs of a round interleaved in that many turns each (see :func:`measure`)."""
     tag = f"fanout-{shape.sessions}x{shape.watchers}"
     got: dict[str, dict[str, list[dict[str, Any]]]] = {s: {"rate": [], "max": []} for s in systems}
     async with contextlib.AsyncExitStack() as stack:
@@ -348,21 +399,18 @@ async def run_shape(
         for k in range(rounds):
             order = up[k % len(up) :] + up[: k % len(up)]
             print(f"fanout {shape.name} round {k + 1}/{rounds}", flush=True)
-            for r in order:
-                count = int(shape.rate * shape.rate_seconds)
+            count = int(shape.rate * shape.rate_seconds)
+            slices = max(1, min(slices, count))
+            if slices > 1:
+                for system, cell in (await measure(order, count, shape.rate, slices)).items():
+                    got[system]["rate"].append(cell)
+            for r in order if slices == 1 else ():
                 async with profiled(profile and k == 0, r, f"{tag}-{r.system}-rate", gil=True):
-                    got[r.system]["rate"].append(
-                        await measure(
-                            r.send, r.swarms, r.pids, r.rooms, r.joined, count, shape.rate
-                        )
-                    )
+                    got[r.system]["rate"].append((await measure([r], count, shape.rate))[r.system])
             for r in order:
                 async with profiled(profile and k == 0, r, f"{tag}-{r.system}"):
-                    got[r.system]["max"].append(
-                        await measure(
-                            r.send, r.swarms, r.pids, r.rooms, r.joined, shape.max_updates, None
-                        )
-                    )
+                    cell = (await measure([r], shape.max_updates, None))[r.system]
+                    got[r.system]["max"].append(cell)
     results = []
     for system in systems:
         runs = [
@@ -470,7 +518,9 @@ async def run(args: Any) -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     results = []
     for shape in shapes:
-        results.extend(await run_shape(shape, systems, rounds * args.runs, args.profile))
+        results.extend(
+            await run_shape(shape, systems, rounds * args.runs, args.profile, args.slices)
+        )
         tables, ratios = summarize(results, shapes)  # so far: a later failure keeps these
         print(tables[0], flush=True)
         common.write_json("fanout", {"quick": args.quick, "results": results}, args.out)
@@ -490,7 +540,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="py-spy the first node during the first round (rate and max runs)",
     )
+    p.add_argument(
+        "--slices",
+        type=int,
+        default=10,
+        help="interleave the systems' fixed-rate runs of a round in this many turns each "
+        "(default 10; 1: one system's whole run after the other's, as --profile does)",
+    )
     args = p.parse_args(argv)
+    if args.profile:
+        args.slices = 1  # a profile records one system's whole run
     asyncio.run(run(args))
 
 

@@ -2,8 +2,9 @@
 
 ``python -m bench.swarm CONFIG_JSON``, where the config is
 ``{"system": "broker"|"socketio"|"relay", "targets": [{"url", "room", "n"}, …],
-"cwd": "/…", "concurrency": 100, "local_host": "127.0.0.2"}`` (``local_host``, optional:
-the source address of its connections). It opens ``n`` connections per target, joins each
+"cwd": "/…", "concurrency": 100, "local_host": "127.0.0.2", "trace": true}`` (``local_host``,
+optional: the source address of its connections; ``trace``, optional: also report each
+update's first and last arrival, ``updates``). It opens ``n`` connections per target, joins each
 to its room the system's way (broker: ``initialize`` + ``session/resume``; python-socketio:
 the Socket.IO connect and a ``join`` event with an ack; relay: ``join ROOM``), prints
 ``ready {json}`` (how many joined, how long it took), then on each stdin line:
@@ -15,6 +16,7 @@ afresh; ``quit`` ends it. It stops by itself after ``--lifetime`` seconds.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -25,11 +27,13 @@ from bench.common import raise_nofile
 from bench.wsclient import WsClient, connect
 
 MAX_SAMPLES = 3_000_000
+MAX_TRACED = 100_000
 STAMP = b"ts="
 
 
 class Counter:
-    def __init__(self) -> None:
+    def __init__(self, trace: bool = False) -> None:
+        self.trace = trace
         self.reset()
 
     def reset(self) -> None:
@@ -37,6 +41,7 @@ class Counter:
         self.first = 0.0
         self.last = 0.0
         self.samples = array("d")
+        self.updates: dict[bytes, list[float]] = {}  # stamp -> [first, last, count] (trace)
 
     def seen(self, payload: bytes) -> bool:
         i = payload.find(STAMP)
@@ -51,7 +56,18 @@ class Counter:
         self.last = now
         if len(self.samples) < MAX_SAMPLES:
             self.samples.append((now - sent) * 1000.0)
+        if self.trace:
+            self._traced(payload[i + 3 : end], now)
         return True
+
+    def _traced(self, stamp: bytes, now: float) -> None:
+        seen = self.updates.get(stamp)
+        if seen is None:
+            if len(self.updates) < MAX_TRACED:
+                self.updates[stamp] = [now, now, 1]
+            return
+        seen[1] = now
+        seen[2] += 1
 
     def report(self) -> dict[str, Any]:
         return {
@@ -59,6 +75,7 @@ class Counter:
             "first": self.first,
             "last": self.last,
             "samples": self.samples.tolist(),
+            "updates": [[float(k), *v] for k, v in self.updates.items()],
         }
 
 
@@ -120,7 +137,7 @@ def _rpc(msg_id: int, method: str, params: dict[str, Any]) -> str:
 
 async def main(config: dict[str, Any], lifetime: float) -> None:
     raise_nofile()
-    counter = Counter()
+    counter = Counter(bool(config.get("trace")))
     system = config["system"]
     cwd = config.get("cwd", "/tmp")
     local_host = config.get("local_host")
@@ -150,6 +167,11 @@ async def main(config: dict[str, Any], lifetime: float) -> None:
     ready = {"joined": len(watchers), "failed": len(failures), "seconds": took}
     if failures:
         ready["first_failure"] = failures[0]
+    # What the joins made lives until the end: the collector need not walk it again (its
+    # full collections would stall the reading of every connection here, whichever system
+    # is measured).
+    gc.collect()
+    gc.freeze()
     print("ready " + json.dumps(ready), flush=True)
 
     loop = asyncio.get_running_loop()
