@@ -25,7 +25,8 @@ class _JsonRpc(abc.ABC):
         """Put one JSON-RPC frame on the wire."""
 
     def _resolve(self, message: dict[str, Any]) -> None:
-        future = self._waiting.pop(message.get("id"), None)
+        msg_id = message.get("id")
+        future = self._waiting.pop(msg_id, None) if isinstance(msg_id, int) else None
         if future is not None and not future.done():
             future.set_result(message)
 

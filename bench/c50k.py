@@ -47,6 +47,9 @@ PING_INTERVAL = Settings.model_fields["ping_interval"].default
 ``--quick`` runs its fronts with 2 s)."""
 QUICK_PING_INTERVAL = 2.0
 
+SwarmJob = tuple[str, str, int, str, str | None]
+"""One swarm process: front URL, room, connections, name, source address (or none)."""
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -113,21 +116,21 @@ async def swarm(
 
 
 async def join_all(
-    stack: contextlib.AsyncExitStack, jobs: list[tuple[str, str, int, str, str | None]]
+    stack: contextlib.AsyncExitStack, jobs: list[SwarmJob]
 ) -> list[tuple[common.Child, dict[str, Any]]]:
     """Start the swarms side by side; each stays up until ``stack`` closes."""
     return list(await asyncio.gather(*(stack.enter_async_context(swarm(*job)) for job in jobs)))
 
 
-def hot_jobs(url: str, room: str, hot: int, tag: str) -> list[tuple[str, str, int, str, None]]:
+def hot_jobs(url: str, room: str, hot: int, tag: str) -> list[SwarmJob]:
     """The hot watchers of one front, over two swarm processes (as ``bench fanout``)."""
     halves = [hot - hot // 2, hot // 2]
     return [(url, room, n, f"{tag}-{i}", None) for i, n in enumerate(halves) if n]
 
 
-def idle_jobs(url: str, room: str, idle: int, tag: str) -> list[tuple[str, str, int, str, str]]:
+def idle_jobs(url: str, room: str, idle: int, tag: str) -> list[SwarmJob]:
     """The idle connections, ``PER_SWARM`` a process, each from 127.0.0.(2 + i)."""
-    jobs = []
+    jobs: list[SwarmJob] = []
     for i, start in enumerate(range(0, idle, PER_SWARM)):
         n = min(PER_SWARM, idle - start)
         jobs.append((url, room, n, f"{tag}-{i}", f"127.0.0.{2 + i}"))

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -82,7 +82,7 @@ def run_server(main: Coroutine[Any, Any, None]) -> None:
     loops.run(main, event_loop())
 
 
-def event_loop() -> str:
+def event_loop() -> Literal["asyncio", "uvloop"]:
     """The event loop the benchmark's servers run on (``ACP_BROKER_EVENT_LOOP``, default
     ``auto``), as it resolves here: ``asyncio`` or ``uvloop``."""
     from broker import loops

@@ -56,12 +56,12 @@ class Shape:
         return f"S={self.sessions}/W={self.watchers}"
 
 
-FULL = (
+FULL: tuple[Shape, ...] = (
     Shape(1, 1000, 20, 10, 300),
     Shape(100, 10, 1000, 10, 20_000),
     Shape(1000, 2, 2500, 8, 40_000),
 )
-QUICK = (Shape(2, 10, 20, 2, 60),)
+QUICK: tuple[Shape, ...] = (Shape(2, 10, 20, 2, 60),)
 
 Send = Callable[[list[str]], Awaitable[Any]]
 """Sends one update to each room of a list (a room may repeat), in one round trip."""
@@ -175,7 +175,9 @@ async def feed(
 
 
 @contextlib.asynccontextmanager
-async def servers(system: str, redis_url: str, tag: str, sessions: int):  # type: ignore[no-untyped-def]
+async def servers(
+    system: str, redis_url: str, tag: str, sessions: int
+) -> AsyncIterator[tuple[list[str], list[int], list[str]]]:
     """Start the 2 server nodes of ``system``; yields (urls, pids, rooms)."""
     async with contextlib.AsyncExitStack() as stack:
         if system == "broker":
@@ -426,8 +428,8 @@ async def run_shape(
 def summarize(results: list[dict[str, Any]], shapes: tuple[Shape, ...]) -> tuple[list[str], Any]:
     rows, ratio_rows = [], []
     cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in results:
-        cells[(r["system"], r["shape"])] = r
+    for result in results:
+        cells[(result["system"], result["shape"])] = result
     for shape in shapes:
         names = list(dict.fromkeys(r["system"] for r in results if r["shape"] == shape.name))
         for system in names:

@@ -146,9 +146,9 @@ async def run_cell(
         log = SessionLog(store)
         sessions = [new_session_id() for _ in range(cell.sessions)]
         created = {"type": EventType.CREATED, "cwd": "/bench", "agent": "demo", "kind": "combined"}
-        for start in range(0, len(sessions), 100):
+        for first in range(0, len(sessions), 100):
             await asyncio.gather(
-                *(log.create(TENANT, s, created) for s in sessions[start : start + 100])
+                *(log.create(TENANT, s, created) for s in sessions[first : first + 100])
             )
         async with contextlib.AsyncExitStack() as stack:
             pid = await stack.enter_async_context(projector_at(tree, url, tag))

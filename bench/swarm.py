@@ -164,7 +164,7 @@ async def main(config: dict[str, Any], lifetime: float) -> None:
     ]
     await asyncio.gather(*jobs)
     took = time.monotonic() - start
-    ready = {"joined": len(watchers), "failed": len(failures), "seconds": took}
+    ready: dict[str, Any] = {"joined": len(watchers), "failed": len(failures), "seconds": took}
     if failures:
         ready["first_failure"] = failures[0]
     # What the joins made lives until the end: the collector need not walk it again (its

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as redis
 from websockets.asyncio.server import ServerConnection, broadcast, serve
@@ -42,7 +42,9 @@ async def main(url: str) -> None:
                     await ws.send("ok")
                 elif verb == "replay":
                     key, _, session = arg.partition(" ")
-                    entries = await client.xrange(key, "-", "+")
+                    entries = cast(
+                        "list[tuple[str, dict[str, str]]]", await client.xrange(key, "-", "+")
+                    )
                     head = '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"'
                     head += session + '","update":'
                     broadcast([ws], "[" + str(len(entries)) + "]")

@@ -24,7 +24,7 @@ async def main(url: str) -> None:
         async_mode="aiohttp", client_manager=manager, transports=["websocket"]
     )
 
-    @sio.on("join")  # type: ignore[misc]
+    @sio.on("join")
     async def join(sid: str, room: str) -> str:
         await sio.enter_room(sid, room)
         return "ok"

@@ -41,19 +41,20 @@ def postgres_server() -> Iterator[str]:
         for path in (folder, socket_dir):
             os.chown(path, owner.pw_uid, owner.pw_gid)
     port = free_port()
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     subprocess.run(
         _as_owner([initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"]),
         check=True,
         timeout=120,
-        **quiet,  # type: ignore[arg-type]
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     options = f"-p {port} -k {socket_dir} -c listen_addresses='' -c fsync=off"
     subprocess.run(
         _as_owner([pg_ctl, "-D", str(data), "-o", options, "-w", "-t", "60", "start"]),
         check=True,
         timeout=90,
-        **quiet,  # type: ignore[arg-type]
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         yield f"postgresql://postgres@/postgres?host={socket_dir}&port={port}"
@@ -61,6 +62,7 @@ def postgres_server() -> Iterator[str]:
         subprocess.run(
             _as_owner([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]),
             timeout=60,
-            **quiet,  # type: ignore[arg-type]
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         shutil.rmtree(folder, ignore_errors=True)
