@@ -24,7 +24,9 @@
   client. It crosses the two hops a ``session/list`` crosses (client → server → store),
   where the floor, the index read and the pg query cross one.
 
-The PostgreSQL systems are skipped (reported as such) when PostgreSQL is not reachable.
+The PostgreSQL server is the benchmark's own (``initdb`` in a temporary folder, over loopback
+TCP; ``BENCH_PG_DSN`` names another); its systems are skipped (reported as such) when it
+cannot be had.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ CWDS = 10
 BASE_MS = 1_780_000_000_000
 UNCACHED = {"ACP_BROKER_LIST_CACHE": "false"}
 """The environment of the uncached fronts: every page read from Redis."""
-PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+PG_DSN = os.environ.get("BENCH_PG_DSN")
+"""A PostgreSQL server to use; unset (the default), the benchmark starts its own (``initdb``
+in a temporary folder, reached over loopback TCP as the Redis servers are)."""
 
 
 def sid(i: int) -> str:
@@ -335,27 +339,37 @@ async def interleaved(
 
 
 @contextlib.asynccontextmanager
-async def postgres_table() -> AsyncIterator[tuple[Any, str] | str]:
-    """A connection and a fresh uniquely named table, dropped afterwards (or why not)."""
+async def postgres_table() -> AsyncIterator[tuple[Any, str, str] | str]:
+    """A connection, a fresh uniquely named table (dropped afterwards) and the server's DSN:
+    :data:`PG_DSN`'s, or a server of the benchmark's own; or why there is none."""
     import asyncpg
 
-    try:
-        conn = await asyncpg.connect(PG_DSN, timeout=5)
-    except Exception as exc:
-        yield repr(exc)[:200]
-        return
-    table = f"acpb_bench_list_{os.getpid()}_{int(time.time())}"
-    try:
-        yield conn, table
-    finally:
-        await conn.execute(f"DROP TABLE IF EXISTS {table}")
-        await conn.close()
+    from tests.support.postgres_server import postgres_available, postgres_server
+
+    with contextlib.ExitStack() as servers:
+        dsn = PG_DSN
+        if dsn is None:
+            if not postgres_available():
+                yield "no initdb on this machine (or set BENCH_PG_DSN)"
+                return
+            dsn = servers.enter_context(postgres_server(tcp=True))
+        try:
+            conn = await asyncpg.connect(dsn, timeout=5)
+        except Exception as exc:
+            yield repr(exc)[:200]
+            return
+        table = f"acpb_bench_list_{os.getpid()}_{int(time.time())}"
+        try:
+            yield conn, table, dsn
+        finally:
+            await conn.execute(f"DROP TABLE IF EXISTS {table}")
+            await conn.close()
 
 
 @contextlib.asynccontextmanager
-async def pg_server(table: str, tag: str) -> AsyncIterator[tuple[Any, int]]:
+async def pg_server(dsn: str, table: str, tag: str) -> AsyncIterator[tuple[Any, int]]:
     """:mod:`bench.peers.pg_server` on ``table``: a lean client connected to it, and its pid."""
-    args = (PG_DSN, table, common.CURSOR_SECRET)
+    args = (dsn, table, common.CURSOR_SECRET)
     async with common.child("bench.peers.pg_server", *args, name=f"{tag}-pg") as node:
         port = await node.expect("ready")
         async with lean_acp_client(f"ws://127.0.0.1:{port}/") as client:
@@ -391,7 +405,9 @@ async def _one_run(
         }
         if pg_calls is not None:
             systems["postgres"] = pg_calls
-            peer, pids["pg_ws"] = await stack.enter_async_context(pg_server(pg[1], f"list-{r}"))
+            _, table, dsn = pg
+            peer_server = pg_server(dsn, table, f"list-{r}")
+            peer, pids["pg_ws"] = await stack.enter_async_context(peer_server)
             systems["pg_ws"] = await list_calls(peer, n, pg_position)
         for rev in args.baseline:
             tree = common.baseline_tree(rev)
@@ -482,7 +498,7 @@ async def run(args: Any) -> None:
                 unavailable = pg
             else:
                 t = time.monotonic()
-                pg_calls = await postgres_calls(*pg, n)
+                pg_calls = await postgres_calls(pg[0], pg[1], n)
                 print(f"  postgres table loaded in {time.monotonic() - t:.1f}s", flush=True)
             for r in range(args.runs):
                 print(f"  run {r + 1}/{args.runs}", flush=True)

@@ -57,10 +57,17 @@ async def _run(name: str, out: Path) -> tuple[str, int, str]:
     return name, proc.returncode or 0, stdout.decode(errors="replace")
 
 
+def failure_of(output: str) -> str:
+    """What a failed benchmark said: its first traceback (the servers' logs it prints
+    after one can be long), else the end of its output."""
+    start = output.find("Traceback (most recent call last)")
+    return output[start : start + 4000] if start >= 0 else output[-3000:]
+
+
 async def test_every_benchmark_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     runs = await asyncio.gather(*(_run(n, tmp_path / f"{n}.json") for n in BENCHMARKS))
     for name, code, output in runs:
-        assert code == 0, f"{name}:\n{output[-3000:]}"
+        assert code == 0, f"{name} exited with {code}:\n{failure_of(output)}"
         assert "\n| " in output and " |\n" in output, f"{name} printed no table:\n{output}"
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["benchmark"] == name and data["quick"] is True

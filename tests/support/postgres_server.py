@@ -1,5 +1,6 @@
 """Private PostgreSQL servers for tests: ``initdb`` in a temporary folder, a free port, a
-unix socket in that folder and no TCP listener (the machine's own server is never used).
+unix socket in that folder and, unless asked for, no TCP listener (the machine's own server
+is never used).
 
 PostgreSQL refuses to run as root: under root the server runs as the ``postgres`` user
 (``runuser``), in a folder that user owns."""
@@ -29,8 +30,10 @@ def postgres_available() -> bool:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """A PostgreSQL server of our own; yields its DSN and removes it afterwards."""
+def postgres_server(*, tcp: bool = False) -> Iterator[str]:
+    """A PostgreSQL server of our own; yields its DSN and removes it afterwards. It listens
+    on its unix socket only, and with ``tcp`` on 127.0.0.1 too (the DSN then names that:
+    a benchmark compares it with servers reached over loopback TCP)."""
     initdb = str(BIN / "initdb") if (BIN / "initdb").exists() else "initdb"
     pg_ctl = str(Path(initdb).resolve().parent / "pg_ctl")
     folder = Path(tempfile.mkdtemp(prefix="acpb-pg-"))
@@ -48,7 +51,8 @@ def postgres_server() -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    options = f"-p {port} -k {socket_dir} -c listen_addresses='' -c fsync=off"
+    listen = "127.0.0.1" if tcp else ""
+    options = f"-p {port} -k {socket_dir} -c listen_addresses='{listen}' -c fsync=off"
     subprocess.run(
         _as_owner([pg_ctl, "-D", str(data), "-o", options, "-w", "-t", "60", "start"]),
         check=True,
@@ -57,7 +61,10 @@ def postgres_server() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        yield f"postgresql://postgres@/postgres?host={socket_dir}&port={port}"
+        if tcp:
+            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        else:
+            yield f"postgresql://postgres@/postgres?host={socket_dir}&port={port}"
     finally:
         subprocess.run(
             _as_owner([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]),
