@@ -45,6 +45,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 WAIT_MS = 15_000
 SCREENSHOT = ROOT / "docs" / "console.png"
+"""Where the rich-session test leaves its screenshot for the README when
+``UPDATE_SCREENSHOT=1`` (otherwise in the test's own folder: a test run changes no file of
+the tree)."""
 CONSOLE_AGENT = [sys.executable, str(AGENTS / "console_agent.py")]
 
 
@@ -236,7 +239,7 @@ async def test_shift_enter_is_a_new_line_and_cancel_ends_a_running_turn(
 
 
 async def test_a_rich_session_renders_thoughts_plans_tools_and_markdown(
-    node: Broker, context: Any
+    node: Broker, context: Any, tmp_path: Path
 ) -> None:
     page = await open_console(context, console_url(node))
     await new_session(page)
@@ -259,8 +262,9 @@ async def test_a_rich_session_renders_thoughts_plans_tools_and_markdown(
     await expect(page.get_by_role("heading", name="Paging the session list")).to_be_visible()
     await page.set_viewport_size({"width": 1280, "height": 1000})
     await page.get_by_role("textbox", name="Prompt").focus()
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    await page.screenshot(path=str(SCREENSHOT))
+    shot = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") == "1" else tmp_path / "console.png"
+    await page.screenshot(path=str(shot))
+    assert shot.read_bytes().startswith(b"\x89PNG")
     # Phone width: everything stays inside the screen.
     await page.set_viewport_size({"width": 390, "height": 844})
     wide = await page.evaluate(
