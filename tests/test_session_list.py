@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from broker.protocol.jsonrpc import REQUEST_CANCELLED
 from broker.serve import Broker
@@ -20,6 +21,7 @@ from broker.store.cursors import fingerprint
 from broker.store.events import EventType
 from broker.store.index import (
     ACP_LISTING,
+    cwd_listing,
     decode_row,
     encode_row,
     lower_bound,
@@ -28,6 +30,7 @@ from broker.store.index import (
     session_info_json,
     stored_member,
 )
+from broker.store.keys import TenantKeys
 from broker.store.log import new_session_id
 
 from .conftest import make_settings
@@ -230,12 +233,16 @@ def test_members_carrying_their_info_sort_by_position_and_pages_resume_past_them
 async def _uncached_broker(
     redis_url: str, timeout: float = 5.0, **overrides: Any
 ) -> AsyncIterator[Broker]:
-    """A broker with no page cache (every page read from Redis) on a store whose commands
-    time out after ``timeout`` (the bare connection's reply timeout with them)."""
+    """A broker with no page cache (every page read from Redis; ``list_cache=True``: with
+    it, subscribed) on a store whose commands time out after ``timeout`` (the bare
+    connection's reply timeout with them)."""
     store = connect(redis_url, timeout=timeout)
-    node = Broker(make_settings(list_cache=False, **overrides), redis=store)
+    overrides.setdefault("list_cache", False)
+    node = Broker(make_settings(**overrides), redis=store)
     await node.start()
     try:
+        if node.pages is not None:
+            await wait_for(lambda: node.pages is not None and node.pages.live)
         yield node
     finally:
         await node.stop()
@@ -317,6 +324,56 @@ async def test_a_stalled_read_is_answered_through_the_client_in_bounded_time(
         assert raw.lost  # given up; the next read opens another
         assert (await client.call("session/list", {}))["result"] == expected
         assert (await client.call("session/list", {}))["result"] == expected
+        assert not client.inbox
+        await client.close()
+
+
+def _asked_of_the_cache() -> dict[str, float]:
+    """The pages asked of the front's cache so far, by outcome (this process's metrics)."""
+    return {
+        outcome: REGISTRY.get_sample_value("acp_broker_page_cache_total", {"outcome": outcome})
+        or 0.0
+        for outcome in ("hit", "miss", "bypass")
+    }
+
+
+async def _strip_infos(broker: Broker, listing: str) -> None:
+    """Rewrite the default tenant's ``listing`` as bare positions, as members were stored
+    before they carried their SessionInfo (no announcement: the cache is not told)."""
+    key = TenantKeys("default").index(listing)
+    members = await broker.redis.zrange(key, 0, -1, withscores=True)
+    await broker.redis.delete(key)
+    await broker.redis.zadd(key, {m.partition("\x01")[0]: score for m, score in members})
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_miss_read_again_after_the_bare_read_is_counted_once(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url, REPLY_TIMEOUT, list_cache=True) as broker:
+        await _seed(broker, 4, distinct_times=4)
+        listing = cwd_listing("/seed")
+        expected = json.loads(await broker.methods._list_reply("default", listing, None, ""))
+        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
+        await client.initialize()
+        counts = _counted_reads(broker)
+        before = _asked_of_the_cache()
+        assert (await client.call("session/list", {}))["result"] == expected  # read at once
+        # Members of an earlier format: read again with their rows.
+        await _strip_infos(broker, listing)
+        reply = (await client.call("session/list", {"cwd": "/seed"}))["result"]
+        assert reply["sessions"] == expected["sessions"]
+        # A stalled bare read: read again through the client.
+        raw, transport = await _bare_transport(broker)
+        transport.pause_reading()
+        assert (await client.call("session/list", {"cwd": "/other"}))["result"]["sessions"] == []
+        assert raw.lost
+        assert counts == {"dispatched": 2, "at once": 3}  # the last two read again
+        after = _asked_of_the_cache()
+        assert {k: after[k] - before[k] for k in after} == {"hit": 0, "miss": 3, "bypass": 0}
+        # Each was kept once read again: a hit now.
+        assert (await client.call("session/list", {"cwd": "/seed"}))["result"] == reply
+        assert _asked_of_the_cache()["hit"] == after["hit"] + 1
         assert not client.inbox
         await client.close()
 

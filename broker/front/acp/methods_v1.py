@@ -160,9 +160,9 @@ class AcpMethods:
             pages.missed()
             token = pages.begin()
 
-        async def through_client() -> fastjson.Fragment:
-            # Not on the bare connection again: a stalled server would fail it as slowly.
-            page = await self.index.page(conn.tenant, listing, after, limit, direct=False)
+        async def again(direct: bool) -> fastjson.Fragment:
+            # Read here, not dispatched: this ask's miss is counted (once) above.
+            page = await self.index.page(conn.tenant, listing, after, limit, direct=direct)
             return keep(page)
 
         def keep(page: Page) -> fastjson.Fragment:
@@ -176,9 +176,10 @@ class AcpMethods:
             try:
                 page = self.index.read_page(read, limit)
             except RedisError:  # the client's way recovers from anything
-                raise Redispatch(through_client) from None
+                # Not on the bare connection again: a stalled server would fail it as slowly.
+                raise Redispatch(functools.partial(again, False)) from None
             if page is None:  # members of an earlier format: they need the rows too
-                raise Redispatch
+                raise Redispatch(functools.partial(again, True))
             return keep(page)
 
         return Later(read[1], finish)
