@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from broker.store.client import connect
 from broker.store.events import fold
 from broker.store.log import (
     Fenced,
@@ -15,6 +17,9 @@ from broker.store.log import (
     SessionMissing,
     call_ids,
 )
+from broker.store.retry import STORE_AWAY
+
+from .support.redis_server import restartable_redis
 
 
 @pytest.fixture(params=["redis", "embedded", "cluster"])
@@ -107,3 +112,71 @@ async def test_a_batch_over_many_sessions_lands_each_in_order(store: Any) -> Non
     for session_id in sessions:
         bodies = [e.body for e in await log.read("t", session_id)][1:]
         assert bodies == [_chunk(f"{session_id}-{n}") for n in range(5)]
+
+
+STALL_TIMEOUT = 2.0
+"""The stall test's command timeout (the bare connection's reply timeout with it)."""
+
+
+async def test_a_batch_on_a_stalled_redis_fails_within_one_timeout_and_lands_once() -> None:
+    """SIGSTOP: the batch's bare call waits its reply timeout, and the call made again
+    through the client only what is left of it; after SIGCONT the batch made again with
+    its call ids lands once (the stalled server may still run what it was sent)."""
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=STALL_TIMEOUT)
+        log = SessionLog(store)
+        try:
+            created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+            await log.create("t", "s", created)
+            await log.append_many([("t", "s", _chunk("warm"), "")])  # the bare connection
+            items = [("t", "s", _chunk(str(i)), "") for i in range(8)]
+            calls = call_ids(len(items))
+            server.pause()
+            try:
+                started = time.monotonic()
+                with pytest.raises(STORE_AWAY):
+                    await log.append_many(items, calls)
+                waited = time.monotonic() - started
+            finally:
+                server.resume()
+            assert STALL_TIMEOUT * 0.9 <= waited < STALL_TIMEOUT * 2 - 0.5, waited
+            again = await log.append_many(items, calls)  # as the agent host does
+            assert all(isinstance(p, Position) for p in again), again
+            events = await log.read("t", "s")
+            assert [e.body for e in events[1:]] == [_chunk("warm")] + [b for *_, b, _ in items]
+            assert [e.seq for e in events] == list(range(1, 11))
+        finally:
+            log.close()
+            await store.aclose()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_batch_whose_bare_call_fails_at_once_goes_through_the_client(
+    store: Any, store_kind: str
+) -> None:
+    """A server that forgot the script answers the bare call NOSCRIPT at once: the batch is
+    made again through the client (which loads it), with what is left of its timeout."""
+    log = SessionLog(store)
+    through_client = 0
+    script = log._script
+
+    async def counted(*args: Any) -> Any:
+        nonlocal through_client
+        through_client += 1
+        return await script(*args)
+
+    log._script = counted  # type: ignore[method-assign]
+    try:
+        created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+        await log.create("t", "s", created)
+        await log.append_many([("t", "s", _chunk("0"), "")])
+        before = through_client
+        await store.script_flush()
+        await log.append_many([("t", "s", _chunk("1"), "")])
+        assert through_client == before + 1
+        await log.append_many([("t", "s", _chunk("2"), "")])  # loaded again: the bare call
+        assert through_client == before + 1
+        events = await log.read("t", "s")
+        assert [e.body for e in events[1:]] == [_chunk(str(i)) for i in range(3)]
+    finally:
+        log.close()

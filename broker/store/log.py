@@ -17,6 +17,7 @@ from typing import Any
 from hiredis import ReplyError
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..ops import metrics, tracing
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
@@ -293,17 +294,28 @@ class SessionLog:
         agent host's process. Anything going wrong there (a cut or stalled connection, an
         error reply for the whole call: an unknown script, a full store) sends the same call
         again through the client, which knows how to recover: every append in it carries
-        its call id, so one the first try applied appends nothing the second time."""
+        its call id, so one the first try applied appends nothing the second time.
+
+        Both tries share one deadline, the bare connection's reply timeout: a stalled
+        server fails the call once it passed, not after the client's timeout again."""
         direct = self._direct_appends
-        if direct is not None:
-            sha = self._append_batch.sha
-            try:
-                replies = await direct.call("EVALSHA", sha, len(keys), *keys, *args)
-            except RedisError:
-                pass  # made again through the client, below
-            else:
-                return [ResponseError(str(r)) if isinstance(r, ReplyError) else r for r in replies]
-        return list(await self._script(self._append_batch, keys, args))
+        if direct is None:
+            return list(await self._script(self._append_batch, keys, args))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + direct.timeout
+        sha = self._append_batch.sha
+        try:
+            replies = await direct.call("EVALSHA", sha, len(keys), *keys, *args)
+        except RedisError:
+            if loop.time() >= deadline:
+                raise  # stalled a whole timeout: the caller tries again, with the call ids
+        else:
+            return [ResponseError(str(r)) if isinstance(r, ReplyError) else r for r in replies]
+        try:
+            async with asyncio.timeout_at(deadline):
+                return list(await self._script(self._append_batch, keys, args))
+        except TimeoutError:
+            raise RedisTimeoutError(f"no reply within {direct.timeout:g} s") from None
 
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Call one of the log's scripts."""
@@ -410,6 +422,8 @@ class SessionLog:
         opens it again)."""
         if self._direct is not None:
             self._direct.close()
+        if self._direct_appends is not None and self._direct_appends is not self._direct:
+            self._direct_appends.close()
 
     async def _archived(self, tenant: str, session_id: str) -> ArchivedLog:
         """The session's archived log, checked whole against its snapshot. Archived logs
