@@ -4,6 +4,7 @@ connection has doubled."""
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 
 from broker.collector import FreezeSurvivors
@@ -40,17 +41,24 @@ async def test_full_collections_freeze_their_survivors_and_a_sweep_finds_frozen_
 async def test_what_outlives_a_middle_generation_collection_is_frozen() -> None:
     collector = FreezeSurvivors(check_every=3600)
     collector.start()
+    switch = sys.getswitchinterval()
     try:
+        # The counts are read with no other thread let in between (under pytest-xdist, the
+        # worker's channel thread runs beside the test and frees frozen objects of its own).
+        sys.setswitchinterval(60.0)
         gc.unfreeze()
         kept = [_Node() for _ in range(100)]
         before = gc.get_freeze_count()
         gc.collect(1)  # a young collection of the middle generation: its survivors frozen
         frozen = gc.get_freeze_count()
-        assert frozen >= before + len(kept)
         more = [_Node() for _ in range(100)]
         gc.collect(0)  # the youngest alone: its survivors move on, unfrozen
-        assert gc.get_freeze_count() == frozen and len(more) == 100
+        after = gc.get_freeze_count()
+        sys.setswitchinterval(switch)
+        assert frozen >= before + len(kept)
+        assert after == frozen and len(more) == 100
     finally:
+        sys.setswitchinterval(switch)
         await collector.stop()
         gc.unfreeze()
 
