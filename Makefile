@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/acp-broker serve
 
-## Run the whole test suite (starts its own redis-server processes).
+## Run the whole test suite (starts its own redis-server processes) on two pytest-xdist
+## workers; tests/conftest.py's XDIST_GROUPS keeps the fault and load tests apart.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -26,6 +26,41 @@ hypothesis_settings.register_profile("gate", derandomize=True, deadline=None)
 hypothesis_settings.register_profile("explore", deadline=None)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
+# `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`: a test goes
+# to whichever worker is free, except those of one group, which run one after another on one
+# worker. "faults": the tests that kill or stall servers against deadlines, those that wait
+# for a process with a tight bound (the bridge's 5 s), and those that load the machine (a
+# storm of benchmarks, thousands of prompts), so that no two of them run at once (their
+# deadlines hold beside light tests, not beside a storm). The others:
+# modules whose module-scoped fixture (a browser, a PostgreSQL, a broker thread, a tracer
+# provider, the SDK peers) is made once, on one worker.
+XDIST_GROUPS = {
+    "test_bench_smoke": "faults",
+    "test_bridge": "faults",
+    "test_bridge_e2e": "faults",
+    "test_chaos": "faults",
+    "test_cluster": "faults",
+    "test_permission_roundtrip": "faults",
+    "test_redis_faults": "faults",
+    "test_restart": "faults",
+    "test_scale_out": "faults",
+    "test_archive_postgres": "postgres",
+    "test_console": "console",
+    "test_fuzz": "fuzz",
+    "test_trace_context": "trace",
+    "test_ts_sdk": "ts",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test of a module in ``XDIST_GROUPS`` with its ``xdist_group``."""
+    for item in items:
+        group = XDIST_GROUPS.get(item.path.stem)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = Path(__file__).resolve().parent / "agents"
 
