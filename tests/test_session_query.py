@@ -152,8 +152,11 @@ async def test_q_matches_a_session_id_prefix_with_or_without_sess(store: Any) ->
 
 
 async def test_q_matches_whole_words_of_user_metadata_ignoring_case(store: Any) -> None:
+    # Ids of our own: ``q`` matches an id's prefix too, and a random id beginning with "42"
+    # or "123" would be found by those searches (as it should).
     rich = await seed_session(
         store,
+        session_id="sess_" + "e" * 32,
         created_ms=BASE_MS + 2000,
         meta={
             "customer": "ACME Corp",
@@ -163,9 +166,15 @@ async def test_q_matches_whole_words_of_user_metadata_ignoring_case(store: Any) 
         },
     )
     other = await seed_session(
-        store, created_ms=BASE_MS + 1000, status=Status.STOPPED, meta={"customer": "acme"}
+        store,
+        session_id="sess_" + "d" * 32,
+        created_ms=BASE_MS + 1000,
+        status=Status.STOPPED,
+        meta={"customer": "acme"},
     )
-    globex = await seed_session(store, created_ms=BASE_MS, meta={"customer": "Globex"})
+    globex = await seed_session(
+        store, session_id="sess_" + "c" * 32, created_ms=BASE_MS, meta={"customer": "Globex"}
+    )
     source = lister(store)
 
     async def search(q: str, **more: Any) -> list[str]:
