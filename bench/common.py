@@ -107,10 +107,16 @@ def add_baseline(p: argparse.ArgumentParser) -> None:
 # -- readings ----------------------------------------------------------------------------------
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (``fields[0]`` is the
+    state, field 3 of proc(5))."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def cpu_times(pid: int) -> tuple[float, float]:
     """User and system CPU time of a process so far, seconds (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime (fields 14, 15)
 
 
@@ -173,8 +179,7 @@ def _tree_cpu(root: int) -> float:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = proc_stat(int(entry))
         except OSError:  # the process ended meanwhile: none of ours are ending mid-run
             continue
         pid = int(entry)
