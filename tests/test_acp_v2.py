@@ -424,8 +424,8 @@ async def test_session_info_updates_are_identical_for_v1_and_v2_viewers(url: str
             if u["update"]["sessionUpdate"] == "session_info_update"
         ]
 
-    for client in (v1, v2):
-        await client.read_until(lambda client=client: len(infos(client)) >= 3)
+    await v1.read_until(lambda: len(infos(v1)) >= 3)
+    await v2.read_until(lambda: len(infos(v2)) >= 3)
     assert infos(v1) == infos(v2)
     assert [i["update"] for i in infos(v2)] == [
         {"sessionUpdate": "session_info_update", "title": "Named", "_meta": {"team": "x"}},

@@ -88,7 +88,9 @@ async def test_an_agent_that_ignores_cancel_is_failed_after_the_grace_period(
             "params": {"sessionId": session_id, "prompt": text("/hang")},
         }
     )
-    await wait_for(lambda: touchy_broker.worker.host.prompt_origin(session_id) is not None)
+    worker = touchy_broker.worker
+    assert worker is not None
+    await wait_for(lambda: worker.host.prompt_origin(session_id) is not None)
     await client.send(
         {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
     )

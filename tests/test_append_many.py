@@ -160,10 +160,10 @@ async def test_a_batch_whose_bare_call_fails_at_once_goes_through_the_client(
     through_client = 0
     script = log._script
 
-    async def counted(*args: Any) -> Any:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal through_client
         through_client += 1
-        return await script(*args)
+        return await script(*args, **kwargs)
 
     log._script = counted  # type: ignore[method-assign]
     try:

@@ -18,7 +18,7 @@ from broker.auth.tokens import TokenStore
 from broker.serve import Broker
 
 from .conftest import make_settings, run_cli
-from .support.client import RawClient, text, wait_for
+from .support.client import RawClient, text, tool_result_text, wait_for
 
 JWT_SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 
@@ -110,12 +110,12 @@ async def test_origins_outside_the_allow_list_are_refused(secure: Broker) -> Non
     auth = {"Authorization": f"Bearer {token}"}
     assert await _refused(secure, additional_headers=auth, origin="https://evil.example") == 403
     ws = await websockets.connect(
-        _url(secure), additional_headers=auth, origin="https://app.example"
+        _url(secure), additional_headers=auth, origin=websockets.Origin("https://app.example")
     )
     await ws.close()
 
 
-METHODS = [
+METHODS: list[tuple[str, dict[str, Any]]] = [
     ("session/load", {"cwd": "/iso", "mcpServers": []}),
     ("session/resume", {"cwd": "/iso"}),
     ("session/prompt", {"prompt": text("hi")}),
@@ -334,7 +334,7 @@ async def test_mcp_tool_with_real_tokens_is_tenant_scoped(secure: Broker) -> Non
             Client(streamable_http_client(url, http_client=http)) as client,
         ):
             result = await client.call_tool("session_list", {})
-            return bool(result.is_error), result.content[0].text
+            return bool(result.is_error), tool_result_text(result)
 
     error, text_out = await call(None)
     assert error and text_out.startswith("unauthorized: ")

@@ -65,7 +65,10 @@ def test_mcp_transports_beyond_stdio_need_the_capability() -> None:
     stdio = {"name": "s", "command": "/bin/true", "args": [], "env": []}
     capabilities.check_mcp_servers("plain", {}, [stdio])
     capabilities.check_mcp_servers("demo", DEMO, [stdio, HTTP_MCP])
-    cases = (({}, HTTP_MCP, "http"), (DEMO, {**HTTP_MCP, "type": "sse"}, "sse"))
+    cases: list[tuple[dict[str, Any], dict[str, Any], str]] = [
+        ({}, HTTP_MCP, "http"),
+        (DEMO, {**HTTP_MCP, "type": "sse"}, "sse"),
+    ]
     for caps, server, named in cases:
         with pytest.raises(RpcError) as refused:
             capabilities.check_mcp_servers("an agent", caps, [server])

@@ -13,7 +13,7 @@ from broker.store.log import SessionLog, new_session_id
 
 from .conftest import make_settings
 from .support.client import RawClient, text
-from .test_scale_out import _chunks, _updates, cluster_of
+from .test_scale_out import _chunks, _read_chunks, _updates, cluster_of
 
 
 async def _broker(url: str) -> Broker:
@@ -75,8 +75,8 @@ async def test_three_front_nodes_on_the_cluster_see_every_event_in_order(
         )
         assert reply["result"]["stopReason"] == "end_turn"
         for client in clients:
-            await client.read_until(lambda c=client: len(_chunks(c, session_id)) >= 200, 30)
-            assert _chunks(client, session_id) == [f"chunk {i}" for i in range(1, 201)]
+            chunks = await _read_chunks(client, session_id, 200, 30)
+            assert chunks == [f"chunk {i}" for i in range(1, 201)]
             await client.close()
 
 
@@ -111,8 +111,7 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
         assert redis_cluster_info.master_of(SessionKeys("default", session_id).log) == replica
         expected = [f"chunk {i}" for i in range(1, 3001)]
         for client in (actor, watcher):
-            await client.read_until(lambda c=client: len(_chunks(c, session_id)) >= 3000, 60)
-            assert _chunks(client, session_id) == expected
+            assert await _read_chunks(client, session_id, 3000, 60) == expected
             seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in _updates(client, session_id)]
             assert seqs == sorted(set(seqs))
         redis = connect(redis_cluster_info.url)

@@ -103,7 +103,7 @@ async def open_console(context: Any, url: str) -> Page:
     page = await context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.errors = errors  # type: ignore[attr-defined]
+    page.errors = errors
     await page.goto(url)
     await expect(page.get_by_role("status")).to_have_text("Online", timeout=WAIT_MS)
     return page

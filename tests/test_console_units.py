@@ -70,9 +70,9 @@ async def test_the_http_port_serves_the_page_its_files_and_refuses_other_origins
             assert (await http.get(f"{base}{missing}")).status_code == 404
     url = f"ws://127.0.0.1:{broker.port}/acp"
     own = f"http://127.0.0.1:{broker.http_port}"
-    async with websockets.connect(url, origin=own) as ws:
+    async with websockets.connect(url, origin=websockets.Origin(own)) as ws:
         assert ws.response is not None
     with pytest.raises(websockets.InvalidStatus) as refused:
-        async with websockets.connect(url, origin="http://evil.example"):
+        async with websockets.connect(url, origin=websockets.Origin("http://evil.example")):
             pass
     assert refused.value.response.status_code == 403

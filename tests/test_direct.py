@@ -132,7 +132,10 @@ async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_
                 transport.pause_reading()
             task = asyncio.ensure_future(index.page("t", ACP_LISTING, None, 30))
             if moment == "in flight":
-                await wait_for(lambda: direct._connection._waiting, what="the read to be sent")
+                await wait_for(
+                    lambda: direct._connection is not None and direct._connection._waiting,
+                    what="the read to be sent",
+                )
             elif moment == "after":
                 await task
             task.cancel()
@@ -185,11 +188,11 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
             text = f"chunk {i} é \u2028"
             update = {"sessionUpdate": "agent_message_chunk", "content": {"text": text}}
             await direct.append("t", "sess_0001", {"type": EventType.UPDATE, "update": update})
-        ranges = [{}, {"after": 5}, {"after": 5, "until": 20}, {"after": 3, "count": 4}]
-        for kwargs in ranges:
-            assert await direct.read("t", "sess_0001", **kwargs) == await client.read(
-                "t", "sess_0001", **kwargs
-            )
+        ranges = [(0, None, None), (5, None, None), (5, 20, None), (3, None, 4)]
+        for after, until, count in ranges:
+            assert await direct.read(
+                "t", "sess_0001", after=after, until=until, count=count
+            ) == await client.read("t", "sess_0001", after=after, until=until, count=count)
         assert direct._direct is not None and direct._direct._connection is not None
         # An entry whose fields are in another order reads the same.
         key = SessionKeys("t", "sess_0001").log

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.serve import Broker
 
 from .support.client import RawClient, acp_client, text, wait_for
@@ -15,6 +17,12 @@ def _info_updates(client: RawClient, session_id: str) -> list[dict]:
         and m["params"]["sessionId"] == session_id
         and m["params"]["update"]["sessionUpdate"] == "session_info_update"
     ]
+
+
+async def _read_info_updates(client: RawClient, session_id: str, count: int) -> list[dict]:
+    """The session's info updates on ``client``, once it has received ``count`` of them."""
+    await client.read_until(lambda: len(_info_updates(client, session_id)) >= count)
+    return _info_updates(client, session_id)
 
 
 async def _a_session_checked_often(broker: Broker, url: str) -> tuple[RawClient, str]:
@@ -61,14 +69,13 @@ async def test_info_updates_reach_exactly_the_connections_where_the_session_is_a
         "session/set_title", {"sessionId": session_id, "title": None, "_meta": {"team": None}}
     )
 
-    expected = [
+    expected: list[dict[str, Any]] = [
         {"sessionUpdate": "session_info_update", "title": "/notool name me"},
         {"sessionUpdate": "session_info_update", "title": "Renamed", "_meta": {"team": "x"}},
         {"sessionUpdate": "session_info_update", "title": None, "_meta": {"team": None}},
     ]
     for client in (a, b):
-        await client.read_until(lambda client=client: len(_info_updates(client, session_id)) >= 3)
-        got = _info_updates(client, session_id)
+        got = await _read_info_updates(client, session_id, 3)
         assert [{k: v for k, v in u.items() if k != "_meta" or v} for u in got] == [
             {k: v for k, v in u.items() if k != "_meta" or v} for u in expected
         ]
@@ -96,7 +103,7 @@ async def test_set_title_reply_precedes_the_update_on_the_requesting_connection(
             "params": {"sessionId": session_id, "title": "First"},
         }
     )
-    order = []
+    order: list[str] = []
     while len(order) < 2:
         message = await a.recv()
         if message.get("id") == "t1":

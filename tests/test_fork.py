@@ -4,6 +4,8 @@ Offered only where the session's agent advertises ``sessionCapabilities.fork``."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from broker.serve import Broker
@@ -18,7 +20,7 @@ from .support.wire import CheckedClient
 async def test_a_fork_starts_with_the_parents_history_and_is_live_everywhere(
     broker: Broker, url: str, version: int
 ) -> None:
-    mcp = {"mcpServers": []} if version == 1 else {}
+    mcp: dict[str, Any] = {"mcpServers": []} if version == 1 else {}
     client = await CheckedClient.open(url, version)
     parent = await client.new(cwd="/tmp/fork", **mcp)
     await client.call("session/prompt", {"sessionId": parent, "prompt": text("/notool first")})

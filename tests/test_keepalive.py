@@ -125,7 +125,11 @@ async def test_a_closed_connection_is_freed_without_the_cyclic_collector(node: B
     await client.call("session/resume", {"sessionId": session["sessionId"], "cwd": "/k"})
     side = _server_side(node, client)
     assert side is not None
-    refs = [weakref.ref(side), weakref.ref(side.ws), weakref.ref(side.ws.protocol)]
+    refs: list[weakref.ref[Any]] = [
+        weakref.ref(side),
+        weakref.ref(side.ws),
+        weakref.ref(side.ws.protocol),
+    ]
     del side
     gc.collect()
     gc.disable()  # from here only reference counts free anything

@@ -91,9 +91,12 @@ async def test_a_stop_that_never_ends_is_abandoned_with_the_stacks_logged(
     async def stuck_forever() -> None:
         await asyncio.Event().wait()
 
+    async def never_stops() -> None:
+        await asyncio.Event().wait()
+
     stuck = asyncio.create_task(stuck_forever(), name="stuck-loop")
     try:
-        assert not await loops.stop_within("the stuck part", asyncio.Event().wait(), 0.05)
+        assert not await loops.stop_within("the stuck part", never_stops(), 0.05)
     finally:
         await loops.cancel_and_wait(stuck)
     message = caplog.records[-1].getMessage()

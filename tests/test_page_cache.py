@@ -11,6 +11,7 @@ import contextlib
 import json
 import types
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from broker.front.node import FrontNode
 from broker.front.pages import REFRESH_BUDGET, IndexWatch, PageCache
 from broker.protocol.jsonrpc import Request
 from broker.serve import Broker
+from broker.store.archive import DirectoryArchive
 from broker.store.client import connect
 from broker.store.events import EventType
 from broker.store.index import SessionIndex
@@ -62,9 +64,9 @@ def _reads(node: FrontNode) -> list[str]:
     reads: list[str] = []
     page = node.index.page
 
-    async def counted(tenant: str, *args: Any) -> Any:
+    async def counted(tenant: str, *args: Any, **kwargs: Any) -> Any:
         reads.append(tenant)
-        return await page(tenant, *args)
+        return await page(tenant, *args, **kwargs)
 
     node.index.page = counted  # type: ignore[method-assign]
     return reads
@@ -226,7 +228,7 @@ async def test_with_refresh_off_a_dropped_page_is_only_dropped(store: Any) -> No
 # -- every writer of the index announces ----------------------------------------------------
 
 
-async def test_every_writer_of_the_index_announces_its_tenants(store: Any) -> None:
+async def test_every_writer_of_the_index_announces_its_tenants(store: Any, tmp_path: Path) -> None:
     heard: list[str] = []
 
     class Recording(PageCache):
@@ -264,7 +266,7 @@ async def test_every_writer_of_the_index_announces_its_tenants(store: Any) -> No
         await announced("t-batch")
         # removal (a purge), then a rebuild
         await log.append("t-project", one, {"type": EventType.DELETED})
-        await Archiver(store, _NoArchive()).purge_session("t-project", one)
+        await Archiver(store, DirectoryArchive(tmp_path)).purge_session("t-project", one)
         await announced("t-project")
         await rebuild_index(store)
         await announced("t-batch")
@@ -272,13 +274,6 @@ async def test_every_writer_of_the_index_announces_its_tenants(store: Any) -> No
     finally:
         await watch.stop()
         index.close()
-
-
-class _NoArchive:
-    """An archive holding nothing (a purge deletes from it)."""
-
-    async def delete(self, tenant: str, session_id: str) -> None:
-        return None
 
 
 # -- fronts ---------------------------------------------------------------------------------
@@ -345,8 +340,8 @@ async def test_a_page_read_across_an_invalidation_is_not_cached(store: Any) -> N
         started, release = asyncio.Event(), asyncio.Event()
         page = node.index.page
 
-        async def slow(*args: Any) -> Any:
-            result = await page(*args)  # what the index held when the read was made
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            result = await page(*args, **kwargs)  # what the index held when the read was made
             started.set()
             await release.wait()
             return result

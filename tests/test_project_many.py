@@ -85,10 +85,11 @@ async def test_a_snapshot_that_cannot_be_rendered_is_reported_and_the_rest_proje
     for session_id in (good, bad):
         created = {"type": EventType.CREATED, "cwd": "/work/a", "agent": "demo", "kind": "combined"}
         await log.create("acme", session_id, created)
-    snapshots = await log.snapshots([("acme", good), ("acme", bad)])
-    assert None not in snapshots
-    broken = dataclasses.replace(snapshots[1], updated_ms="soon")  # type: ignore[arg-type]
-    failed = await index.project_many([snapshots[0], broken])
+    first, second = await log.snapshots([("acme", good), ("acme", bad)])
+    assert first is not None and second is not None
+    # Not a number, on purpose: the row of ``bad`` cannot be rendered.
+    broken = dataclasses.replace(second, updated_ms="soon")  # type: ignore[arg-type]
+    failed = await index.project_many([first, broken])
     assert [snapshot.session_id for snapshot, _ in failed] == [bad]
     assert await index.row("acme", good) is not None
     assert await index.row("acme", bad) is None
@@ -196,7 +197,7 @@ async def test_neutral_notices_patch_the_index_as_a_full_projection_would(
     sessions = [new_session_id() for _ in range(5)]
     feeds = {SessionKeys(tenant, s).feed: "0" for s in sessions}
     for k, session_id in enumerate(sessions):
-        created = {"type": EventType.CREATED, "cwd": f"/w/{k % 2}", "agent": "demo"}
+        created: dict[str, Any] = {"type": EventType.CREATED, "cwd": f"/w/{k % 2}", "agent": "demo"}
         created |= {"kind": "combined", "meta": {"n": k}} if k % 2 else {}
         await log.create(tenant, session_id, created)
     previous: list[tuple[str, list[Any]]] = []

@@ -208,7 +208,7 @@ def test_params_not_an_object_in_a_notification_gets_no_reply(params: Any) -> No
 
 
 def test_nesting_beyond_max_depth_is_an_invalid_request() -> None:
-    deep = {"a": 1}
+    deep: dict[str, Any] = {"a": 1}
     for _ in range(10):
         deep = {"a": deep}
     text = frame(id=1, method="m", params=deep)

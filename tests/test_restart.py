@@ -189,8 +189,7 @@ async def _plain_restart(stop: str, redis_url: str, tmp_path: Path) -> None:
     }
     async with broker_process(redis_url, log_path=tmp_path / "broker1.log", **options) as first:
         client = await acp_client(first.url)
-        response = await client.conn.new_session(cwd="/work/plain", **{"acpBroker/agent": "plain"})
-        session_id = response.session_id
+        session_id = await client.new("/work/plain", agent="plain")
         await client.prompt(session_id, "ping")
         assert client.client.texts(session_id) == "plain:ping"
         live = [u for sid, u in client.client.updates if sid == session_id]

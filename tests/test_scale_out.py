@@ -91,6 +91,12 @@ def _chunks(client: RawClient, session_id: str) -> list[str]:
     ]
 
 
+async def _read_chunks(client: RawClient, session_id: str, count: int, timeout: float) -> list[str]:
+    """The session's chunk texts on ``client``, once it has received ``count`` of them."""
+    await client.read_until(lambda: len(_chunks(client, session_id)) >= count, timeout)
+    return _chunks(client, session_id)
+
+
 async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_order(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -112,10 +118,7 @@ async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_or
         assert reply["result"]["stopReason"] == "end_turn"
         expected = [f"chunk {i}" for i in range(1, 301)]
         for client in clients:
-            await client.read_until(
-                lambda client=client: len(_chunks(client, session_id)) >= 300, 30
-            )
-            assert _chunks(client, session_id) == expected
+            assert await _read_chunks(client, session_id, 300, 30) == expected
             seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in _updates(client, session_id)]
             assert seqs == sorted(set(seqs))
         # A prompt from node 2: its permission request goes to node 2's connection.

@@ -554,7 +554,7 @@ async def test_no_credential_reaches_the_log_even_at_debug(redis_url: str, tmp_p
             {"subprotocols": [f"acp-broker.bearer.{credential}"]},
             {"additional_headers": {"Cookie": f"acp_broker_token={credential}"}},
         ):
-            ws = await websockets.connect(node.url, **extra)  # type: ignore[arg-type]
+            ws = await websockets.connect(node.url, **extra)
             await ws.close()
         assert await upgrade_status(node, credential + "x") == 401
         assert await upgrade_status(node, bearer + "x") == 401
@@ -660,7 +660,8 @@ async def test_the_openapi_document_holds_with_auth_on(redis_url: str, tmp_path:
 
 async def replies(conn: RawClient, ids: Iterable[Any]) -> list[dict[str, Any]]:
     """The replies to these ids, in any order they come (notifications go to the inbox)."""
-    wanted, got = set(ids), {}
+    wanted = set(ids)
+    got: dict[Any, dict[str, Any]] = {}
     while wanted - got.keys():
         message = await conn.recv()
         if "method" not in message and message.get("id") in wanted:

@@ -167,7 +167,7 @@ async def test_deleted_sessions_leave_the_list_and_updates_move_a_session_first(
     await client.close()
 
 
-ROW_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+ROW_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=8)
 
 
 @given(
@@ -263,9 +263,9 @@ def _counted_reads(broker: Broker) -> dict[str, int]:
         counts["dispatched"] += 1
         return await page(*args, **kwargs)
 
-    def at_once(*args: Any) -> Any:
+    def at_once(*args: Any, **kwargs: Any) -> Any:
         counts["at once"] += 1
-        return begin(*args)
+        return begin(*args, **kwargs)
 
     broker.index.page = dispatched  # type: ignore[method-assign]
     broker.index.begin_page = at_once  # type: ignore[method-assign]

@@ -18,7 +18,7 @@ from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import ROOT, make_settings, subprocess_env
-from .support.client import RawClient
+from .support.client import RawClient, tool_result_text
 from .support.seed import BASE_MS, newest_first, seed_many, seed_session
 
 LINE = re.compile(
@@ -89,7 +89,7 @@ async def mcp_walk(client: Client, arguments: dict[str, Any]) -> list[dict[str, 
             "session_list", {**arguments, **({"after": cursor} if cursor else {})}
         )
         assert not result.is_error, result.content
-        lines, cursor = parse_lines(result.content[0].text)  # type: ignore[union-attr]
+        lines, cursor = parse_lines(tool_result_text(result))
         sessions += lines
         if cursor is None:
             return sessions
@@ -97,7 +97,7 @@ async def mcp_walk(client: Client, arguments: dict[str, Any]) -> list[dict[str, 
 
 async def tool_text(client: Client, arguments: dict[str, Any]) -> tuple[bool, str]:
     result = await client.call_tool("session_list", arguments)
-    return result.is_error, result.content[0].text  # type: ignore[union-attr]
+    return result.is_error, tool_result_text(result)
 
 
 # -- REST ---------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ async def test_mcp_over_http_describes_and_answers_the_tool(broker: Broker) -> N
             assert (line["status"], line["kind"]) == (seeded.status, seeded.kind)
 
 
-MCP_ERRORS = [
+MCP_ERRORS: list[tuple[dict[str, Any], str]] = [
     ({"limit": 0}, "invalid_argument"),
     ({"limit": 101}, "invalid_argument"),
     ({"status": "FINISHED"}, "invalid_argument"),

@@ -114,8 +114,7 @@ async def test_set_mode_and_config_option_pass_through(url: str) -> None:
 
 async def test_plain_acp_package_agent_behind_the_broker(url: str) -> None:
     client = await acp_client(url)
-    response = await client.conn.new_session(cwd="/tmp/p", **{"acpBroker/agent": "plain"})
-    session_id = response.session_id
+    session_id = await client.new("/tmp/p", agent="plain")
     await client.prompt(session_id, "ping")
     assert client.client.texts(session_id) == "plain:ping"
     await client.close()
@@ -124,7 +123,7 @@ async def test_plain_acp_package_agent_behind_the_broker(url: str) -> None:
 async def test_unknown_agent_is_invalid_params(url: str) -> None:
     client = await acp_client(url)
     with pytest.raises(RequestError) as err:
-        await client.conn.new_session(cwd="/tmp/p", **{"acpBroker/agent": "nobody"})
+        await client.new("/tmp/p", agent="nobody")
     assert err.value.code == -32602
     await client.close()
 

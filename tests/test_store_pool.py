@@ -24,7 +24,7 @@ async def test_more_concurrent_calls_than_connections_wait_for_one(redis_url: st
 
 
 ARGUMENT = st.one_of(
-    st.text(st.characters(blacklist_categories=("Cs",))),
+    st.text(st.characters(exclude_categories=["Cs"])),
     st.binary(),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False),

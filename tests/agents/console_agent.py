@@ -50,6 +50,7 @@ from acp.schema import (
     SessionResumeCapabilities,
     TextContentBlock,
     ToolCallLocation,
+    ToolCallStatus,
     ToolCallUpdate,
 )
 
@@ -144,7 +145,7 @@ class ConsoleAgent:
         )
         outcome = answer.outcome
         allowed = isinstance(outcome, AllowedOutcome) and outcome.option_id == "allow"
-        status = "completed" if allowed else "failed"
+        status: ToolCallStatus = "completed" if allowed else "failed"
         await self._conn.session_update(session_id, update_tool_call(call, status=status))
         await self._say(session_id, "allowed" if allowed else "rejected")
 

@@ -7,13 +7,14 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import websockets
-from acp import connect_to_agent, text_block
+from acp import Client, connect_to_agent, text_block
 from acp.client.connection import ClientSideConnection
 from acp.schema import AllowedOutcome, DeniedOutcome, RequestPermissionResponse
 from acp.ws import create_websocket_stream
+from mcp.types import CallToolResult, TextContent
 
 from .schemas import WireChecker
 
@@ -33,6 +34,13 @@ async def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: st
         await asyncio.sleep(0.01)
 
 
+def tool_result_text(result: CallToolResult) -> str:
+    """The text of an MCP tool's result: the broker's tools answer in one text block."""
+    block = result.content[0]
+    assert isinstance(block, TextContent), result.content
+    return block.text
+
+
 @dataclass
 class RecordingClient:
     """An ACP client that records every session/update and answers permission requests."""
@@ -49,7 +57,7 @@ class RecordingClient:
 
     async def request_permission(
         self, session_id: str, tool_call: Any, options: Any, **kwargs: Any
-    ):
+    ) -> RequestPermissionResponse:
         self.permission_requests.append((session_id, tool_call, options))
         if self.permission == "wait":
             await self.release_permission.wait()
@@ -84,7 +92,13 @@ class AcpTestClient:
     client: RecordingClient
     init: Any
 
-    async def new(self, cwd: str = "/tmp/project", **kwargs: Any) -> str:
+    async def new(
+        self, cwd: str = "/tmp/project", *, agent: str | None = None, **kwargs: Any
+    ) -> str:
+        """A new session. ``agent`` picks the broker's agent (``_meta["acpBroker/agent"]``);
+        other keywords go to ``new_session`` (its own parameters, or else into ``_meta``)."""
+        if agent is not None:
+            kwargs["acpBroker/agent"] = agent
         response = await self.conn.new_session(cwd=cwd, **kwargs)
         return response.session_id
 
@@ -102,7 +116,9 @@ class AcpTestClient:
 async def acp_client(url: str, *, permission: str = "allow", fs: bool = False) -> AcpTestClient:
     transport = await create_websocket_stream(url)
     client = RecordingClient(permission=permission)
-    conn = connect_to_agent(client, transport)
+    # acp's Client protocol names every client method, but the connection looks each one up
+    # (getattr) and answers method-not-found for those this recording client lacks.
+    conn = connect_to_agent(cast(Client, client), transport)
     from acp.schema import ClientCapabilities, FileSystemCapabilities
 
     caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=fs, write_text_file=fs))
