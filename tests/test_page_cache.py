@@ -33,6 +33,7 @@ from workers.projector.worker import Projector
 
 from .conftest import make_settings
 from .support.client import wait_for
+from .support.nodes import running_front
 from .support.redis_server import restartable_redis
 
 PROBE = 0.5
@@ -44,19 +45,12 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@contextlib.asynccontextmanager
-async def _front(store: Any, **overrides: Any) -> AsyncIterator[FrontNode]:
+def _front(store: Any, **overrides: Any) -> contextlib.AbstractAsyncContextManager[FrontNode]:
     """A second front (no roles beside it) on ``store``, its cache subscribed."""
     node = FrontNode(make_settings(**overrides), redis=store)
     if node.index_watch is not None:
         node.index_watch.probe_interval = PROBE
-    await node.start()
-    try:
-        if node.pages is not None:
-            await wait_for(lambda: node.pages is not None and node.pages.live)
-        yield node
-    finally:
-        await node.stop()
+    return running_front(node)
 
 
 def _reads(node: FrontNode) -> list[str]:

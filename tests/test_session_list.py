@@ -35,6 +35,7 @@ from broker.store.log import new_session_id
 
 from .conftest import make_settings
 from .support.client import RawClient, wait_for
+from .support.nodes import running_front
 
 
 async def _seed(broker: Broker, count: int, *, distinct_times: int) -> list[tuple[int, str]]:
@@ -238,14 +239,10 @@ async def _uncached_broker(
     connection's reply timeout with them)."""
     store = connect(redis_url, timeout=timeout)
     overrides.setdefault("list_cache", False)
-    node = Broker(make_settings(**overrides), redis=store)
-    await node.start()
     try:
-        if node.pages is not None:
-            await wait_for(lambda: node.pages is not None and node.pages.live)
-        yield node
+        async with running_front(Broker(make_settings(**overrides), redis=store)) as node:
+            yield node
     finally:
-        await node.stop()
         await store.aclose()
 
 

@@ -1,0 +1,28 @@
+"""In-process front nodes (a :class:`FrontNode`, or a :class:`Broker` with its roles) run
+for the length of a block."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+from broker.front.node import FrontNode
+
+from .client import wait_for
+
+NodeT = TypeVar("NodeT", bound=FrontNode)
+
+
+@contextlib.asynccontextmanager
+async def running_front(node: NodeT) -> AsyncIterator[NodeT]:
+    """``node`` started until the block ends, stopped however it ends. A node with a page
+    cache is handed over once the cache is subscribed: before that it caches nothing, and a
+    test of hits would race the subscription."""
+    await node.start()
+    try:
+        if node.pages is not None:
+            await wait_for(lambda: node.pages is not None and node.pages.live)
+        yield node
+    finally:
+        await node.stop()
