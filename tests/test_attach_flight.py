@@ -22,15 +22,17 @@ class _Host:
         self.answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.called = asyncio.Event()
 
-    async def call(self, op: Op, tenant: str, sid: str, fields: Any, **kw: Any) -> Any:
-        self.calls.append((op, tenant, sid, fields, kw))
+    async def call(
+        self, op: Op, tenant: str, session_id: str | None, fields: Any, **kw: Any
+    ) -> Any:
+        self.calls.append((op, tenant, session_id, fields, kw))
         self.called.set()
         return await self.answer
 
 
 def _agents(host: _Host) -> RemoteAgents:
     agents = RemoteAgents(None, [AgentSpec(name="demo", command=["x"])], reply_channel="n")
-    agents._call = host.call  # type: ignore[method-assign,assignment]
+    agents._call = host.call  # type: ignore[method-assign]
     return agents
 
 

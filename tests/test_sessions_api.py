@@ -58,7 +58,9 @@ async def rest_walk(http: httpx2.AsyncClient, base: str, query: str) -> list[dic
         assert (link is None) == (body["next_cursor"] is None) == (not body["has_more"])
         target = None
         if link is not None:
-            target = re.fullmatch(r'<([^>]+)>; rel="next"', link)[1]  # type: ignore[index]
+            match = re.fullmatch(r'<([^>]+)>; rel="next"', link)
+            assert match is not None, link
+            target = match[1]
             assert target.endswith("after=" + body["next_cursor"])
     return sessions
 
@@ -325,7 +327,9 @@ async def test_mcp_over_stdio_needs_no_front_node(redis_url: str) -> None:
     )
     async with Client(server) as client:
         tools = (await client.list_tools()).tools
-        assert tools[0].name == "session_list" and tools[0].annotations.read_only_hint  # type: ignore[union-attr]
+        annotations = tools[0].annotations
+        assert tools[0].name == "session_list"
+        assert annotations is not None and annotations.read_only_hint
         sessions = await mcp_walk(client, {"limit": 2})
         assert [s["id"] for s in sessions] == newest_first(made)
         red = await mcp_walk(client, {"q": "RED"})
