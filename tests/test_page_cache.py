@@ -48,8 +48,7 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 def _front(store: Any, **overrides: Any) -> contextlib.AbstractAsyncContextManager[FrontNode]:
     """A second front (no roles beside it) on ``store``, its cache subscribed."""
     node = FrontNode(make_settings(**overrides), redis=store)
-    if node.index_watch is not None:
-        node.index_watch.probe_interval = PROBE
+    node.index_watch.probe_interval = PROBE
     return running_front(node)
 
 
@@ -383,7 +382,7 @@ async def test_tenants_never_share_a_page(store: Any) -> None:
 
 async def test_with_the_cache_off_every_page_is_read(store: Any) -> None:
     async with _front(store, list_cache=False) as node:
-        assert node.pages is None and node.index_watch is None
+        assert node.pages is None and node.index_watch.cache is None  # it tells listeners
         reads = _reads(node)
         session_id = await _created(node.log, "default", "t")
         await _project(node, "default", session_id)

@@ -53,6 +53,7 @@ from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
 from .http.console import Console, same_origin_console
 from .http.sessions import sessions_service
+from .list_changes import ListChanges
 from .pages import IndexWatch, PageCache
 from .revocation import CredentialWatch
 from .routing import NodeRouter
@@ -102,7 +103,10 @@ class FrontNode:
         self.index = SessionIndex(
             self.redis, changed=self.pages.invalidate if self.pages is not None else None
         )
-        self.index_watch = IndexWatch(self.redis, self.pages) if self.pages is not None else None
+        self.list_changes = ListChanges()
+        """The connections told of their tenant's list changes (``acpBroker/listChanged``)."""
+        self.index_watch = IndexWatch(self.redis, self.pages, listener=self.list_changes)
+        """The index's announcements: they keep the page cache fresh and tell listeners."""
         self.hub = FanoutHub(self.redis, self.log)
         self.agents = RemoteAgents(
             self.redis,
@@ -131,6 +135,7 @@ class FrontNode:
             self.access,
             surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
             pages=self.pages,
+            list_changes=self.list_changes,
         )
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
@@ -152,8 +157,7 @@ class FrontNode:
         self.health.add("redis", self._store_ready)
         self.health.add("pubsub", self.hub.check_subscribed)
         self.health.add("fanout loops", tasks_running(self.hub.loops))
-        if self.index_watch is not None:
-            self.health.add("page cache loops", tasks_running(self.index_watch.loops))
+        self.health.add("index watch loops", tasks_running(self.index_watch.loops))
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
         self.http = FrontHttp(
             settings,
@@ -186,8 +190,7 @@ class FrontNode:
 
     async def start(self) -> None:
         await self.hub.start()
-        if self.index_watch is not None:
-            self.index_watch.start()
+        self.index_watch.start()
         for role in self.colocated:
             await role.start()
         self._server = await serve(
@@ -240,8 +243,8 @@ class FrontNode:
             name = getattr(role, "name", type(role).__name__)
             await self._stop_part(name, role.stop(hand_over=hand_over))
         await self._stop_part("the fan-out hub", self.hub.stop())
-        if self.index_watch is not None:
-            await self._stop_part("the page cache's watch", self.index_watch.stop())
+        await self._stop_part("the index watch", self.index_watch.stop())
+        self.list_changes.close()
         if self.archive is not None:
             await self.archive.close()
         self.index.close()
@@ -271,6 +274,7 @@ class FrontNode:
             metrics.CONNECTIONS.dec()
             self.keepalive.discard(pinged)
             self.connections.discard(conn)
+            self.list_changes.discard(conn)
 
     async def _process_request(
         self, ws: ServerConnection, request: HttpRequest

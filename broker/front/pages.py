@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..failures import FailureLog
 from ..loops import cancel_and_wait
@@ -294,14 +294,35 @@ class _ClusterChannel:
         await self._pubsub.aclose()
 
 
+class IndexListener(Protocol):
+    """What else hears the index's announcements (:class:`~.list_changes.ListChanges`)."""
+
+    def changed(self, tenant: str) -> None:
+        """``tenant``'s index changed (after the cache dropped its pages)."""
+        ...
+
+    def resubscribed(self) -> None:
+        """The watch is subscribed (again): what was announced before is unknown."""
+        ...
+
+
 class IndexWatch:
-    """Keeps a :class:`PageCache` subscribed to the index's announcements."""
+    """Keeps a :class:`PageCache` (None: no cache) and a listener subscribed to the index's
+    announcements."""
 
     def __init__(
-        self, redis: Store, cache: PageCache, *, probe_interval: float = PROBE_INTERVAL
+        self,
+        redis: Store,
+        cache: PageCache | None,
+        *,
+        probe_interval: float = PROBE_INTERVAL,
+        listener: IndexListener | None = None,
     ) -> None:
         self.redis = redis
         self.cache = cache
+        self.listener = listener
+        self.live = False
+        """Whether the subscription is confirmed and hears its probes."""
         self.probe_interval = probe_interval
         self._probe = f"{PROBE_MARK}{secrets.token_hex(8)}:"
         self._sent = 0
@@ -319,8 +340,9 @@ class IndexWatch:
 
     async def stop(self) -> None:
         await cancel_and_wait(*self.loops())
-        self.cache.down()
-        await self.cache.stop_refreshing()
+        self._down()
+        if self.cache is not None:
+            await self.cache.stop_refreshing()
 
     async def _read_loop(self, previous: asyncio.Task[None] | None) -> None:
         """Subscribe, hand what arrives to the cache; on any failure bypass it and start
@@ -348,7 +370,7 @@ class IndexWatch:
                     raise asyncio.CancelledError from None
                 self.failures.failed(exc)
             finally:
-                self.cache.down()
+                self._down()
                 with contextlib.suppress(Exception):  # closing a broken subscription
                     await channel.aclose()
             await asyncio.sleep(RETRY_PAUSE)
@@ -365,14 +387,17 @@ class IndexWatch:
                 if data.startswith(self._probe):
                     self._heard = max(self._heard, int(data[len(self._probe) :]))
                 return
-            self.cache.invalidate(data)
+            if self.cache is not None:
+                self.cache.invalidate(data)
+            if self.listener is not None:
+                self.listener.changed(data)
         elif kind == "ssubscribe":
             # Every confirmation, the first and those after a reconnection the client made
             # by itself (redis-py's subscribes again silently): what was announced in
             # between is unknown, so the cache starts empty.
             self._heard = self._sent
             self.failures.succeeded()
-            self.cache.up()
+            self._up()
         elif kind == "sunsubscribe":  # the slot moved (a failover, a resharding)
             self._restart("the channel's slot moved")
 
@@ -381,7 +406,7 @@ class IndexWatch:
         subscription: bypass the cache and subscribe again."""
         while True:
             await asyncio.sleep(self.probe_interval)
-            if self.cache.live and self._heard < self._sent:
+            if self.live and self._heard < self._sent:
                 self._restart(f"a probe went unheard for {self.probe_interval:g} s")
             self._sent += 1
             try:
@@ -392,11 +417,23 @@ class IndexWatch:
                 if _cancelling():
                     raise asyncio.CancelledError from None
                 self.failures.failed(exc)
-                if self.cache.live:
+                if self.live:
                     self._restart(f"a probe could not be sent ({exc})")
 
+    def _up(self) -> None:
+        self.live = True
+        if self.cache is not None:
+            self.cache.up()
+        if self.listener is not None:
+            self.listener.resubscribed()
+
+    def _down(self) -> None:
+        self.live = False
+        if self.cache is not None:
+            self.cache.down()
+
     def _restart(self, why: str) -> None:
-        self.cache.down()
+        self._down()
         log.warning("page cache bypassed: %s; subscribing again", why)
         previous = self._reader
         if previous is not None:

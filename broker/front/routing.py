@@ -24,7 +24,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..auth.principal import Scope
-from ..protocol import commands
+from ..protocol import capabilities, commands
 from ..protocol.commands import SessionMessage
 from ..protocol.jsonrpc import JsonObject, RpcError
 from ..store.client import Store
@@ -55,8 +55,7 @@ SHARED_ASKS = frozenset({"session/request_permission"})
 
 def shares_asks(conn: ClientConnection) -> bool:
     """Whether the connection asked to be shown every permission request of its sessions."""
-    meta = conn.client_capabilities.get("_meta")
-    return isinstance(meta, dict) and meta.get(SHARED_ASKS_META) is True
+    return capabilities.opted_in(conn.client_capabilities, SHARED_ASKS_META)
 
 
 def can_answer(conn: ClientConnection, method: str) -> bool:

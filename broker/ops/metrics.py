@@ -129,6 +129,10 @@ PAGE_CACHE_RESETS = Counter(
 PAGE_CACHE_LIVE = Gauge(
     "acp_broker_page_cache_live", "1 while the page cache is subscribed and serving pages"
 )
+LIST_CHANGES_SENT = Counter(
+    "acp_broker_list_changes_sent_total",
+    "_acpBroker/session/list_changed notifications sent to the connections that asked for them",
+)
 REFUSED = Counter(
     "acp_broker_requests_refused_total", "Requests refused by a rate limit", ["limit"]
 )

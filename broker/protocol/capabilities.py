@@ -100,6 +100,27 @@ def _refused(agent: str, what: str, capability: str) -> RpcError:
     )
 
 
+# -- the broker's own extensions -----------------------------------------------------------------
+
+LIST_CHANGED_META = "acpBroker/listChanged"
+"""The capability (``_meta`` of the client's capabilities at ``initialize``, v1 and v2; and of
+the broker's, which advertises it) of :data:`LIST_CHANGED_METHOD`."""
+LIST_CHANGED_METHOD = "_acpBroker/session/list_changed"
+"""An extension notification (ACP reserves method names that begin with ``_`` for them):
+the tenant's session list changed, so a listing the client shows should be read again.
+Params ``{}``; sent only to connections that declared :data:`LIST_CHANGED_META`."""
+EXTENSIONS_META: JsonObject = {LIST_CHANGED_META: True}
+"""What ``initialize`` advertises in the capabilities' ``_meta``: the extensions a client
+may ask for (the extensibility page: custom capabilities are advertised there)."""
+
+
+def opted_in(client_capabilities: JsonObject, key: str) -> bool:
+    """Whether a client declared ``key`` true in its capabilities' ``_meta`` at ``initialize``
+    (how a client asks for one of the broker's extensions; anything but ``true`` is no)."""
+    meta = client_capabilities.get("_meta")
+    return isinstance(meta, dict) and meta.get(key) is True
+
+
 # -- what initialize advertises -----------------------------------------------------------------
 
 
@@ -121,6 +142,7 @@ def v1_agent_capabilities(agents: JsonObject) -> JsonObject:
         "promptCapabilities": dict(agents["promptCapabilities"]),
         "mcpCapabilities": dict(agents["mcpCapabilities"]),
         "sessionCapabilities": session,
+        "_meta": dict(EXTENSIONS_META),
     }
 
 

@@ -35,7 +35,10 @@ def initialize_result(agents: JsonObject) -> JsonObject:
     return {
         "protocolVersion": V2,
         "info": dict(BROKER_INFO),
-        "capabilities": {"session": capabilities.v2_session_capabilities(agents)},
+        "capabilities": {
+            "session": capabilities.v2_session_capabilities(agents),
+            "_meta": dict(capabilities.EXTENSIONS_META),
+        },
         "authMethods": [],
     }
 

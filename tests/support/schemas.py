@@ -23,6 +23,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from broker.protocol.capabilities import LIST_CHANGED_META, LIST_CHANGED_METHOD
+
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 FREE_TEXT = frozenset({"text", "messageId", "sessionId", "epoch", "title", "toolCallId"})
@@ -81,11 +83,24 @@ def known_updates(version: int) -> frozenset[str]:
     )
 
 
-class WireChecker:
-    """Validates what one connection receives; knows the methods of the requests it sent."""
+EXTENSIONS = {LIST_CHANGED_META: LIST_CHANGED_METHOD}
+"""The broker's extension notifications, by the client capability (``_meta``) that asks."""
 
-    def __init__(self, version: int) -> None:
+
+def extensions_asked(meta: Any) -> frozenset[str]:
+    """The extension methods a client whose capabilities' ``_meta`` is ``meta`` may be sent."""
+    if not isinstance(meta, dict):
+        return frozenset()
+    return frozenset(method for key, method in EXTENSIONS.items() if meta.get(key) is True)
+
+
+class WireChecker:
+    """Validates what one connection receives; knows the methods of the requests it sent,
+    and the extension notifications it asked for (``extensions``: any other is an error)."""
+
+    def __init__(self, version: int, extensions: frozenset[str] = frozenset()) -> None:
         self.version = version
+        self.extensions = extensions
         self.sent: dict[Any, str] = {}
         self.checked = 0
         self._valid_shapes: set[str] = set()
@@ -121,6 +136,9 @@ class WireChecker:
         if method == "$/cancel_request":
             self._valid("CancelRequestNotification", message["params"])
             return
+        if method.startswith("_"):
+            self._check_extension(message)
+            return
         suffix = "Request" if "id" in message else "Notification"
         name = _by_method(self.version, "client", suffix).get(method)
         assert name is not None, f"v{self.version} clients have no method {method}: {message}"
@@ -128,6 +146,17 @@ class WireChecker:
         if method == "session/update":
             kind = message["params"]["update"]["sessionUpdate"]
             assert kind in known_updates(self.version), f"not a v{self.version} update: {kind}"
+
+    def _check_extension(self, message: dict[str, Any]) -> None:
+        """An extension method (ACP reserves names that begin with ``_``, the extensibility
+        page): a notification the client asked for, its params an object (JSON-RPC's by-name
+        params; the broker sends no positional ones)."""
+        method = message["method"]
+        assert "id" not in message, f"the broker sends no extension requests: {message}"
+        assert method in self.extensions, f"sent {method} without being asked: {message}"
+        params = message.get("params")
+        assert isinstance(params, dict), f"{method} params must be an object: {message}"
+        self._valid("ExtNotification", params)
 
     def _valid(self, name: str | None, value: Any, unstable: bool = False) -> None:
         shape = f"{name}:{unstable}:{json.dumps(_shape(value), sort_keys=True)}"

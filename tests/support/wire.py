@@ -13,7 +13,7 @@ from typing import Any
 import websockets
 
 from .client import RawClient, text
-from .schemas import WireChecker
+from .schemas import WireChecker, extensions_asked
 
 INIT_PARAMS: dict[int, dict[str, Any]] = {
     1: {"protocolVersion": 1, "clientCapabilities": {}},
@@ -36,11 +36,19 @@ class CheckedClient(RawClient):
 
     @classmethod
     async def open(
-        cls, url: str, version: int = 2, *, meta: dict[str, Any] | None = None
+        cls,
+        url: str,
+        version: int = 2,
+        *,
+        meta: dict[str, Any] | None = None,
+        token: str | None = None,
     ) -> CheckedClient:
-        """Connect and ``initialize`` with ``version`` (and ``meta`` as the capabilities'
-        ``_meta``); the reply must negotiate it."""
-        client = cls(await websockets.connect(url, max_size=None), version)
+        """Connect (with ``token`` as the bearer credential, if given) and ``initialize`` with
+        ``version`` (and ``meta`` as the capabilities' ``_meta``); the reply must negotiate it."""
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        ws = await websockets.connect(url, max_size=None, additional_headers=headers)
+        client = cls(ws, version)
+        client.checker.extensions = extensions_asked(meta)
         params = INIT_PARAMS[version]
         if meta is not None:
             caps = "capabilities" if version == 2 else "clientCapabilities"

@@ -38,7 +38,7 @@ from ...auth.principal import Principal
 from ...config import Settings
 from ...failures import describe
 from ...ops import metrics, tracing
-from ...protocol import jsonrpc, v2, v2_render
+from ...protocol import capabilities, jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.pending import PeerGone, PendingRequests
 from ...protocol.render import (
@@ -972,8 +972,7 @@ class ClientConnection:
         transports follow JSON-RPC's batch rules). Every other client gets one per frame."""
         if self.protocol_version != v2.V2:
             return False
-        meta = self.client_capabilities.get("_meta")
-        return isinstance(meta, dict) and meta.get(BATCHED_REPLAY_META) is True
+        return capabilities.opted_in(self.client_capabilities, BATCHED_REPLAY_META)
 
     @staticmethod
     def _wake_waiters(session: ActiveSession) -> None:

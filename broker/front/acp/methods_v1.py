@@ -41,6 +41,7 @@ from ...store.log import SessionLog, SessionMissing
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
 from ..fanout import FanoutHub
+from ..list_changes import ListChanges
 from ..pages import PageCache
 from .access import Access, connection_limit
 from .connection import AtOnce, ClientConnection, Later, Redispatch
@@ -82,6 +83,8 @@ class AcpMethods:
     """The methods of each protocol version (v1's where a version has none given)."""
     pages: PageCache | None = None
     """The front's list page cache (None: every page is read from Redis)."""
+    list_changes: ListChanges | None = None
+    """The connections told of their tenant's list changes (those that ask, at initialize)."""
     _initialized: _InitializeCache = field(default_factory=lambda: _InitializeCache(), repr=False)
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
@@ -199,6 +202,8 @@ class AcpMethods:
         caps = request.params.get(caps_field)
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
         conn.protocol_version = negotiated
+        if self.list_changes is not None:
+            self.list_changes.follow(conn)
         return self._initialize_result(negotiated, conn.tenant)
 
     def _initialize_result(self, version: int, tenant: str) -> fastjson.Fragment:
@@ -249,6 +254,8 @@ class AcpMethods:
             raise connection_limit(refusal)
         conn.principal, conn.tenant = principal, principal.tenant
         conn.unauthenticated_since = None
+        if self.list_changes is not None:
+            self.list_changes.follow(conn)  # the tenant it hears is the one it acts for now
         return {}
 
     async def logout(self, conn: ClientConnection, request: Request) -> JsonObject:
