@@ -23,6 +23,7 @@ import pytest_asyncio
 
 from broker.auth.tokens import TokenStore
 from broker.config import AgentSpec
+from broker.protocol.capabilities import LIST_CHANGED_METHOD
 from broker.serve import Broker
 from broker.store.client import connect
 
@@ -33,6 +34,7 @@ from .support.browser import chromium, chromium_missing
 from .support.redis_server import redis_server
 from .support.roles import role_process
 from .support.seed import BASE_MS, seed_many
+from .support.wire import CheckedClient
 
 if (missing := chromium_missing()) is not None:
     if os.environ.get("CI"):  # .ci/run installs both: there, a skip would hide a failure
@@ -44,6 +46,8 @@ from playwright.async_api import Page, expect
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 WAIT_MS = 15_000
+LIST_PUSH_MS = 5_000
+"""How long a change made elsewhere may take to show in a list (the fallback poll: 30 s)."""
 SCREENSHOT = ROOT / "docs" / "console.png"
 """Where the rich-session test leaves its screenshot for the README when
 ``UPDATE_SCREENSHOT=1`` (otherwise in the test's own folder: a test run changes no file of
@@ -211,8 +215,43 @@ async def test_a_session_renamed_elsewhere_is_retitled_in_a_list_that_is_not_on_
     await a.get_by_role("textbox", name="Title").fill("Renamed elsewhere")
     await a.get_by_role("button", name="Save title").click()
     row = b.get_by_role("listitem").filter(has_text="Renamed elsewhere")
-    # The list reads its first page again every 3 s: well within 8 (it used to be 15).
+    # The broker tells b's list that it changed (its fallback poll is 30 s apart).
     await expect(row).to_have_count(1, timeout=8_000)
+
+
+async def test_a_session_made_and_renamed_by_another_client_shows_in_the_list_at_once(
+    node: Broker, context: Any
+) -> None:
+    page = await context.new_page()
+    told: list[float] = []
+
+    def on_frame(payload: str | bytes) -> None:
+        message = json.loads(payload)
+        if isinstance(message, dict) and message.get("method") == LIST_CHANGED_METHOD:
+            told.append(asyncio.get_running_loop().time())
+
+    page.on("websocket", lambda ws: ws.on("framereceived", on_frame))
+    await page.goto(console_url(node))
+    await expect(page.get_by_role("status")).to_have_text("Online", timeout=WAIT_MS)
+    await expect(page.locator("#sessions-more")).not_to_have_text("Loading…", timeout=WAIT_MS)
+    # Another client (not a console) of the tenant, on its own connection.
+    other = await CheckedClient.open(f"ws://127.0.0.1:{node.port}/acp", 2)
+    try:
+        session_id = await other.new("/srv/elsewhere")
+        rows = page.get_by_role("list", name="Session list").get_by_role("listitem")
+        row = rows.filter(has=page.locator(f'a[href*="{session_id}"]'))
+        # Told by the broker, read at once: far sooner than the fallback poll (30 s after
+        # the page connected; the list was read then).
+        await expect(row).to_have_count(1, timeout=LIST_PUSH_MS)
+        await expect(row).to_contain_text("/srv/elsewhere")
+        reply = await other.call(
+            "session/set_title", {"sessionId": session_id, "title": "Named by another client"}
+        )
+        assert "result" in reply, reply
+        await expect(row).to_contain_text("Named by another client", timeout=LIST_PUSH_MS)
+        assert told, "the page was never told that the list changed"
+    finally:
+        await other.close()
 
 
 async def test_shift_enter_is_a_new_line_and_cancel_ends_a_running_turn(

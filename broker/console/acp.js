@@ -9,6 +9,11 @@ export const SHARED_ASKS_META = "acpBroker/sharedAsks";
 // Replays come many notifications to a frame (JSON-RPC batch arrays): a browser hands a
 // page one message event at a time, and a 10,000-event history is 10,000 of them otherwise.
 export const BATCHED_REPLAY_META = "acpBroker/batchedReplay";
+// The broker tells a connection that asks when its tenant's session list changed (an ACP
+// extension notification, coalesced to one per 250 ms), so the list is read again then
+// rather than polled; it advertises the same key in its own capabilities' _meta.
+export const LIST_CHANGED_META = "acpBroker/listChanged";
+export const LIST_CHANGED_METHOD = "_acpBroker/session/list_changed";
 export const TOKEN_SUBPROTOCOL = "acp-broker.bearer.";
 
 export class RpcError extends Error {
@@ -75,7 +80,9 @@ export class AcpClient extends EventTarget {
     const params = {
       protocolVersion: PROTOCOL_VERSION,
       info: { name: "acp-broker-console", title: "acp-broker console", version: "0.1.0" },
-      capabilities: { _meta: { [SHARED_ASKS_META]: true, [BATCHED_REPLAY_META]: true } },
+      capabilities: {
+        _meta: { [SHARED_ASKS_META]: true, [BATCHED_REPLAY_META]: true, [LIST_CHANGED_META]: true },
+      },
     };
     try {
       this.info = await this.send(ws, "initialize", params);

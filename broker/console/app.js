@@ -4,7 +4,7 @@
 // fills in (same origin `/acp` behind a load balancer, the node's own WebSocket port when
 // the page comes straight from a node). A reconnect goes to the same URL, so behind a load
 // balancer it reaches whichever node that gives, and resumes from the last position seen.
-import { AcpClient, RpcError } from "./acp.js";
+import { AcpClient, LIST_CHANGED_META, LIST_CHANGED_METHOD, RpcError } from "./acp.js";
 import { SessionList, sessionHash } from "./sessions.js";
 import { Transcript, loadMarkdown } from "./transcript.js";
 
@@ -12,11 +12,15 @@ performance.mark("app-start");
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "acp-broker-token";
 const POSITION_META = "acpBroker/position";
-// The list's first page is read again this often while the page is in view: titles and
-// statuses of sessions not open here change there (a change moves a session to the top of
-// the newest-activity order, so the first page holds every change), and a read costs the
-// broker about 0.2 ms. Hidden tabs do not poll.
-const REFRESH_LIST_MS = 3000;
+// Titles and statuses of sessions not open here change elsewhere (a change moves a session
+// to the top of the newest-activity order, so the first page holds every change). The
+// broker says when the tenant's list changed (LIST_CHANGED_METHOD, asked for at initialize),
+// and the first page is read again then. A slow poll stays as the fallback, since such a
+// notice may be lost (Redis pub/sub is at most once); against a broker that does not
+// advertise the notification, the poll is the old 3 s. Hidden tabs read nothing: a change
+// heard while hidden is read when the tab is shown again.
+const POLL_LIST_MS = 30000;
+const POLL_LIST_UNPUSHED_MS = 3000;
 const CWD_LOOKUPS = 10;
 const STATE_TEXT = { idle: "idle", running: "running", requires_action: "waiting for permission" };
 
@@ -28,6 +32,8 @@ const state = {
   session: null, // { id, cwd, epoch, seq }
   opened: false,
   agents: [],
+  listPushed: false, // whether the broker advertised LIST_CHANGED_META
+  listStale: false, // a change was told while the tab was hidden
 };
 
 function meta(name) {
@@ -115,9 +121,30 @@ function start() {
   client.onNotification = (method, params) => notified(method, params);
   client.addEventListener("request", (e) => requested(e.detail));
   client.start();
-  setInterval(() => {
-    if (!document.hidden) state.list.refreshHead().catch(() => {});
-  }, REFRESH_LIST_MS);
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && state.listStale) listChanged();
+  });
+}
+
+// The fallback: the first page again every POLL_LIST_MS (while the tab is in view), from
+// the first connection's initialize on (the list's first read).
+function pollList() {
+  setTimeout(
+    () => {
+      if (!document.hidden) state.list.refreshSoon(0);
+      pollList();
+    },
+    state.listPushed ? POLL_LIST_MS : POLL_LIST_UNPUSHED_MS,
+  );
+}
+
+function listChanged() {
+  if (document.hidden) {
+    state.listStale = true;
+    return;
+  }
+  state.listStale = false;
+  state.list.refreshSoon();
 }
 
 function connectionState({ state: value, reason }) {
@@ -137,14 +164,16 @@ function connected(info) {
   const extra = info?._meta || {};
   $("tenant").textContent = extra["acpBroker/tenant"] ? `Tenant: ${extra["acpBroker/tenant"]}` : "";
   const agents = extra["acpBroker/agents"] || [];
+  state.listPushed = info?.capabilities?._meta?.[LIST_CHANGED_META] === true;
   if (!state.opened) {
     state.opened = true;
+    pollList();
     fillAgents(agents);
     state.list.reset().finally(() => loadMarkdown());
     openFromHash();
     return;
   }
-  state.list.refreshHead().catch(() => {});
+  listChanged(); // what changed while this page was away was not told to it
   if (state.session) resumeFromPosition(state.session);
 }
 
@@ -300,7 +329,9 @@ async function newSession(event) {
 // -- live updates ---------------------------------------------------------------------------
 
 function notified(method, params) {
-  if (method === "session/update") {
+  if (method === LIST_CHANGED_METHOD) {
+    listChanged();
+  } else if (method === "session/update") {
     const update = params.update || {};
     const session = state.session;
     if (!session || params.sessionId !== session.id) {

@@ -9,6 +9,9 @@
 // it was first shown).
 
 const PAGE_LIMIT = 50;
+// Asks to read the first page again within this long are one read (the broker coalesces
+// its list_changed notifications already; this joins them to the page's own reasons).
+const REFRESH_DEBOUNCE_MS = 50;
 
 /** What a row says of the broker's session status (REST's and `session/list`'s words). */
 const STATUS_TEXT = { RUNNING: "agent running", STOPPED: "stopped", ERROR: "agent failed", DELETED: "deleted" };
@@ -58,6 +61,9 @@ export class SessionList {
     this.loading = null;
     this.generation = 0;
     this.selected = null;
+    this.refreshTimer = null; // a refresh asked for, not yet begun
+    this.refreshing = false; // a refresh under way
+    this.refreshOwed = false; // asked for since the refresh under way read its page
     this.observer = new IntersectionObserver((entries) => {
       if (entries.some((e) => e.isIntersecting)) this.more();
     });
@@ -187,6 +193,29 @@ export class SessionList {
   select(sessionId) {
     this.selected = sessionId;
     for (const [id, row] of this.rows) row.node.classList.toggle("selected", id === sessionId);
+  }
+
+  // Read the first page again soon (the list changed elsewhere): asks within a moment are
+  // one read, and an ask while a read is under way is one more read after it, since what
+  // changed may have come after that read's page was taken. Never two reads at once.
+  refreshSoon(delayMs = REFRESH_DEBOUNCE_MS) {
+    this.refreshOwed = true;
+    if (this.refreshTimer !== null || this.refreshing) return;
+    this.refreshTimer = setTimeout(() => this.runRefreshes(), delayMs);
+  }
+
+  async runRefreshes() {
+    this.refreshTimer = null;
+    this.refreshing = true;
+    try {
+      while (this.refreshOwed) {
+        this.refreshOwed = false;
+        while (this.loading) await this.loading; // a page being read by scrolling goes first
+        await this.refreshHead().catch(() => {}); // the next change, or the poll, reads again
+      }
+    } finally {
+      this.refreshing = false;
+    }
   }
 
   // New and retitled sessions elsewhere: read the first page again and merge it.
