@@ -29,6 +29,10 @@ rather than a read; a page whose tenant changes far more often than it is asked 
 dropped only, once its budget is spent. A refreshed page is an ordinary read: taken after
 the announcement, kept only under the rules above, so it is never older than a page a miss
 would have read then.
+
+**Heard by clients too.** The watch hands each announced tenant, after the cache, to a
+listener (:class:`~.list_changes.ListChanges`: the connections told that their list
+changed), and every (re)subscription to it; it runs without a cache too.
 """
 
 from __future__ import annotations
