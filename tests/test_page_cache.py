@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker.front.node import FrontNode
-from broker.front.pages import REFRESH_BUDGET, IndexWatch, PageCache
+from broker.front.pages import PROBE_MARK, REFRESH_BUDGET, IndexWatch, PageCache
 from broker.protocol.jsonrpc import Request
 from broker.serve import Broker
 from broker.store.archive import DirectoryArchive
@@ -467,3 +467,43 @@ async def test_a_failover_of_the_channels_master_leaves_no_stale_page(
             assert _titles(await _list(second)) == ["after"]
     finally:
         await broker.stop()
+
+
+async def test_probes_are_pings_on_the_subscription_not_messages_to_every_front(
+    store: Any, store_kind: str
+) -> None:
+    """On a Redis server or a cluster a front probes its subscription with PING on that
+    connection: its probes reach it alone, not every front's subscription (N fronts: N²
+    messages a second). The embedded store cannot; its fronts publish their probes."""
+    if store_kind == "cluster":
+        await store.initialize()  # its pub/sub finds the channel's node in the slot map
+    listener = store.pubsub()
+    await listener.ssubscribe(INDEX_CHANNEL)
+    try:
+        async with _front(store) as node:
+            watch = node.index_watch
+            start = watch._heard
+            await wait_for(lambda: watch._heard >= start + 3, 10, "three probes heard")
+            assert watch.live
+            # What anyone published on the channel before the marker reaches the listener
+            # before it (one channel, one order).
+            marker = f"{PROBE_MARK}test-marker"
+            await store.spublish(INDEX_CHANNEL, marker)
+            heard: list[str] = []
+            while marker not in heard:
+                message = await asyncio.wait_for(_sharded(listener), 10)
+                if message is not None and message["type"] == "smessage":
+                    heard.append(message["data"])
+            probes = [data for data in heard if data != marker]
+            if store_kind == "embedded":
+                assert probes  # published: its engine has no pings
+            else:
+                assert probes == []
+    finally:
+        await listener.aclose()
+
+
+async def _sharded(listener: Any) -> Any:
+    if hasattr(listener, "get_sharded_message"):
+        return await listener.get_sharded_message(timeout=1.0)
+    return await listener.get_message(timeout=1.0)

@@ -294,6 +294,14 @@ class _ClusterChannel:
         message = await self._pubsub.get_sharded_message(target_node=self._node, timeout=1.0)
         return [] if message is None else [message]
 
+    async def ping(self, data: str) -> bool:
+        """``PING`` on the connection to the channel's node (its pong comes back there)."""
+        pubsub = self._pubsub.node_pubsub_mapping.get(self._node.name) if self._node else None
+        if pubsub is None:
+            raise ConnectionError("the channel's node holds no subscription of ours")
+        await pubsub.ping(data)
+        return True
+
     async def aclose(self) -> None:
         await self._pubsub.aclose()
 
@@ -331,6 +339,7 @@ class IndexWatch:
         self._probe = f"{PROBE_MARK}{secrets.token_hex(8)}:"
         self._sent = 0
         self._heard = 0
+        self._channel: Any = None  # the subscription the reader holds, while it holds one
         self._reader: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
         self.failures = FailureLog(log, "index announcements")
@@ -358,6 +367,7 @@ class IndexWatch:
             if channel is None:
                 channel = open_subscriber(self.redis)
             try:
+                self._channel = channel
                 await channel.ssubscribe(INDEX_CHANNEL)
                 while True:
                     messages = await channel.read_batch()
@@ -375,21 +385,25 @@ class IndexWatch:
                 self.failures.failed(exc)
             finally:
                 self._down()
+                if self._channel is channel:
+                    self._channel = None
                 with contextlib.suppress(Exception):  # closing a broken subscription
                     await channel.aclose()
             await asyncio.sleep(RETRY_PAUSE)
 
     def _on_message(self, message: Message) -> None:
         kind = message.get("type")
+        if kind == "pong":  # a probe's answer on the subscription's own connection
+            self._heard_probe(message.get("data"))
+            return
         if message.get("channel") != INDEX_CHANNEL:
             return
         if kind == "smessage":
             data = message.get("data")
             if not isinstance(data, str):
                 return
-            if data.startswith(PROBE_MARK):
-                if data.startswith(self._probe):
-                    self._heard = max(self._heard, int(data[len(self._probe) :]))
+            if data.startswith(PROBE_MARK):  # ours where there are no pings; other fronts'
+                self._heard_probe(data)
                 return
             if self.cache is not None:
                 self.cache.invalidate(data)
@@ -405,16 +419,30 @@ class IndexWatch:
         elif kind == "sunsubscribe":  # the slot moved (a failover, a resharding)
             self._restart("the channel's slot moved")
 
+    def _heard_probe(self, data: Any) -> None:
+        if isinstance(data, str) and data.startswith(self._probe):
+            with contextlib.suppress(ValueError):  # not a count of ours: not one of our probes
+                self._heard = max(self._heard, int(data[len(self._probe) :]))
+
     async def _probe_loop(self) -> None:
-        """Publish a probe every :attr:`probe_interval`; one not heard by the next is a deaf
-        subscription: bypass the cache and subscribe again."""
+        """Probe the subscription every :attr:`probe_interval`; a probe not heard by the
+        next is a deaf subscription: bypass the cache and subscribe again.
+
+        The probe is a ``PING`` on the subscription's own connection, whose pong comes
+        back after every announcement pushed to it before: it reaches this front alone. An
+        engine that cannot ping (the embedded store's) publishes it on the channel
+        instead, where every front's subscription hears it (N fronts doing so: N² messages
+        a second)."""
         while True:
             await asyncio.sleep(self.probe_interval)
             if self.live and self._heard < self._sent:
                 self._restart(f"a probe went unheard for {self.probe_interval:g} s")
             self._sent += 1
+            probe = f"{self._probe}{self._sent}"
             try:
-                await self.redis.spublish(INDEX_CHANNEL, f"{self._probe}{self._sent}")
+                channel = self._channel
+                if channel is None or not await channel.ping(probe):
+                    await self.redis.spublish(INDEX_CHANNEL, probe)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away or stalled: bypass, subscribe afresh

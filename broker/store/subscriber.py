@@ -12,7 +12,8 @@ The hub reads its subscriptions through :class:`Subscriber`, which has two engin
   embedded store). Redis Cluster keeps redis-py's cluster pub/sub (see the hub).
 
 Both deliver the same messages: ``{"type", "channel", "data"}`` with type
-``smessage``, ``ssubscribe`` or ``sunsubscribe``.
+``smessage``, ``ssubscribe`` or ``sunsubscribe``; and ``pong`` (channel None) for a
+:meth:`Subscriber.ping`, where the engine can send one.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class Subscriber(Protocol):
         """
         ...
 
+    async def ping(self, data: str) -> bool:
+        """Send ``PING data`` on the subscription's own connection: its ``pong`` (``data``)
+        comes back among the messages, after every message pushed before it. False: this
+        engine cannot (the caller probes another way)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -77,6 +84,11 @@ class RedisPySubscriber:
     async def read_batch(self) -> list[Message]:
         message = await self._pubsub.get_message(timeout=1.0)
         return [] if message is None else [message]
+
+    async def ping(self, data: str) -> bool:
+        # The embedded store answers a subscribed PING with a bare string, which redis-py
+        # takes apart as a message of another type: no pings here.
+        return False
 
     async def aclose(self) -> None:
         await self._pubsub.aclose()
@@ -133,6 +145,12 @@ class BatchSubscriber:
             self._drop()
             raise ConnectionError(f"pub/sub protocol error: {exc}") from exc
 
+    async def ping(self, data: str) -> bool:
+        if self._stream is None:
+            raise ConnectionError("pub/sub is not connected")
+        self._send("PING", data)
+        return True
+
     async def aclose(self) -> None:
         self._closed = True
         self._drop()
@@ -145,6 +163,8 @@ class BatchSubscriber:
                 return messages
             if isinstance(reply, list) and len(reply) == 3:
                 messages.append({"type": reply[0], "channel": reply[1], "data": reply[2]})
+            elif isinstance(reply, list) and len(reply) == 2 and reply[0] == "pong":
+                messages.append({"type": "pong", "channel": None, "data": reply[1]})
             elif isinstance(reply, hiredis.ReplyError):
                 log.warning("pub/sub: %s", reply)
 
