@@ -32,6 +32,7 @@ from broker.store.client import connect
 
 from .conftest import make_settings
 from .support.client import RawClient, wait_for
+from .support.nodes import running_front
 from .support.schemas import _validator
 from .support.wire import INIT_PARAMS, CheckedClient
 
@@ -212,17 +213,15 @@ async def _deployment(redis_url: str) -> AsyncIterator[Deployment]:
         tenant: (await TokenStore(stores[2]).create(tenant, ["read", "write"]))[0]
         for tenant in ("team-a", "team-b", "team-c")
     }
-    broker = Broker(make_settings(auth="on"), redis=stores[0])
-    front = FrontNode(make_settings(auth="on"), redis=stores[1])
-    await broker.start()
-    await front.start()
     try:
-        watches = (broker.index_watch, front.index_watch)
-        await wait_for(lambda: all(w.live for w in watches), 10, "the index watches")
-        yield Deployment(broker, front, tokens)
+        async with (
+            running_front(Broker(make_settings(auth="on"), redis=stores[0])) as broker,
+            running_front(FrontNode(make_settings(auth="on"), redis=stores[1])) as front,
+        ):
+            watches = (broker.index_watch, front.index_watch)
+            await wait_for(lambda: all(w.live for w in watches), 10, "the index watches")
+            yield Deployment(broker, front, tokens)
     finally:
-        await front.stop()
-        await broker.stop()
         for store in stores:
             await store.aclose()
 
