@@ -356,7 +356,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    if isinstance(exc, ValidationError):
+        # pydantic's own text quotes each bad input: a secret's value would be printed.
+        text = "; ".join(
+            _setting_error(error) for error in exc.errors(include_url=False, include_input=False)
+        )
+    else:
+        text = str(exc)
+    return " ".join(text.split())
+
+
+def _setting_error(error: Any) -> str:
+    """``name: what is wrong`` for one of a ValidationError's errors (no input quoted)."""
+    name = ".".join(map(str, error["loc"])) or "settings"
+    return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ KIND_META_KEY = "acpBroker/kind"
 
 SESSION_KINDS = ("browser", "shell", "combined")
 BROKER_COMMAND = "acp-broker"
+HS256_KEY_BYTES = 32
+"""The shortest ``jwt_secret`` accepted: an HS256 key as long as its hash (RFC 7518, 3.2)."""
 """An agent command that starts with this runs this installation's ``acp-broker``."""
 
 DEFAULT_AGENT_ENV = (
@@ -244,6 +246,20 @@ class Settings(BaseSettings):
     max_pending_updates: int = Field(default=10_000, ge=16)
     """Agent updates an agent host keeps, in order, while the store is unreachable; past
     that their sessions are failed (an error event once the store is back, and in the log)."""
+
+    @field_validator("jwt_secret")
+    @classmethod
+    def _hs256_key_length(cls, value: str | None) -> str | None:
+        # A short HS256 secret can be found by brute force from any one token it signed,
+        # and then any tenant's tokens forged: RFC 7518 (3.2) requires a key at least as
+        # long as the hash, 32 bytes; refusing to start beats accepting it quietly.
+        if value is not None and len(value.encode()) < HS256_KEY_BYTES:
+            raise ValueError(
+                f"must be at least {HS256_KEY_BYTES} bytes (RFC 7518, 3.2; it is "
+                f"{len(value.encode())}): make one with "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
 
     @field_validator("tenant")
     @classmethod

@@ -46,7 +46,10 @@ async def test_tokens_are_stored_hashed_verified_listed_and_revoked() -> None:
     await redis.aclose()
 
 
-def _hs(claims: dict, secret: str = "s3cret") -> str:
+SECRET = "a-unit-test-secret-32-bytes-long!"
+
+
+def _hs(claims: dict, secret: str = SECRET) -> str:
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
@@ -62,11 +65,11 @@ def _claims(**extra: object) -> dict:
 
 
 def test_hs256_jwt_checks_signature_issuer_audience_and_expiry() -> None:
-    verifier = JwtVerifier(JwtConfig(secret="s3cret", issuer="me", audience="acp"))
+    verifier = JwtVerifier(JwtConfig(secret=SECRET, issuer="me", audience="acp"))
     principal = verifier.verify(_hs(_claims(scope="read")))
     assert principal.tenant == "t1" and principal.scopes == {"read"}
     refused = [
-        _hs(_claims(), secret="other"),  # forged
+        _hs(_claims(), secret="another-secret-also-32-bytes-long"),  # forged
         _hs(_claims(exp=int(time.time()) - 3600)),  # expired
         _hs(_claims(aud="someone-else")),  # wrong audience
         _hs(_claims(iss="mallory")),  # wrong issuer
@@ -89,8 +92,8 @@ def test_rs256_with_a_public_key_and_es256_with_a_jwks_file(tmp_path: Path) -> N
         JwtConfig(public_key_file=str(tmp_path / "pub.pem"), audience="acp", issuer="me")
     )
     assert verifier.verify(jwt.encode(_claims(), rsa_key, algorithm="RS256")).tenant == "t1"
-    with pytest.raises(AuthError):  # an HS256 token signed with the public key as secret
-        verifier.verify(jwt.encode(_claims(), "key", algorithm="HS256"))
+    with pytest.raises(AuthError):  # an HS256 token: the verifier takes RS256 only
+        verifier.verify(_hs(_claims()))
 
     ec_key = ec.generate_private_key(ec.SECP256R1())
     jwk = jwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key(), as_dict=True)

@@ -14,13 +14,15 @@ from .support.broker_process import ROOT, broker_env
 from .support.redis_server import free_port
 
 
-def acp_broker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def acp_broker(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "broker.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=broker_env(),
+        env={**broker_env(), **(env or {})},
         cwd=str(ROOT),
         stdin=subprocess.DEVNULL,
     )
@@ -60,6 +62,17 @@ def test_wrong_arguments_are_one_sentence_and_exit_2() -> None:
     assert "--agent takes NAME=" in result.stderr
     result = acp_broker("sessions", "--limit", "0")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result
+
+
+def test_a_short_jwt_secret_is_refused_in_one_sentence_and_exit_2() -> None:
+    # 31 bytes: one short of an HS256 key as long as its hash (RFC 7518, 3.2).
+    short = "x" * 31
+    result = acp_broker("serve", "--port", "0", env={"ACP_BROKER_JWT_SECRET": short})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result
+    errors = [line for line in result.stderr.splitlines() if line.startswith("acp-broker ")]
+    assert len(errors) == 1, result.stderr
+    assert "jwt_secret: must be at least 32 bytes" in errors[0] and "it is 31" in errors[0]
+    assert short not in result.stderr + result.stdout  # the secret itself is never echoed
 
 
 def test_json_logs_and_the_start_line() -> None:
