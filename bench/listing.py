@@ -23,6 +23,16 @@
   (:mod:`bench.peers.pg_server`): ``session/list`` with the same cursors, from the same lean
   client. It crosses the two hops a ``session/list`` crosses (client → server → store),
   where the floor, the index read and the pg query cross one.
+* **redis relay** (``redis_ws``): the two-hop ceiling, a bare WebSocket server in front of
+  the same Redis (:mod:`bench.peers.redis_server`, its own process, on the fronts' event
+  loop): ``session/list`` with the same cursors, each answered by the one ``ZRANGE … BYLEX
+  LIMIT`` a front makes (hiredis), the members' ``SessionInfo`` texts spliced as a front
+  splices them, from the same lean client. Taken as websockets parses the frame, the read
+  sent from that step and the reply framed and written from the step that parses Redis's
+  answer: no task, timer or future, none of the broker's authentication, metrics, checks or
+  cache. What two hops cost at the least with the libraries a front uses: the uncached
+  front against it is what the front's own code adds; it against the floor, what the second
+  hop does.
 
 The PostgreSQL server is the benchmark's own (``initdb`` in a temporary folder, over loopback
 TCP; ``BENCH_PG_DSN`` names another); its systems are skipped (reported as such) when it
@@ -42,7 +52,7 @@ from typing import Any
 from bench import common
 from bench.acp import lean_acp_client
 
-SYSTEMS = ("broker", "uncached", "floor", "index", "postgres", "pg_ws")
+SYSTEMS = ("broker", "uncached", "redis_ws", "floor", "index", "postgres", "pg_ws")
 TENANT = "default"
 PAGE = 50
 CWDS = 10
@@ -376,6 +386,17 @@ async def pg_server(dsn: str, table: str, tag: str) -> AsyncIterator[tuple[Any, 
             yield client, node.pid
 
 
+@contextlib.asynccontextmanager
+async def redis_relay(url: str, tag: str) -> AsyncIterator[tuple[Any, int]]:
+    """:mod:`bench.peers.redis_server` on the index at ``url``: a lean client connected to
+    it, and its pid."""
+    args = (url, common.CURSOR_SECRET)
+    async with common.child("bench.peers.redis_server", *args, name=f"{tag}-redis-ws") as node:
+        port = await node.expect("ready")
+        async with lean_acp_client(f"ws://127.0.0.1:{port}/") as client:
+            yield client, node.pid
+
+
 async def _one_run(
     args: Any,
     r: int,
@@ -403,6 +424,9 @@ async def _one_run(
             "floor": await floor_calls(store, n),
             "index": await index_calls(store, n),
         }
+        if "redis_ws" in args.systems:
+            relay, pids["redis_ws"] = await stack.enter_async_context(redis_relay(url, f"list-{r}"))
+            systems["redis_ws"] = await list_calls(relay, n)
         if pg_calls is not None:
             systems["postgres"] = pg_calls
             _, table, dsn = pg
@@ -428,7 +452,10 @@ async def _one_run(
             if args.profile:
                 from bench.profile import recording
 
-                for name, pid in (("broker", nodes[0].pid), ("uncached", bare[0].pid)):
+                for name in ("broker", "uncached", "redis_ws"):
+                    pid = pids.get(name)
+                    if pid is None or name not in chosen:
+                        continue
                     out = common.RESULTS / f"profile-list-{name}.txt"
                     await profiling.enter_async_context(recording(pid, out, gil=True))
             cpu = {name: common.cpu_seconds(pids[name]) for name in served}
@@ -479,7 +506,12 @@ async def run(args: Any) -> None:
     runs: list[dict[str, Any]] = []
     # CPU time per session/list of each server process (µs, one figure per run), over the
     # same window: the front node, and the PostgreSQL peer's server.
-    server_cpu: dict[str, list[float]] = {"broker": [], "uncached": [], "pg_ws": []}
+    server_cpu: dict[str, list[float]] = {
+        "broker": [],
+        "uncached": [],
+        "redis_ws": [],
+        "pg_ws": [],
+    }
     unavailable = ""
     cache_outcomes: list[dict[str, float]] = []
     import redis.asyncio as redis
@@ -527,11 +559,15 @@ async def run(args: Any) -> None:
         f50, f99 = med("floor", "p50"), med("floor", "p99")
         p50, p99 = med("postgres", "p50"), med("postgres", "p99")
         w50, w99 = med("pg_ws", "p50"), med("pg_ws", "p99")
+        r50, r99 = med("redis_ws", "p50"), med("redis_ws", "p99")
         i50, i99 = med("index", "p50"), med("index", "p99")
         summary[cell] = {
             "broker": [b50, b99],
             "uncached": [u50, u99],
             "uncached_p99_over_floor": u99 / f99,
+            "redis_relay": [r50, r99],
+            "redis_relay_p99_over_floor": r99 / f99,
+            "uncached_p99_over_redis_relay": u99 / r99,
             "uncached_p99_over_postgres_server": u99 / w99,
             "floor": [f50, f99],
             "postgres": [p50, p99],
@@ -549,6 +585,8 @@ async def run(args: Any) -> None:
                 b99,
                 u50,
                 u99,
+                r50,
+                r99,
                 w50,
                 w99,
                 f50,
@@ -557,6 +595,8 @@ async def run(args: Any) -> None:
                 p99,
                 b99 / f99,
                 u99 / f99,
+                r99 / f99,
+                u99 / r99,
                 b99 / w99,
                 u99 / w99,
                 i99 / p99,
@@ -575,6 +615,8 @@ async def run(args: Any) -> None:
             "cached p99",
             "uncached p50",
             "uncached p99",
+            "redis relay p50",
+            "redis relay p99",
             "pg server p50",
             "pg server p99",
             "floor p50",
@@ -583,6 +625,8 @@ async def run(args: Any) -> None:
             "pg query p99",
             "cached ÷ floor p99 (≤1.5)",
             "uncached ÷ floor p99 (≤1.5)",
+            "redis relay ÷ floor p99",
+            "uncached ÷ redis relay p99",
             "cached ÷ pg server p99 (≤1)",
             "uncached ÷ pg server p99 (≤1)",
             "index read ÷ pg query p99 (≤1)",
@@ -594,6 +638,7 @@ async def run(args: Any) -> None:
         for name, label in (
             ("broker", "front node (cached)"),
             ("uncached", "front node (uncached)"),
+            ("redis_ws", "redis relay"),
             ("pg_ws", "pg server"),
         )
         if server_cpu[name]
@@ -642,6 +687,7 @@ async def run(args: Any) -> None:
             "page_cache": cache_outcomes,
             "uncached_front_cpu_us_per_request": server_cpu["uncached"],
             "pg_server_cpu_us_per_request": server_cpu["pg_ws"],
+            "redis_relay_cpu_us_per_request": server_cpu["redis_ws"],
             "runs": runs,
         },
         args.out,
@@ -651,7 +697,9 @@ async def run(args: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("list", __doc__.splitlines()[0] if __doc__ else "")
     p.add_argument(
-        "--profile", action="store_true", help="py-spy (--gil) both fronts, cached and not"
+        "--profile",
+        action="store_true",
+        help="py-spy (--gil) both fronts, cached and not, and the redis relay",
     )
     common.add_baseline(p)
     p.add_argument("--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS))

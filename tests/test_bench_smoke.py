@@ -79,3 +79,5 @@ async def test_every_benchmark_prints_a_table_and_writes_json(tmp_path: Path) ->
         assert "\n| " in output and " |\n" in output, f"{name} printed no table:\n{output}"
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["benchmark"] == name and data["quick"] is True
+        if name == "list":  # the two-hop ceiling answered beside the fronts (NaN: it did not)
+            assert all(cell["redis_relay"][1] > 0 for cell in data["summary"].values()), data
