@@ -19,7 +19,6 @@ from prometheus_client import (
     REGISTRY,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -50,6 +49,31 @@ class Tally(Collector):
         yield CounterMetricFamily(self.name, self.documentation, value=self.value)
 
 
+class _Series:
+    """One histogram's counts, observed on the event loop's thread only: a bisection and two
+    additions an observation."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """The buckets as Prometheus exposes them: (upper bound, observations at most it)."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append((floatToGoString(bound), running))
+        return out
+
+
 class LoopHistogram(Collector):
     """A histogram observed on the event loop's thread only, exported as a Prometheus one.
 
@@ -62,23 +86,51 @@ class LoopHistogram(Collector):
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
         self.name = name
         self.documentation = documentation
-        self.bounds = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
-        self.sum = 0.0
+        self._series = _Series(tuple(sorted(buckets)))
+        self.observe = self._series.observe
         REGISTRY.register(self)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        series = self._series
+        yield HistogramMetricFamily(
+            self.name, self.documentation, buckets=series.cumulative(), sum_value=series.sum
+        )
+
+
+class LoopHistograms(Collector):
+    """:class:`LoopHistogram` with labels: a series per set of label values (made on first
+    use: :meth:`labels`), exported as one Prometheus histogram family.
+
+    The request histograms (``acp_broker_request_seconds``, ``_list_seconds``) were
+    prometheus_client's: two ``observe`` a request, each with its locks and its walk of
+    the buckets, were 10% of an uncached front's GIL samples under ``session/list``
+    (py-spy, ``bench list``), where the bare server beside it (``redis_ws``) has none.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: tuple[str, ...], buckets: tuple[float, ...]
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.bounds = tuple(sorted(buckets))
+        self._series: dict[tuple[str, ...], _Series] = {}
+        REGISTRY.register(self)
+
+    def labels(self, *values: str) -> _Series:
+        """The series of these label values (one for each of :attr:`labelnames`, in order)."""
+        series = self._series.get(values)
+        if series is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes the labels {self.labelnames}")
+            series = self._series[values] = _Series(self.bounds)
+        return series
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        cumulative, running = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += count
-            cumulative.append((floatToGoString(bound), running))
-        yield HistogramMetricFamily(
-            self.name, self.documentation, buckets=cumulative, sum_value=self.sum
-        )
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, series in list(self._series.items()):
+            family.add_metric(list(values), series.cumulative(), series.sum)
+        yield family
 
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -101,17 +153,17 @@ FANOUT_LAG = LoopHistogram(
 CATCH_UP_READS = Counter(
     "acp_broker_catch_up_reads_total", "Log reads that filled a gap pub/sub left (or lost)"
 )
-REQUESTS = Histogram(
+REQUESTS = LoopHistograms(
     "acp_broker_request_seconds",
     "Client requests by method and outcome (ok, error, timeout)",
-    ["method", "outcome"],
-    buckets=LATENCY_BUCKETS,
+    ("method", "outcome"),
+    LATENCY_BUCKETS,
 )
-LIST_SECONDS = Histogram(
+LIST_SECONDS = LoopHistograms(
     "acp_broker_list_seconds",
     "Session listings (ACP session/list, REST /v1/sessions, MCP session_list)",
-    ["api"],
-    buckets=LATENCY_BUCKETS,
+    ("api",),
+    LATENCY_BUCKETS,
 )
 PAGE_CACHE = Counter(
     "acp_broker_page_cache_total",
@@ -199,19 +251,19 @@ KNOWN_METHODS = frozenset(
 )
 
 
-def request_seconds(method: str, outcome: str) -> Histogram:
+def request_seconds(method: str, outcome: str) -> _Series:
     """:data:`REQUESTS` of one method (as :func:`method_label` names it) and outcome."""
     return _request_seconds(method_label(method), outcome)
 
 
 @functools.lru_cache(maxsize=256)
-def _request_seconds(label: str, outcome: str) -> Histogram:
-    # ``labels()`` costs µs a call (a lock, a tuple, a dict), so each child is kept.
+def _request_seconds(label: str, outcome: str) -> _Series:
+    # Kept: a lookup by a tuple of labels is a dict's, made once.
     return REQUESTS.labels(label, outcome)
 
 
 @functools.lru_cache(maxsize=16)
-def list_seconds(api: str) -> Histogram:
+def list_seconds(api: str) -> _Series:
     """:data:`LIST_SECONDS` of one API, kept as :func:`request_seconds` is."""
     return LIST_SECONDS.labels(api)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,8 +80,11 @@ class SessionsService:
         try:
             async with asyncio.timeout(self.deadline):
                 tenant = await self.authenticate(credentials)
-                with metrics.LIST_SECONDS.labels("http").time():
+                started = time.perf_counter()
+                try:
                     return await self._page(tenant, parse_query(args))
+                finally:
+                    metrics.list_seconds("http").observe(time.perf_counter() - started)
         except ApiError:
             raise
         except TimeoutError as exc:
