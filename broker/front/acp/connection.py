@@ -98,6 +98,9 @@ class Later:
 
     future: asyncio.Future[Any]
     finish: Callable[[asyncio.Future[Any]], Any]
+    in_step: Callable[[asyncio.Future[Any], Callable[[Any], None]], None] | None = None
+    """Given the future and its done callback: has that run in the step that reads the
+    reply, not on the loop's next turn (see :meth:`~broker.store.raw.RawConnection.in_step`)."""
 
 
 class Redispatch(Exception):
@@ -458,12 +461,16 @@ class ClientConnection:
         future = later.future
         assert request.id is not None
         self._inflight[request.id] = (request, future)
-        self._hold(future)
-        future.add_done_callback(functools.partial(self._later_done, request, later, started))
+        self._tie(future)  # untied by _later_done: one done callback, not two
+        done = functools.partial(self._later_done, request, later, started)
+        future.add_done_callback(done)
+        if later.in_step is not None:
+            later.in_step(future, done)
 
     def _later_done(
         self, request: Request, later: Later, started: float, future: asyncio.Future[Any]
     ) -> None:
+        self._task_done(future)
         outcome = "error"  # cancelled: by the client (answered then), or the connection's end
         if not future.cancelled():
             try:
@@ -992,10 +999,14 @@ class ClientConnection:
 
     def _hold(self, work: asyncio.Future[Any]) -> None:
         """Tie ``work`` (a task, a read) to the connection's life: cancelled at its end."""
+        self._tie(work)
+        work.add_done_callback(self._task_done)
+
+    def _tie(self, work: asyncio.Future[Any]) -> None:
+        """:meth:`_hold` for work whose own done callback calls :meth:`_task_done`."""
         if self._tasks is None:
             self._tasks = set()
         self._tasks.add(work)
-        work.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Future[Any]) -> None:
         tasks = self._tasks

@@ -185,7 +185,7 @@ class AcpMethods:
                 raise Redispatch(functools.partial(again, True))
             return keep(page)
 
-        return Later(read[1], finish)
+        return Later(read[1], finish, read[0].in_step)
 
     async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
         await self.host.refresh_capabilities()
