@@ -32,9 +32,9 @@
   answer: no task, timer or future, none of the broker's authentication, metrics, checks or
   cache. What two hops cost at the least with the libraries a front uses: the uncached
   front against it is what the front's own code adds; it against the floor, what the second
-  hop does. On the 2-core VM (2026-12-02, 5 runs at 1,000,000 sessions, medians per cell)
-  its p99 was 1.25-1.37 times the floor's (26 of the 30 single cells within 1.5), the
-  uncached front's 1.32-1.52 times its own: two hops can come within 1.5 of one here, and
+  hop does. On the 2-core VM (2026-12-02, 6 runs at 1,000,000 sessions, medians per cell)
+  its p99 was 1.21-1.39 times the floor's (34 of the 36 single cells within 1.5), the
+  uncached front's 1.32-1.50 times its own: two hops can come within 1.5 of one here, and
   what is left above that is the front's own Python (``perf``: its interpreter's samples
   per request about twice the relay's, the kernel's alike).
 
