@@ -12,7 +12,7 @@ import shutil
 import signal
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 
@@ -58,15 +58,25 @@ async def recording(
             await proc.wait()
 
 
+def collapsed_stacks(text: str) -> Iterator[tuple[str, int]]:
+    """Each ``(stack, samples)`` of py-spy's raw (collapsed) output: a stack a line, its
+    count last. A frame's name may hold a newline (a function's name made by ``exec``, a
+    lambda's source), so a line that does not end in a count goes on into the next."""
+    pending = ""
+    for line in text.splitlines():
+        stack, _, count = (pending + line).rpartition(" ")
+        if not (stack and count.isdigit()):
+            pending += line + "\n"
+            continue
+        pending = ""
+        yield stack, int(count)
+
+
 def summarize(path: Path, top: int = 30) -> str:
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        n = int(count)
+    for stack, n in collapsed_stacks(path.read_text()):
         total += n
         frames = [
             f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"

@@ -1,0 +1,28 @@
+"""The benchmarks' pure helpers, without a benchmark run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.profile import collapsed_stacks, summarize
+
+
+def test_collapsed_stacks_join_a_frame_name_split_by_a_newline() -> None:
+    text = (
+        "main (a.py:1);loop (b.py:2) 5\n"
+        "main (a.py:1);<lambda: x\ny> (c.py:3) 2\n"  # a frame name holding a newline
+        "main (a.py:1) 1\n"
+    )
+    assert list(collapsed_stacks(text)) == [
+        ("main (a.py:1);loop (b.py:2)", 5),
+        ("main (a.py:1);<lambda: x\ny> (c.py:3)", 2),
+        ("main (a.py:1)", 1),
+    ]
+
+
+def test_summarize_counts_self_and_inclusive_samples(tmp_path: Path) -> None:
+    raw = tmp_path / "profile.txt"
+    raw.write_text("main (/x/a.py:1);loop (/x/b.py:2) 3\nmain (/x/a.py:1) 1\n")
+    summary = summarize(raw)
+    assert summary.startswith("profile.txt: 4 samples")
+    assert " 75.0  loop (b.py)" in summary and "100.0  main (a.py)" in summary
