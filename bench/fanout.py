@@ -6,8 +6,10 @@ processes of lean WebSocket clients):
 * **broker**: 2 front nodes (``serve --no-workers``), one agent host; the sessions are made
   with ``session/new``; each watcher sends ``initialize`` + ``session/resume``. The updates
   go through the append path: this process acts as the agent host and appends each
-  ``agent_message_chunk`` with ``SessionLog.append`` (the Lua script: XADD, snapshot, feed,
-  SPUBLISH), as an agent host does with what its agent says.
+  ``agent_message_chunk`` with ``SessionLog.append_many`` (64 a call at max; the Lua script:
+  XADD, snapshot, feed, SPUBLISH per event), as an agent host does with what its agent
+  says. A ``--baseline`` broker's fronts are that revision's, and so are the append scripts
+  its updates go through (the Python side of the appends is this tree's).
 * **socketio** (the peer): 2 python-socketio nodes (aiohttp) with ``AsyncRedisManager``;
   watchers join a room per session; updates are emitted to the room from a write-only
   manager (Redis PUBLISH).
@@ -32,6 +34,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench import common
@@ -72,12 +75,23 @@ def update_body(stamp: float) -> dict[str, Any]:
     return {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
 
 
-async def broker_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+async def broker_feeder(
+    redis_url: str, tree: Path | None = None
+) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    """``tree``: a baseline's checkout, whose append scripts the appends run (an agent host
+    of that revision appends with them; the Python side is this tree's)."""
     from broker.store.client import connect
-    from broker.store.log import SessionLog
+    from broker.store.log import SessionLog, batch_script
 
     store = connect(redis_url)
     log = SessionLog(store)
+    if tree is not None:
+        lua = tree / "broker" / "store" / "lua"
+        append = (lua / "append.lua").read_text()
+        log._append = store.register_script(append)
+        log._append_batch = store.register_script(
+            batch_script(append, (lua / "append_batch.lua").read_text())
+        )
 
     async def send(rooms: list[str]) -> None:
         now = time.time()
@@ -145,10 +159,12 @@ async def socketio_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[
 FEEDERS = {"broker": broker_feeder, "relay": relay_feeder, "socketio": socketio_feeder}
 
 
-def feeder_of(
-    system: str,
-) -> Callable[[str], Awaitable[tuple[Send, Callable[[], Awaitable[None]]]]]:
-    return FEEDERS[system.partition("@")[0]]
+async def feeder_of(system: str, redis_url: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
+    """The feeder of ``system``; a ``broker@REV`` one appends with REV's append scripts."""
+    kind, _, rev = system.partition("@")
+    if rev:
+        return await broker_feeder(redis_url, common.baseline_tree(rev))
+    return await FEEDERS[kind](redis_url)
 
 
 async def feed(
@@ -358,7 +374,7 @@ async def running(system: str, shape: Shape, tag: str) -> AsyncIterator[Running]
                     joined += ready["joined"]
                     if ready["failed"]:
                         print(f"  {system}: {ready['failed']} joins failed: {ready}", flush=True)
-                send, close = await feeder_of(system)(redis_url)
+                send, close = await feeder_of(system, redis_url)
                 try:
                     await feed(send, rooms, 2 * len(rooms), None, 30)  # warm-up
                     yield Running(system, send, swarms, pids, rooms, joined)

@@ -85,6 +85,12 @@ def _script(name: str) -> str:
     return resources.files(__package__).joinpath("lua", name).read_text()
 
 
+def batch_script(append: str, batch: str) -> str:
+    """The batch append script: ``append.lua``'s text made the function ``append_one``,
+    then ``append_batch.lua``'s, which calls it for each event."""
+    return "local function append_one(KEYS, ARGV)\n" + append + "\nend\n" + batch
+
+
 class SessionLog:
     """Appends to and reads from session logs."""
 
@@ -111,10 +117,7 @@ class SessionLog:
         self._trim = redis.register_script(_script("archive_trim.lua"))
         self._append = redis.register_script(_script("append.lua"))
         self._append_batch = redis.register_script(
-            "local function append_one(KEYS, ARGV)\n"
-            + _script("append.lua")
-            + "\nend\n"
-            + _script("append_batch.lua")
+            batch_script(_script("append.lua"), _script("append_batch.lua"))
         )
 
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
