@@ -22,7 +22,16 @@ the machine was (``machine_cores``) and how much of that was processes outside t
 (``others_cores``: other work on a shared machine), and with ``BENCH_TRACE=1`` in the
 environment, per swarm process, each update's first and last arrival (``trace``: a list of
 ``[stamp, first, last, count]`` per swarm, unix times) to find which updates made a tail.
-``--slices N`` interleaves the fixed-rate runs of a round (see :func:`measure`).
+``--slices N`` (default 10) interleaves the runs of a round, the fixed-rate ones and the max
+ones alike (see :func:`measure`): each system's run goes in N turns, the systems taking
+turns. The max runs are interleaved too because on a shared machine the same code's CPU per
+event moves 25-50% between windows tens of seconds apart: one 2-3 s max window per system
+let that drift, not the code, decide a ratio such as max deliv/s ÷ relay (S=1000/W=2, 7
+rounds: 0.74-1.13). A sliced run's delivered/s is its deliveries over the sum of its slices'
+durations, each from the slice's first send to its last delivery (with one slice: first send
+to last delivery, as before); every slice waits for its deliveries, so a loss is still
+counted, and the p99 and CPU per delivery are over all the slices together. Each result
+also lists its slices (``slices``: ``[sent, delivered, seconds]`` each).
 """
 
 from __future__ import annotations
@@ -223,11 +232,19 @@ async def servers(
 
 
 async def swarm_counts(swarms: list[common.Child]) -> int:
-    total = 0
+    return (await swarm_progress(swarms))[0]
+
+
+async def swarm_progress(swarms: list[common.Child]) -> tuple[int, float]:
+    """Messages the swarms counted since their last report, and the time of the last
+    arrival among them (unix time; 0 if none yet)."""
+    total, last = 0, 0.0
     for swarm in swarms:
         await swarm.send("count")
-        total += int(await swarm.expect("count"))
-    return total
+        count, stamp = (await swarm.expect("count")).split()
+        total += int(count)
+        last = max(last, float(stamp))
+    return total, last
 
 
 async def swarm_reports(swarms: list[common.Child]) -> list[dict[str, Any]]:
@@ -264,6 +281,9 @@ class Tally:
     machine: common.MachineCpu = field(default_factory=lambda: common.MachineCpu(0.0, 0.0))
     seconds: float = 0.0
     t0: float = 0.0
+    active: float = 0.0  # summed slice durations: each slice's first send to last delivery
+    slices: list[list[float]] = field(default_factory=list)  # [sent, delivered, seconds]
+    delivered: int = 0  # counted by the end of the last slice
 
 
 async def measure(
@@ -276,7 +296,8 @@ async def measure(
     the systems taking turns (A, B, A, B, …; each turn waits until its deliveries have
     arrived), so that a stretch of noise from the rest of a shared machine lands on all of
     them alike instead of on whichever one it happened to overlap. CPU is counted over a
-    system's own turns only."""
+    system's own turns only, and delivered/s over the summed durations of its turns (each
+    from its first send to its last delivery)."""
     for r in systems:
         await swarm_reports(r.swarms)  # start counting afresh
     tallies = {r.system: Tally() for r in systems}
@@ -288,9 +309,15 @@ async def measure(
             cpu0, machine0, t0 = common.cpu_of(r.pids), common.machine_cpu(), time.time()
             tally.t0 = tally.t0 or t0
             with common.collector_paused():
-                tally.sent += await feed(r.send, r.rooms, n, rate, seconds=120, first=per * k)
+                sent = await feed(r.send, r.rooms, n, rate, seconds=120, first=per * k)
+                tally.sent += sent
                 tally.feed_seconds += time.time() - t0
                 await settle(r.swarms, tally.sent * r.joined // len(r.rooms))
+                delivered, last = await swarm_progress(r.swarms)
+            got, tally.delivered = delivered - tally.delivered, delivered
+            took = max(0.0, last - t0) if got else 0.0
+            tally.active += took
+            tally.slices.append([sent, got, took])
             tally.cpu += common.cpu_of(r.pids) - cpu0
             tally.machine = tally.machine + (common.machine_cpu() - machine0)
             tally.seconds += time.time() - t0
@@ -302,7 +329,6 @@ async def _summary(r: Running, tally: Tally, rate: float | None) -> dict[str, An
     reports = await swarm_reports(r.swarms)
     delivered = sum(rep["count"] for rep in reports)
     expected = tally.sent * r.joined // len(r.rooms)
-    last = max((rep["last"] for rep in reports if rep["count"]), default=tally.t0)
     samples: list[float] = []
     for rep in reports:
         samples.extend(rep["samples"])
@@ -315,7 +341,7 @@ async def _summary(r: Running, tally: Tally, rate: float | None) -> dict[str, An
         "expected": expected,
         "delivered": delivered,
         "lost": max(0, expected - delivered),
-        "delivered_per_s": delivered / max(last - tally.t0, 1e-9),
+        "delivered_per_s": delivered / max(tally.active, 1e-9),
         "p50_ms": lat["p50"],
         "p99_ms": lat["p99"],
         "p999_ms": lat["p999"],
@@ -324,6 +350,7 @@ async def _summary(r: Running, tally: Tally, rate: float | None) -> dict[str, An
         "t0": tally.t0,
         "others_cores": tally.machine.others / seconds,
         "machine_cores": tally.machine.busy / seconds,
+        "slices": tally.slices,
         **({"trace": [rep["updates"] for rep in reports]} if TRACE else {}),
     }
 
@@ -404,7 +431,8 @@ async def run_shape(
     """All systems up side by side (idle when not measured), measured in alternating rounds:
     every round runs each system at the fixed rate, then each at max, in a rotating order,
     so that the machine's noise over time hits all of them alike; ``slices`` > 1: the
-    fixed-rate runs of a round interleaved in that many turns each (see :func:`measure`)."""
+    fixed-rate runs of a round interleaved in that many turns each, then the max runs
+    likewise (see :func:`measure`)."""
     tag = f"fanout-{shape.sessions}x{shape.watchers}"
     got: dict[str, dict[str, list[dict[str, Any]]]] = {s: {"rate": [], "max": []} for s in systems}
     async with contextlib.AsyncExitStack() as stack:
@@ -418,17 +446,17 @@ async def run_shape(
             order = up[k % len(up) :] + up[: k % len(up)]
             print(f"fanout {shape.name} round {k + 1}/{rounds}", flush=True)
             count = int(shape.rate * shape.rate_seconds)
-            slices = max(1, min(slices, count))
-            if slices > 1:
-                for system, cell in (await measure(order, count, shape.rate, slices)).items():
-                    got[system]["rate"].append(cell)
-            for r in order if slices == 1 else ():
-                async with profiled(profile and k == 0, r, f"{tag}-{r.system}-rate", gil=True):
-                    got[r.system]["rate"].append((await measure([r], count, shape.rate))[r.system])
-            for r in order:
-                async with profiled(profile and k == 0, r, f"{tag}-{r.system}"):
-                    cell = (await measure([r], shape.max_updates, None))[r.system]
-                    got[r.system]["max"].append(cell)
+            for mode, n, rate in (("rate", count, shape.rate), ("max", shape.max_updates, None)):
+                turns = max(1, min(slices, n))
+                if turns > 1:
+                    for system, cell in (await measure(order, n, rate, turns)).items():
+                        got[system][mode].append(cell)
+                    continue
+                suffix = "-rate" if rate else ""
+                for r in order:
+                    name = f"{tag}-{r.system}{suffix}"
+                    async with profiled(profile and k == 0, r, name, gil=bool(rate)):
+                        got[r.system][mode].append((await measure([r], n, rate))[r.system])
     results = []
     for system in systems:
         runs = [
@@ -562,8 +590,9 @@ def main(argv: list[str] | None = None) -> None:
         "--slices",
         type=int,
         default=10,
-        help="interleave the systems' fixed-rate runs of a round in this many turns each "
-        "(default 10; 1: one system's whole run after the other's, as --profile does)",
+        help="interleave the systems' runs of a round (fixed-rate, then max) in this many "
+        "turns each (default 10; 1: one system's whole run after the other's, as --profile "
+        "does)",
     )
     args = p.parse_args(argv)
     if args.profile:

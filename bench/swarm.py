@@ -8,7 +8,8 @@ update's first and last arrival, ``updates``). It opens ``n`` connections per ta
 to its room the system's way (broker: ``initialize`` + ``session/resume``; python-socketio:
 the Socket.IO connect and a ``join`` event with an ack; relay: ``join ROOM``), prints
 ``ready {json}`` (how many joined, how long it took), then on each stdin line:
-``report`` prints ``report {json}`` (messages counted, first and last arrival, latency
+``count`` prints ``count N LAST`` (messages counted so far, the unix time of the last
+arrival); ``report`` prints ``report {json}`` (messages counted, first and last arrival, latency
 samples in ms: receive time minus the ``ts=`` stamp in the message) and starts counting
 afresh; ``quit`` ends it. It stops by itself after ``--lifetime`` seconds.
 """
@@ -185,7 +186,7 @@ async def main(config: dict[str, Any], lifetime: float) -> None:
             break
         command = line.decode().strip()
         if command == "count":
-            print(f"count {counter.count}", flush=True)
+            print(f"count {counter.count} {counter.last:.6f}", flush=True)
         elif command == "report":
             print("report " + json.dumps(counter.report()), flush=True)
             counter.reset()
