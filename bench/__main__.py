@@ -2,7 +2,8 @@
 
 With no name, runs them all in turn (each with the options given). ``python -m bench
 requests`` breaks ``list`` down: what one request costs a front, what one Redis call costs;
-``python -m bench cluster`` times logging batches of events on a Redis Cluster;
+``python -m bench cluster`` times logging batches of events on a Redis Cluster, ``python -m
+bench batchargs`` alone on one server (CPU and Redis time per event);
 ``python -m bench archive`` what a session costs Redis hot and archived; ``python -m bench
 storm`` a front killed under thousands of connections, which all resume on another;
 ``python -m bench c50k`` 50,000 idle connections on one front (memory each, a fan-out
@@ -29,6 +30,7 @@ BREAKDOWNS = {
     "archive": "bench.archive",
     "storm": "bench.storm",
     "c50k": "bench.c50k",
+    "batchargs": "bench.batch_args",
 }
 """Run by name only, not with the six."""
 

@@ -41,12 +41,16 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import common
+
+if TYPE_CHECKING:
+    from broker.store.events import JsonObject
+    from broker.store.log import SessionLog
 from bench.acp import new_sessions
 
 SYSTEMS = ("broker", "socketio", "relay")
@@ -98,9 +102,10 @@ async def broker_feeder(
         lua = tree / "broker" / "store" / "lua"
         append = (lua / "append.lua").read_text()
         log._append = store.register_script(append)
-        log._append_batch = store.register_script(
-            batch_script(append, (lua / "append_batch.lua").read_text())
-        )
+        batch = (lua / "append_batch.lua").read_text()
+        log._append_batch = store.register_script(batch_script(append, batch))
+        if "Arguments layout 2" not in batch:
+            log._batch_call = _layout1_batch_call(log)  # type: ignore[method-assign,assignment]
 
     async def send(rooms: list[str]) -> None:
         now = time.time()
@@ -110,6 +115,33 @@ async def broker_feeder(
                 raise failed
 
     return send, store.aclose
+
+
+def _layout1_batch_call(
+    log: SessionLog,
+) -> Callable[
+    [Sequence[tuple[str, str, JsonObject, str]], Sequence[str]], tuple[list[str], list[Any]]
+]:
+    """The batch script's arguments as revisions before its layout 2 take them: every
+    event's own append.lua arguments, their counts first (``SessionLog._call`` still makes
+    one event's)."""
+
+    def batch_call(
+        items: Sequence[tuple[str, str, JsonObject, str]], ids: Sequence[str]
+    ) -> tuple[list[str], list[Any]]:
+        keys: list[str] = []
+        counts: list[int] = []
+        args: list[Any] = []
+        for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
+            one_keys, one_args = log._call(
+                tenant, session_id, body, mode="append", fence=fence, call=call
+            )
+            keys += one_keys
+            counts.append(len(one_args))
+            args += one_args
+        return keys, [len(items), *counts, *args]
+
+    return batch_call
 
 
 async def relay_feeder(redis_url: str) -> tuple[Send, Callable[[], Awaitable[None]]]:
