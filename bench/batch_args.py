@@ -6,7 +6,8 @@ batches of 64 updates (the fan-out feeder's, ``bench.fanout.broker_feeder``) to 
 picked at random, one batch after another, through each tree's scripts in turn (alternating
 round by round so the machine's noise hits all alike). Per event: this process's CPU
 (``time.process_time``, the packing and the reply's parse included) and Redis's
-``evalsha`` usec_per_call divided by 64 (``INFO commandstats``, reset before each round).
+``evalsha`` usec_per_call divided by 64 (``INFO commandstats``, reset before each round:
+the script's run), and redis-server's CPU (its reading and parsing of the arguments too).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from bench.fanout import TENANT, broker_feeder
 BATCH = 64
 
 
-async def _round(url: str, tree: Any, rooms: list[str], batches: int) -> tuple[float, float]:
-    """One round: (this process's CPU µs, Redis's evalsha µs) per event."""
+async def _round(url: str, tree: Any, rooms: list[str], batches: int) -> tuple[float, float, float]:
+    """One round, per event: this process's CPU µs, Redis's evalsha µs (the script's run)
+    and redis-server's CPU µs (its reading and parsing of the arguments too)."""
     import redis.asyncio as redis
 
     send, close = await broker_feeder(url, tree)
@@ -32,13 +34,17 @@ async def _round(url: str, tree: Any, rooms: list[str], batches: int) -> tuple[f
         picks = [random.choices(rooms, k=BATCH) for _ in range(batches)]
         await send(picks[0])  # the script loaded, the connections open
         await admin.config_resetstat()
+        pid = common.redis_pid(url) or 0
+        redis_started = common.cpu_seconds(pid)
         started = time.process_time()
         for batch in picks:
             await send(batch)
         cpu = time.process_time() - started
+        redis_cpu = common.cpu_seconds(pid) - redis_started
         stats = (await admin.info("commandstats"))["cmdstat_evalsha"]
         events = batches * BATCH
-        return cpu / events * 1e6, float(stats["usec"]) / (int(stats["calls"]) * BATCH)
+        usec = float(stats["usec"]) / (int(stats["calls"]) * BATCH)
+        return cpu / events * 1e6, usec, redis_cpu / events * 1e6
     finally:
         await close()
         await admin.aclose()
@@ -52,7 +58,7 @@ async def run(args: Any) -> dict[str, dict[str, list[float]]]:
     for rev in args.baseline:
         systems[f"broker@{rev}"] = common.baseline_tree(rev)
     found: dict[str, dict[str, list[float]]] = {
-        name: {"cpu_us": [], "evalsha_us": []} for name in systems
+        name: {"cpu_us": [], "evalsha_us": [], "redis_cpu_us": []} for name in systems
     }
     with common.private_redis() as url:
         store = connect(url)
@@ -64,9 +70,10 @@ async def run(args: Any) -> dict[str, dict[str, list[float]]]:
         await store.aclose()
         for _ in range(args.rounds):
             for name, tree in systems.items():
-                cpu, usec = await _round(url, tree, rooms, args.batches)
+                cpu, usec, redis_cpu = await _round(url, tree, rooms, args.batches)
                 found[name]["cpu_us"].append(cpu)
                 found[name]["evalsha_us"].append(usec)
+                found[name]["redis_cpu_us"].append(redis_cpu)
     return found
 
 
@@ -79,13 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     found = asyncio.run(run(args))
     rows = [
-        [name, common.median(v["cpu_us"]), common.median(v["evalsha_us"]), v["cpu_us"]]
+        [name, *(common.median(v[k]) for k in ("cpu_us", "evalsha_us", "redis_cpu_us"))]
         for name, v in found.items()
     ]
     print(
         common.table(
             "batch appends, per event (medians of rounds)",
-            ["system", "appender CPU µs", "evalsha µs", "rounds' CPU µs"],
+            ["system", "appender CPU µs", "evalsha µs", "redis-server CPU µs"],
             rows,
         )
     )
