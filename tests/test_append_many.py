@@ -9,10 +9,12 @@ import pytest
 
 from broker.store.client import connect
 from broker.store.events import fold
+from broker.store.keys import session_keys
 from broker.store.log import (
     Fenced,
     Position,
     SessionExists,
+    SessionFull,
     SessionLog,
     SessionMissing,
     call_ids,
@@ -180,3 +182,50 @@ async def test_a_batch_whose_bare_call_fails_at_once_goes_through_the_client(
         assert [e.body for e in events[1:]] == [_chunk(str(i)) for i in range(3)]
     finally:
         log.close()
+
+
+async def test_a_batch_leaves_what_appends_one_at_a_time_leave(store: Any) -> None:
+    """The batch script takes the call's shared values once and each event's flags in one
+    argument: every event still lands as ``append`` lands it (bounds, updatedAt, the feed's
+    index-neutral notices, the hot and deleted sets)."""
+    log = SessionLog(store, max_events=3)
+    created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+    info = {"type": "update", "update": {"sessionUpdate": "session_info_update", "title": "T"}}
+    bodies: list[dict[str, Any]] = [
+        _chunk("a"),
+        info,
+        {"type": "status", "status": "STOPPED"},
+        _chunk("over the bound"),
+        {"type": "notice", "title": "full", "text": "why"},
+        {"type": "deleted"},
+    ]
+    await log.create("t", "one", created)
+    await log.create("t", "many", created)
+    singly: list[Any] = []
+    for body in bodies:
+        try:
+            singly.append(await log.append("t", "one", body))
+        except SessionFull as exc:  # what append_many returns in its place
+            singly.append(exc)
+    batched = await log.append_many([("t", "many", body, "") for body in bodies])
+    assert [type(r) for r in batched] == [type(r) for r in singly]
+    assert [r.seq for r in batched if isinstance(r, Position)] == [2, 3, 4, 5, 6]
+
+    def shown(raw: dict[str, str]) -> dict[str, str]:
+        return {
+            k: v for k, v in raw.items() if k not in ("created", "updated", "calls", "sid", "epoch")
+        }
+
+    keys = {sid: session_keys("t", sid) for sid in ("one", "many")}
+    snaps = {sid: await store.hgetall(k.snapshot) for sid, k in keys.items()}
+    assert shown(snaps["many"]) == shown(snaps["one"])
+    assert ("updated" in snaps["many"]) == ("updated" in snaps["one"])
+
+    async def notices(sid: str) -> list[tuple[str, bool]]:
+        entries = await store.xrange(keys[sid].feed)
+        return [(f["q"], "u" in f) for _, f in entries if f["s"] == sid]
+
+    assert await notices("many") == await notices("one")
+    for sid, k in keys.items():
+        assert await store.zscore(k.hot, k.member) is not None, sid
+        assert await store.zscore(k.deleted, k.member) is not None, sid
