@@ -18,8 +18,11 @@ from typing import Any
 
 import pytest
 
+from broker.store.client import connect
+
 from .support.broker_process import DEMO_AGENT, PLAIN_AGENT, BrokerProcess, broker_process
 from .support.client import AcpTestClient, acp_client, wait_for
+from .support.projection import feeds_of, until_consumed
 
 PAGE_SIZE = 2
 # Agents start on first use: a test pays only for the agents it uses.
@@ -56,6 +59,15 @@ async def _walk(client: AcpTestClient, cwd: str | None = None) -> list[Any]:
         if cursor is None:
             return sessions
     raise AssertionError("the listing never ended")
+
+
+async def _until_indexed(redis_url: str, session_ids: list[str]) -> None:
+    """Wait (bounded) until the projectors have indexed every event of the sessions so far."""
+    redis = connect(redis_url)
+    try:
+        await until_consumed(redis, feeds_of("default", session_ids), timeout=20)
+    finally:
+        await redis.aclose()
 
 
 def _chunks(client: AcpTestClient, session_id: str) -> list[str]:
@@ -240,6 +252,9 @@ async def test_graceful_restart_keeps_the_listing_as_it_was(redis_url: str, tmp_
             client = await acp_client(first.url)
             ids = [await client.new(cwd=f"/work/order{i}") for i in range(3)]
             await client.prompt(ids[0], "/notool oldest gets the newest activity")
+            # The listing at rest: the prompt's last events indexed (a walk as the turn
+            # ends can read the index between two of the projector's batches).
+            await _until_indexed(redis_url, ids)
             before = await _walk(client)
             assert [s.session_id for s in before] == [ids[0], ids[2], ids[1]]
             await client.close()
@@ -247,6 +262,7 @@ async def test_graceful_restart_keeps_the_listing_as_it_was(redis_url: str, tmp_
 
         async with broker_process(redis_url, log_path=log2, **options) as second:
             client = await acp_client(second.url)
+            await _until_indexed(redis_url, ids)  # anything the restart logged, indexed
             after = await _walk(client)
             assert [(s.session_id, s.updated_at, s.title) for s in after] == [
                 (s.session_id, s.updated_at, s.title) for s in before
