@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from .redis_server import spawn_redis, stop_redis
+from .redis_server import ephemeral_ports, free_port, port_is_free, spawn_on_a_free_port, stop_redis
 
 
 @dataclass
@@ -69,24 +67,15 @@ def redis_cluster(masters: int = 3, replicas: int = 1) -> Iterator[ClusterInfo]:
     if cli is None:
         raise RuntimeError("redis-cli must be on PATH (.ci/run installs it)")
     root = Path(tempfile.mkdtemp(prefix="acpb-cluster-"))
-    ports = [_cluster_port() for _ in range(masters * (1 + replicas))]
+    ports: list[int] = []
     procs = []
     try:
-        for port in ports:
-            folder = root / str(port)
+        for node in range(masters * (1 + replicas)):
+            folder = root / str(node)
             folder.mkdir()
-            procs.append(
-                spawn_redis(
-                    port,
-                    folder,
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                )
-            )
+            port, proc = spawn_on_a_free_port(folder, *_CLUSTER_OPTIONS, choose=_cluster_port)
+            ports.append(port)
+            procs.append(proc)
         subprocess.run(
             [
                 cli,
@@ -111,23 +100,20 @@ def redis_cluster(masters: int = 3, replicas: int = 1) -> Iterator[ClusterInfo]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+_CLUSTER_OPTIONS = (
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+)
+
+
 def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free and valid too."""
+    """A free port whose cluster bus port (+10000) is free too, both below the ephemeral range."""
     for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port > 55535:
-            port = random.randint(20000, 45000)
-        if _free(port) and _free(port + 10000):
+        port = free_port(below=ephemeral_ports().start - 10000)
+        if port_is_free(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
