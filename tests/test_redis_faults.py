@@ -20,6 +20,11 @@ from typing import Any
 
 import pytest
 
+from broker.store.client import connect
+from broker.store.keys import CAPABILITIES_KEY
+from workers.agent_host.worker import HostWorker
+
+from .conftest import make_settings
 from .support.broker_process import BrokerProcess, broker_process
 from .support.client import RawClient, text
 from .support.redis_server import RestartableRedis, restartable_redis
@@ -221,3 +226,46 @@ async def test_a_stalled_redis_fails_requests_in_time_and_drops_no_update(
             print(f"stall: a new session took a prompt {recovery[0]:.1f} s after SIGCONT")
             print(f"stall: /readyz healthy {ready_after:.1f} s after that")
             print(f"stall: session/list waits {[round(w, 1) for w in waits]}, {answers}")
+
+
+def _attempts_of_hset(store: Any) -> list[int]:
+    """Counts the store's HSET calls (in ``[0]``), each still made."""
+    attempts = [0]
+    hset = store.hset
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        attempts[0] += 1
+        return hset(*args, **kwargs)
+
+    store.hset = counted
+    return attempts
+
+
+async def test_an_agents_capabilities_are_published_once_redis_is_back() -> None:
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=1.0)
+        worker = HostWorker(store, make_settings(answer_timeout=30))
+        attempts = _attempts_of_hset(store)
+        server.kill()
+        publishing = asyncio.create_task(
+            worker._publish_capabilities("demo", {"loadSession": True})
+        )
+
+        async def failed_once() -> bool:
+            return attempts[0] >= 2
+
+        await _until(failed_once, timeout=15)
+        server.start()
+        await asyncio.wait_for(publishing, 30)
+        assert json.loads(await store.hget(CAPABILITIES_KEY, "demo")) == {"loadSession": True}
+        await store.aclose()
+
+
+async def test_capabilities_never_published_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=1.0)
+        worker = HostWorker(store, make_settings(answer_timeout=0.5))
+        server.kill()
+        await asyncio.wait_for(worker._publish_capabilities("demo", {}), 15)
+        assert "could not publish agent demo's capabilities" in caplog.text
+        await store.aclose()

@@ -101,7 +101,7 @@ def websocket_token(
         jar: SimpleCookie = SimpleCookie()
         try:
             jar.load(cookie)
-        except Exception:
+        except Exception:  # a header no parser takes carries no credential: refused as none
             return None, None
         if COOKIE_NAME in jar:
             return jar[COOKIE_NAME].value, None

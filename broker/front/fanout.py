@@ -127,7 +127,7 @@ class FanoutHub:
         readers, self._readers = self._readers, []
         self._node_readers.clear()
         await cancel_and_wait(*readers)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the deaf subscription: replaced just below
             await self._pubsub.aclose()
         await self._subscribe()
         self._probes_unanswered = 0
@@ -157,7 +157,7 @@ class FanoutHub:
     async def stop(self) -> None:
         await cancel_and_wait(*self._tasks, *self._readers)
         if self._pubsub is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # stopping: nothing reads it any more
                 await self._pubsub.aclose()
 
     async def join(self, tenant: str, session_id: str, subscriber: Subscriber) -> int:
@@ -171,6 +171,8 @@ class FanoutHub:
                 await self._open(feed)
             except BaseException:
                 self._feeds.pop(keys.channel, None)
+                # Best effort: the open's own error is raised; a stray channel only costs
+                # messages nobody reads, until the resubscription after a fault drops it.
                 with contextlib.suppress(Exception):
                     await self._pubsub.sunsubscribe(keys.channel)
                 feed.ready.cancel()
@@ -190,6 +192,8 @@ class FanoutHub:
         if not feed.subscribers and feed.ready.done():
             del self._feeds[channel]
             metrics.SESSIONS_ACTIVE.set(len(self._feeds))
+            # Nobody here watches it any more: a channel left subscribed only costs messages
+            # nobody reads, until the resubscription after a fault drops it.
             with contextlib.suppress(Exception):
                 await self._pubsub.sunsubscribe(channel)
 

@@ -235,7 +235,7 @@ class FrontNode:
             connections = list(self.connections)
             await asyncio.gather(*(conn.drain(self.settings.drain_timeout) for conn in connections))
             for conn in connections:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # drained already; a broken one is gone
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
         await self._stop_part("the HTTP listener", self.http.stop())
@@ -250,7 +250,7 @@ class FrontNode:
         self.index.close()
         self.log.close()
         if self._owns_redis:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # stopping: every write was awaited before
                 await self.redis.aclose()
 
     async def _stop_part(self, name: str, stopping: Coroutine[Any, Any, None]) -> None:

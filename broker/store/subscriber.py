@@ -205,7 +205,7 @@ class BatchSubscriber:
     def _drop(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a broken stream: dropped, it carries nothing
                 stream[1].close()
 
 

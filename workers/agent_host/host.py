@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
+from broker.failures import describe
 from broker.ops import metrics
 from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome
@@ -346,10 +347,14 @@ class AgentHost(AgentEvents):
         left RUNNING for another agent host to take over at once."""
         for held in list(self._held.values()):
             self._drop(held)
-            with contextlib.suppress(Exception):
+            try:
                 if not hand_over:
                     await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
                 await self.leases.release(held.tenant, held.session_id, hand_over=hand_over)
+            except Exception as exc:  # the others are stopped still; this lease lapses by itself
+                log.warning(
+                    "could not record session %s as stopped: %s", held.session_id, describe(exc)
+                )
         await asyncio.gather(*(p.stop() for p in self._processes.values()), return_exceptions=True)
         metrics.AGENT_PROCESSES.dec(len(self._processes))
         self._processes.clear()
@@ -756,9 +761,11 @@ class AgentHost(AgentEvents):
                 held, {"type": EventType.STATUS, "status": Status.ERROR, "reason": reason}
             )
         # No host takes an ERROR session over by itself: the next command brings it back.
-        with contextlib.suppress(Exception):
+        try:
             await self.leases.release(held.tenant, held.session_id)
             await self.leases.forget(held.tenant, held.session_id)
+        except Exception as exc:  # the lease lapses by itself; the next command takes it over
+            log.warning("could not release session %s: %s", held.session_id, describe(exc))
 
     def _check_cancelled(self, held: HeldSession, task: asyncio.Task[Any]) -> None:
         """An agent that ignores a cancel past the grace period hangs: fail it."""

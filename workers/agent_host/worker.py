@@ -17,7 +17,6 @@ the others are told the request is settled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -26,7 +25,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
-from broker.failures import FailureLog
+from broker.failures import FailureLog, describe
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -262,8 +261,16 @@ class HostWorker:
             )
 
     async def _publish_capabilities(self, name: str, capabilities: JsonObject) -> None:
-        with contextlib.suppress(Exception):
-            await self.redis.hset(CAPABILITIES_KEY, name, json.dumps(capabilities))
+        """What an agent advertised, for the fronts' ``initialize`` answers: written again
+        while Redis is briefly away; one still not written is logged (the fronts keep what
+        they read before, and the agent's next start writes it again)."""
+        text = json.dumps(capabilities)
+        try:
+            await retrying(
+                lambda: self.redis.hset(CAPABILITIES_KEY, name, text), self.settings.answer_timeout
+            )
+        except RedisError as exc:
+            log.warning("could not publish agent %s's capabilities: %s", name, describe(exc))
 
     # -- leases -------------------------------------------------------------------------------
 
