@@ -13,6 +13,7 @@ limits and checks.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -28,19 +29,20 @@ _DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256)
 _LONG_RUN = b"0" * 19
 
 
-def loads(text: str | bytes) -> Any:
-    """Parse JSON text (as ``json.loads``)."""
+def loads(text: str | bytes, fallback: Callable[[str | bytes], Any] = json.loads) -> Any:
+    """Parse JSON text (as ``json.loads``, or ``fallback``: what any text orjson refuses, or
+    may read otherwise, is given to)."""
     if orjson is not None:
         try:
             data = text.encode() if isinstance(text, str) else text
         except UnicodeEncodeError:  # a lone surrogate: the standard library's
-            return json.loads(text)
+            return fallback(text)
         if data.translate(_DIGITS_AS_ZEROS).find(_LONG_RUN) < 0:
             try:
                 return orjson.loads(data)
             except orjson.JSONDecodeError:
                 pass
-    return json.loads(text)
+    return fallback(text)
 
 
 def loads_shape(text: str) -> Any:

@@ -74,6 +74,10 @@ class _Series:
         return out
 
 
+Series = _Series
+"""One histogram's series, for a caller that keeps it (see :func:`request_seconds`)."""
+
+
 class LoopHistogram(Collector):
     """A histogram observed on the event loop's thread only, exported as a Prometheus one.
 

@@ -470,11 +470,9 @@ class AcpMethods:
         """A ``session/list``'s listing, the position it starts after and its cursors'
         fingerprint, from its params (checked: -32602)."""
         cwd = params.get("cwd")
-        listing = ACP_LISTING
-        if cwd is not None:
-            cwd = normalize_cwd(_absolute(cwd, "cwd"))
-            listing = cwd_listing(cwd)
-        mark = _acp_fingerprint(tenant, cwd)
+        if cwd is not None and type(cwd) is not str:
+            _absolute(cwd, "cwd")  # raises: only a string is a path (nor can it be a key)
+        listing, mark = _acp_listing(tenant, cwd)
         after = None
         cursor = params.get("cursor")
         if cursor is not None:
@@ -532,6 +530,17 @@ class Reopened:
     snapshot: SessionSnapshot
     after: int | None
     holder: str | None
+
+
+@functools.lru_cache(maxsize=4096)
+def _acp_listing(tenant: str, cwd: str | None) -> tuple[str, str]:
+    """The listing a ``session/list``'s ``cwd`` (checked: -32602, never kept) names, and its
+    cursors' fingerprint, computed once per tenant and cwd as given: the checks, the path's
+    normal form and its listing's digest were 4% of an uncached front's samples a page."""
+    if cwd is None:
+        return ACP_LISTING, _acp_fingerprint(tenant, None)
+    cwd = normalize_cwd(_absolute(cwd, "cwd"))
+    return cwd_listing(cwd), _acp_fingerprint(tenant, cwd)
 
 
 @functools.lru_cache(maxsize=4096)
