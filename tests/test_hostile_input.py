@@ -326,6 +326,7 @@ async def test_nesting_just_past_max_json_depth_is_an_invalid_request(url: str) 
         {"cwd": "/tmp/x", "mcpServers": [], "additionalDirectories": "/tmp/y"},
         {"cwd": "/tmp/x", "mcpServers": [], "additionalDirectories": ["relative"]},
         {"cwd": "/tmp/x", "mcpServers": [], "additionalDirectories": ["/ok", 5]},
+        {"cwd": "/" + "d" * 4096, "mcpServers": []},  # longer than any path can be
         {"cwd": "/tmp/x", "mcpServers": {"a": 1}},
         {"cwd": "/tmp/x", "mcpServers": "none"},
         {"cwd": "/tmp/x", "mcpServers": [], "_meta": "x"},
@@ -382,6 +383,7 @@ async def test_session_methods_on_sessions_not_active_here(url: str) -> None:
     [
         ({"cwd": "relative"}, -32602),
         ({"cwd": 7}, -32602),
+        ({"cwd": "/" + "d" * 4096}, -32602),  # the listings' caches keep no such key
         ({"cursor": 123}, -32602),
         ({"cursor": ["x"]}, -32602),
         ({"cursor": "garbage"}, -32602),

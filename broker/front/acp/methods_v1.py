@@ -560,11 +560,18 @@ def _session_id(params: JsonObject) -> str:
     return session_id
 
 
+MAX_PATH_CHARS = 4096
+"""The longest path the broker takes (Linux's ``PATH_MAX``): a ``cwd`` is kept, per tenant,
+in the listings' caches, so its length bounds what a client can make them hold."""
+
+
 def _absolute(value: Any, name: str) -> str:
     """An absolute POSIX path in normal form (a trailing ``/`` aside): no NUL, no ``.`` or
     ``..`` component, no ``//``, since it is handed to an agent as where it works."""
     if not isinstance(value, str) or not value.startswith("/"):
         raise invalid_params(f"{name} must be an absolute path")
+    if len(value) > MAX_PATH_CHARS:  # none longer names a directory; the caches keep paths
+        raise invalid_params(f"{name} must be at most {MAX_PATH_CHARS} characters")
     if "\0" in value:
         raise invalid_params(f"{name} must not hold a NUL character")
     if ".." in value.split("/"):
