@@ -538,15 +538,9 @@ def _acp_listing(tenant: str, cwd: str | None) -> tuple[str, str]:
     cursors' fingerprint, computed once per tenant and cwd as given: the checks, the path's
     normal form and its listing's digest were 4% of an uncached front's samples a page."""
     if cwd is None:
-        return ACP_LISTING, _acp_fingerprint(tenant, None)
+        return ACP_LISTING, fingerprint(tenant, "acp", {})
     cwd = normalize_cwd(_absolute(cwd, "cwd"))
-    return cwd_listing(cwd), _acp_fingerprint(tenant, cwd)
-
-
-@functools.lru_cache(maxsize=4096)
-def _acp_fingerprint(tenant: str, cwd: str | None) -> str:
-    """The cursor fingerprint of a tenant's ACP listing (of one cwd), computed once."""
-    return fingerprint(tenant, "acp", {"cwd": cwd} if cwd is not None else {})
+    return cwd_listing(cwd), fingerprint(tenant, "acp", {"cwd": cwd})
 
 
 def _session_id(params: JsonObject) -> str:
