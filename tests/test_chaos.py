@@ -114,7 +114,8 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         for i, (watcher, ok) in enumerate(zip(watchers, alive, strict=True)):
             if not ok or i % 2 == 0:  # its node died: reconnect to the other, resume after
                 await watcher.attach(nodes[1].url)
-        # Every prompt ends (those on the killed host with an error, via the takeover).
+        # Every prompt ends: those the killed host had begun with an error, via the takeover;
+        # those it had acknowledged but not begun run again on the other host.
         deadline = loop.time() + 120
         pending = set(ids)
         ended: dict[str, dict[str, Any]] = {}
@@ -127,7 +128,7 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         finished = [m for m in ended.values() if "result" in m]
         cut = [m for m in ended.values() if m.get("error", {}).get("code") == -32603]
         assert len(finished) + len(cut) == SESSIONS, ended  # nothing refused, say
-        assert finished and cut
+        assert len(finished) >= SESSIONS // 2  # at least the surviving host's
         await asyncio.gather(*(w.pump(loop.time() + 3.0) for w in watchers))
 
         redis = connect(redis_url)

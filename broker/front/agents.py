@@ -9,7 +9,9 @@ a host that no longer holds the session says where it went.
 
 A prompt's outcome is also visible in the log: when a host dies mid-turn, the
 host that takes the session over ends the prompt with an error event, and the
-waiting request completes from that event.
+waiting request completes from that event. A host that acknowledged a prompt and
+died before it recorded the prompt leaves no such trace: the prompt is sent again
+once that host no longer holds the session (see :meth:`RemoteAgents._lost`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from ..protocol import capabilities, commands
 from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
 from ..store.client import Store
-from ..store.events import LogEvent
+from ..store.events import EventType, LogEvent
 from ..store.keys import CAPABILITIES_KEY, INBOX_MAXLEN, host_inbox, host_queue, lease_key
+from ..store.log import SessionLog, SessionMissing
+from ..store.retry import STORE_AWAY
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class RemoteAgents(AgentGateway):
         self._ids = itertools.count(1)
         self._calls: dict[str, _Call] = {}
         self._prompts: dict[str, asyncio.Future[LogEvent]] = {}
+        self._started: dict[str, asyncio.Future[None]] = {}  # by prompt id: its prompt event
         self._capabilities: JsonObject = {}
         self._capabilities_read = 0.0
         self._combined: JsonObject | None = None  # what _capabilities adds up to, made once
@@ -165,26 +170,80 @@ class RemoteAgents(AgentGateway):
         origin: str,
         prompt_id: str | None = None,
     ) -> PromptOutcome:
-        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event."""
+        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event.
+
+        The turn ends with its host's reply, or with the ``prompt_end`` event the host that
+        took the session over wrote (its first host died mid-turn). When the host that
+        acknowledged the prompt died before recording it, the prompt is sent again."""
         prompt_id = prompt_id or secrets.token_hex(8)
-        ended: asyncio.Future[LogEvent] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[LogEvent] = loop.create_future()
+        started: asyncio.Future[None] = loop.create_future()
         self._prompts[prompt_id] = ended
-        call = asyncio.ensure_future(
-            self._call(
-                Op.PROMPT,
-                tenant,
-                session_id,
-                {"params": params, "origin": origin, "promptId": prompt_id},
-            )
-        )
+        self._started[prompt_id] = started
+        fields = {"params": params, "origin": origin, "promptId": prompt_id}
         try:
-            done, _ = await asyncio.wait({call, ended}, return_when=asyncio.FIRST_COMPLETED)
-            if call in done:
-                return commands.prompt_outcome(call.result())
-            return commands.outcome_from_event(ended.result())
+            while True:
+                call = _Call()
+                sending = asyncio.ensure_future(
+                    self._call(Op.PROMPT, tenant, session_id, fields, call=call)
+                )
+                lost = asyncio.ensure_future(self._lost(tenant, session_id, prompt_id, call))
+                try:
+                    done, _ = await asyncio.wait(
+                        {sending, ended, lost}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if sending in done:
+                        return commands.prompt_outcome(sending.result())
+                    if ended in done:
+                        return commands.outcome_from_event(ended.result())
+                    host = lost.result()
+                finally:
+                    sending.cancel()
+                    lost.cancel()
+                log.warning(
+                    "agent host %s stopped before it began prompt %s of session %s: "
+                    "sending the prompt again",
+                    host,
+                    prompt_id,
+                    session_id,
+                )
         finally:
             self._prompts.pop(prompt_id, None)
-            call.cancel()
+            self._started.pop(prompt_id, None)
+
+    async def _lost(self, tenant: str, session_id: str, prompt_id: str, call: _Call) -> str:
+        """Return the host that acknowledged the prompt once the prompt is lost with it: the
+        log has no trace of the prompt and that host has not held the session for two looks
+        ``ack_timeout`` apart (one look could fall between a host's acknowledgement of a
+        command from the queue and its taking the lease). Never returns once the prompt is
+        recorded: its reply or its ``prompt_end`` event ends the turn then. A host must not
+        run a prompt without its lease, so a prompt sent again runs once."""
+        host = await call.acknowledged_by
+        started = self._started[prompt_id]
+        misses = 0
+        while host and misses < 2 and not started.done():
+            await asyncio.wait({started}, timeout=self.ack_timeout)
+            if started.done():
+                break
+            try:
+                may_begin = await self._may_begin(tenant, session_id, prompt_id, host)
+            except STORE_AWAY as exc:  # not known this time: the next look asks again
+                log.info("could not check prompt %s's agent host: %s", prompt_id, exc)
+                continue
+            misses = 0 if may_begin else misses + 1
+        if misses >= 2:
+            return host
+        # Recorded (or acknowledged by a host too old to name itself): never lost.
+        return await asyncio.get_running_loop().create_future()
+
+    async def _may_begin(self, tenant: str, session_id: str, prompt_id: str, host: str) -> bool:
+        """Whether ``host`` still holds the session or the log names the prompt as running."""
+        try:
+            snapshot, holder = await SessionLog(self.redis).snapshot_and_holder(tenant, session_id)
+        except SessionMissing:
+            return False  # sent again, it fails as any prompt for a missing session
+        return holder == host or snapshot.prompt_id == prompt_id
 
     async def cancel(self, tenant: str, session_id: str) -> None:
         await self._call(Op.CANCEL, tenant, session_id, {}, holder_only=True)
@@ -209,11 +268,13 @@ class RemoteAgents(AgentGateway):
             call.receive(message)
 
     def on_event(self, event: LogEvent) -> None:
-        """Every event this node sees: a prompt's end completes a waiting prompt."""
-        if event.type == "prompt_end":
-            waiter = self._prompts.get(str(event.body.get("promptId")))
-            if waiter is not None and not waiter.done():
-                waiter.set_result(event)
+        """Every event this node sees: a waiting prompt's ``prompt`` event shows it began,
+        its ``prompt_end`` completes it."""
+        kind = event.type
+        if kind == EventType.PROMPT_END:
+            _settle(self._prompts.get(str(event.body.get("promptId"))), event)
+        elif kind == EventType.PROMPT:
+            _settle(self._started.get(str(event.body.get("promptId"))), None)
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -226,9 +287,13 @@ class RemoteAgents(AgentGateway):
         *,
         holder_only: bool = False,
         first: str | None = None,
+        call: _Call | None = None,
     ) -> Any:
+        """Send a command and return its host's reply. ``first``: the stream to try first
+        (default: where the lease says); ``call``: the one to track it with (its
+        :attr:`_Call.acknowledged_by` names the host that took it)."""
         rid = f"{self.reply_channel}#{next(self._ids)}"
-        call = _Call()
+        call = call or _Call()
         self._calls[rid] = call
         data = commands.encode(
             commands.command(op, rid, self.reply_channel, tenant, session_id, fields)
@@ -278,6 +343,8 @@ class _Call:
         loop = asyncio.get_running_loop()
         self._ack: asyncio.Future[str] = loop.create_future()
         self._reply: asyncio.Future[Any] = loop.create_future()
+        self.acknowledged_by: asyncio.Future[str] = loop.create_future()
+        """The host that acknowledged the command ("": a host too old to say)."""
 
     def reset(self) -> None:
         self._ack = asyncio.get_running_loop().create_future()
@@ -286,6 +353,7 @@ class _Call:
         kind = message.get("t")
         if kind == Reply.ACK:
             _settle(self._ack, "ack")
+            _settle(self.acknowledged_by, str(message.get("host") or ""))
         elif kind == Reply.MOVED:
             _settle(self._ack, f"moved:{message.get('holder')}")
         elif kind == Reply.REPLY:
@@ -305,6 +373,6 @@ class _Call:
         return await self._reply
 
 
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
+def _settle(future: asyncio.Future[Any] | None, value: Any) -> None:
+    if future is not None and not future.done():
         future.set_result(value)

@@ -90,8 +90,9 @@ def command(
     }
 
 
-def ack(rid: str) -> JsonObject:
-    return {"t": Reply.ACK.value, "rid": rid}
+def ack(rid: str, host: str) -> JsonObject:
+    """``host`` took the command: no need to route it again while that host lives."""
+    return {"t": Reply.ACK.value, "rid": rid, "host": host}
 
 
 def moved(rid: str, holder: str) -> JsonObject:

@@ -186,7 +186,7 @@ class HostWorker:
 
     async def _execute(self, command: JsonObject) -> None:
         reply_to, rid = str(command["reply"]), command["rid"]
-        await self._send(reply_to, commands.ack(rid))
+        await self._send(reply_to, commands.ack(rid, self.host_id))
         try:
             result = await self._dispatch(command)
         except HeldElsewhere as exc:
