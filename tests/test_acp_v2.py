@@ -347,8 +347,11 @@ async def test_a_batched_replay_longer_than_the_queue_bound_arrives_whole(store:
         typist = await CheckedClient.open(url, 2)
         session_id = await typist.new(cwd="/tmp/batched")
         words = " ".join(f"{i:06d}" + "x" * 100_000 for i in range(120))
+        # 12 MB through the agent, the log and schema checks: seconds, more on a busy machine.
         await typist.call(
-            "session/prompt", {"sessionId": session_id, "prompt": text("/notool " + words)}
+            "session/prompt",
+            {"sessionId": session_id, "prompt": text("/notool " + words)},
+            timeout=60,
         )
         await typist.until_idle(session_id, timeout=60)
         batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
