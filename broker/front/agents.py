@@ -9,9 +9,11 @@ a host that no longer holds the session says where it went.
 
 A prompt's outcome is also visible in the log: when a host dies mid-turn, the
 host that takes the session over ends the prompt with an error event, and the
-waiting request completes from that event. A host that acknowledged a prompt and
-died before it recorded the prompt leaves no such trace: the prompt is sent again
-once that host no longer holds the session (see :meth:`RemoteAgents._lost`).
+waiting request completes from that event. A command a host acknowledged and died
+before answering (a prompt it had not yet recorded, an attach, a cancel, a mode
+change: those a host may run twice to the same effect) is sent again once that host
+no longer holds the session (see :meth:`RemoteAgents._lost`); a new session or a
+fork is not, and fails at its request's deadline.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class RemoteAgents(AgentGateway):
         first = flight is None or flight.params != params
         if flight is None or first:
             stream = host_inbox(holder) if holder else None
-            call = self._call(Op.ATTACH, tenant, session_id, {"params": params}, first=stream)
+            call = self._answered(Op.ATTACH, tenant, session_id, {"params": params}, first=stream)
             flight = _Flight(params, asyncio.ensure_future(call))
             self._attaching[key] = flight
             flight.task.add_done_callback(lambda _: self._landed(key, flight))
@@ -173,91 +175,37 @@ class RemoteAgents(AgentGateway):
         """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event.
 
         The turn ends with its host's reply, or with the ``prompt_end`` event the host that
-        took the session over wrote (its first host died mid-turn). When the host that
-        acknowledged the prompt died before recording it, the prompt is sent again."""
+        took the session over wrote (its first host died mid-turn)."""
         prompt_id = prompt_id or secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[LogEvent] = loop.create_future()
-        started: asyncio.Future[None] = loop.create_future()
         self._prompts[prompt_id] = ended
-        self._started[prompt_id] = started
+        self._started[prompt_id] = loop.create_future()
         fields = {"params": params, "origin": origin, "promptId": prompt_id}
+        sending = asyncio.ensure_future(self._answered(Op.PROMPT, tenant, session_id, fields))
         try:
-            while True:
-                call = _Call()
-                sending = asyncio.ensure_future(
-                    self._call(Op.PROMPT, tenant, session_id, fields, call=call)
-                )
-                lost = asyncio.ensure_future(self._lost(tenant, session_id, prompt_id, call))
-                try:
-                    done, _ = await asyncio.wait(
-                        {sending, ended, lost}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if sending in done:
-                        return commands.prompt_outcome(sending.result())
-                    if ended in done:
-                        return commands.outcome_from_event(ended.result())
-                    host = lost.result()
-                finally:
-                    sending.cancel()
-                    lost.cancel()
-                log.warning(
-                    "agent host %s stopped before it began prompt %s of session %s: "
-                    "sending the prompt again",
-                    host,
-                    prompt_id,
-                    session_id,
-                )
+            done, _ = await asyncio.wait({sending, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if sending in done:
+                return commands.prompt_outcome(sending.result())
+            return commands.outcome_from_event(ended.result())
         finally:
+            sending.cancel()
             self._prompts.pop(prompt_id, None)
             self._started.pop(prompt_id, None)
 
-    async def _lost(self, tenant: str, session_id: str, prompt_id: str, call: _Call) -> str:
-        """Return the host that acknowledged the prompt once the prompt is lost with it: the
-        log has no trace of the prompt and that host has not held the session for two looks
-        ``ack_timeout`` apart (one look could fall between a host's acknowledgement of a
-        command from the queue and its taking the lease). Never returns once the prompt is
-        recorded: its reply or its ``prompt_end`` event ends the turn then. A host must not
-        run a prompt without its lease, so a prompt sent again runs once."""
-        host = await call.acknowledged_by
-        started = self._started[prompt_id]
-        misses = 0
-        while host and misses < 2 and not started.done():
-            await asyncio.wait({started}, timeout=self.ack_timeout)
-            if started.done():
-                break
-            try:
-                may_begin = await self._may_begin(tenant, session_id, prompt_id, host)
-            except STORE_AWAY as exc:  # not known this time: the next look asks again
-                log.info("could not check prompt %s's agent host: %s", prompt_id, exc)
-                continue
-            misses = 0 if may_begin else misses + 1
-        if misses >= 2:
-            return host
-        # Recorded (or acknowledged by a host too old to name itself): never lost.
-        return await asyncio.get_running_loop().create_future()
-
-    async def _may_begin(self, tenant: str, session_id: str, prompt_id: str, host: str) -> bool:
-        """Whether ``host`` still holds the session or the log names the prompt as running."""
-        try:
-            snapshot, holder = await SessionLog(self.redis).snapshot_and_holder(tenant, session_id)
-        except SessionMissing:
-            return False  # sent again, it fails as any prompt for a missing session
-        return holder == host or snapshot.prompt_id == prompt_id
-
     async def cancel(self, tenant: str, session_id: str) -> None:
-        await self._call(Op.CANCEL, tenant, session_id, {}, holder_only=True)
+        await self._answered(Op.CANCEL, tenant, session_id, {}, holder_only=True)
 
     async def close(self, tenant: str, session_id: str, origin: str) -> None:
-        await self._call(Op.CLOSE, tenant, session_id, {"origin": origin}, holder_only=True)
+        await self._answered(Op.CLOSE, tenant, session_id, {"origin": origin}, holder_only=True)
 
     async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
-        return await self._call(
+        return await self._answered(
             Op.FORWARD, tenant, session_id, {"method": method, "params": params}
         )
 
     async def release(self, tenant: str, session_id: str) -> None:
-        await self._call(Op.RELEASE, tenant, session_id, {}, holder_only=True)
+        await self._answered(Op.RELEASE, tenant, session_id, {}, holder_only=True)
 
     # -- events from the hub ------------------------------------------------------------------
 
@@ -277,6 +225,86 @@ class RemoteAgents(AgentGateway):
             _settle(self._started.get(str(event.body.get("promptId"))), None)
 
     # -- routing ------------------------------------------------------------------------------
+
+    async def _answered(
+        self,
+        op: Op,
+        tenant: str,
+        session_id: str,
+        fields: JsonObject,
+        *,
+        holder_only: bool = False,
+        first: str | None = None,
+    ) -> Any:
+        """:meth:`_call` for a command about a session that its host may run twice to the
+        same effect (or a prompt not yet begun): sent again, as a new call, when the host
+        that acknowledged it died before answering (see :meth:`_lost`)."""
+        while True:
+            call = _Call()
+            sending = asyncio.ensure_future(
+                self._call(
+                    op, tenant, session_id, fields, holder_only=holder_only, first=first, call=call
+                )
+            )
+            lost = asyncio.ensure_future(
+                self._lost(tenant, session_id, call, fields.get("promptId"))
+            )
+            try:
+                done, _ = await asyncio.wait({sending, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if sending in done:
+                    return sending.result()
+                host = lost.result()
+            finally:
+                sending.cancel()
+                lost.cancel()
+            log.warning(
+                "agent host %s stopped before it answered %s for session %s: sending it again",
+                host,
+                op,
+                session_id,
+            )
+            first = None  # where the lease says now
+
+    async def _lost(self, tenant: str, session_id: str, call: _Call, prompt_id: str | None) -> str:
+        """Return the host that acknowledged ``call`` once the command is lost with it: that
+        host has not held the session for two looks ``ack_timeout`` apart (one look could
+        fall between a host's acknowledgement of a command from the queue and its taking
+        the lease) and, for a prompt, the log has no trace of the prompt. Never returns
+        while the host holds the session, nor once a prompt is recorded (its reply or its
+        ``prompt_end`` event ends the turn then). A host runs a prompt only under its
+        lease, so a prompt sent again runs once."""
+        host = await call.acknowledged_by
+        started = self._started.get(prompt_id) if prompt_id else None
+        misses = 0
+        while host and misses < 2:
+            if started is None:
+                await asyncio.sleep(self.ack_timeout)
+            else:
+                await asyncio.wait({started}, timeout=self.ack_timeout)
+                if started.done():
+                    break
+            try:
+                held = await self._still_with(tenant, session_id, host, prompt_id)
+            except STORE_AWAY as exc:  # not known this time: the next look asks again
+                log.info("could not check the agent host of session %s: %s", session_id, exc)
+                continue
+            misses = 0 if held else misses + 1
+        if misses >= 2:
+            return host
+        # Held, recorded, or acknowledged by a host too old to name itself: never lost.
+        return await asyncio.get_running_loop().create_future()
+
+    async def _still_with(
+        self, tenant: str, session_id: str, host: str, prompt_id: str | None
+    ) -> bool:
+        """Whether ``host`` holds the session, or the log names ``prompt_id`` as running."""
+        if prompt_id is None:
+            return bool(await self.redis.get(lease_key(tenant, session_id)) == host)
+        try:
+            snapshot, holder = await SessionLog(self.redis).snapshot_and_holder(tenant, session_id)
+        except SessionMissing:
+            return False  # sent again, it fails as any prompt for a missing session
+        return holder == host or snapshot.prompt_id == prompt_id
 
     async def _call(
         self,

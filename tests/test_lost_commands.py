@@ -1,4 +1,7 @@
-"""A prompt whose agent host died after acknowledging it but before recording it is sent again.
+"""A command whose agent host died after acknowledging it, before answering, is sent again.
+
+For a prompt, only while the prompt is not recorded: one that began is ended by the host
+that takes the session over.
 
 The test plays the agent hosts against a real Redis: it reads the commands a front's
 :class:`RemoteAgents` puts in a host's inbox and answers them as a host would.
@@ -71,14 +74,14 @@ async def test_a_recorded_prompt_is_not_sent_again_and_ends_with_its_prompt_end(
 ) -> None:
     front = _front(redis)
     looks = asyncio.Event()
-    may_begin = front._may_begin
+    still_with = front._still_with
 
-    async def counted(tenant: str, session_id: str, prompt_id: str, host: str) -> bool:
-        answer = await may_begin(tenant, session_id, prompt_id, host)
+    async def counted(tenant: str, session_id: str, host: str, prompt_id: str | None) -> bool:
+        answer = await still_with(tenant, session_id, host, prompt_id)
         looks.set()
         return answer
 
-    front._may_begin = counted  # type: ignore[method-assign]
+    front._still_with = counted  # type: ignore[method-assign]
     turn = asyncio.create_task(front.prompt("t", "s", {"prompt": []}, "conn"))
     entry, first = await _command_in(redis, "h1")
     front.on_reply(commands.ack(first["rid"], "h1"))
@@ -96,3 +99,19 @@ async def test_a_recorded_prompt_is_not_sent_again_and_ends_with_its_prompt_end(
     front.on_event(LogEvent(4, "e", 0, end))
     with pytest.raises(RpcError, match="stopped"):
         await asyncio.wait_for(turn, 5)
+
+
+async def test_an_attach_acknowledged_by_a_host_that_died_is_answered_by_the_next(
+    redis: Store,
+) -> None:
+    front = _front(redis)
+    resume = asyncio.create_task(front.attach("t", "s", {"mcpServers": []}, holder="h1"))
+    _, first = await _command_in(redis, "h1")
+    front.on_reply(commands.ack(first["rid"], "h1"))
+    await redis.set(lease_key("t", "s"), "h2")  # h1 died; h2 took the session over
+    _, again = await _command_in(redis, "h2")
+    assert again["op"] == "attach" and again["rid"] != first["rid"]
+    front.on_reply(commands.result(again["rid"], {"modes": None}))
+    assert await asyncio.wait_for(resume, 5) == {"modes": None}
+    # The first host's late answer, on its own call, changes nothing.
+    front.on_reply(commands.result(first["rid"], {"late": True}))
