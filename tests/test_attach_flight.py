@@ -25,8 +25,8 @@ class _Host:
     async def call(
         self, op: Op, tenant: str, session_id: str | None, fields: Any, **kw: Any
     ) -> Any:
-        kw.pop("call", None)  # the front's own bookkeeping (see test_lost_commands.py)
-        kw.pop("holder_only", None)
+        for bookkeeping in ("holder_only", "watch"):  # see test_lost_commands.py
+            kw.pop(bookkeeping, None)
         self.calls.append((op, tenant, session_id, fields, kw))
         self.called.set()
         return await self.answer

@@ -12,7 +12,7 @@ host that takes the session over ends the prompt with an error event, and the
 waiting request completes from that event. A command a host acknowledged and died
 before answering (a prompt it had not yet recorded, an attach, a cancel, a mode
 change: those a host may run twice to the same effect) is sent again once that host
-no longer holds the session (see :meth:`RemoteAgents._lost`); a new session or a
+no longer holds the session (see :meth:`RemoteAgents._watch`); a new session or a
 fork is not, and fails at its request's deadline.
 """
 
@@ -238,73 +238,20 @@ class RemoteAgents(AgentGateway):
     ) -> Any:
         """:meth:`_call` for a command about a session that its host may run twice to the
         same effect (or a prompt not yet begun): sent again, as a new call, when the host
-        that acknowledged it died before answering (see :meth:`_lost`)."""
+        that acknowledged it died before answering (see :meth:`_watch`)."""
         while True:
-            call = _Call()
-            sending = asyncio.ensure_future(
-                self._call(
-                    op, tenant, session_id, fields, holder_only=holder_only, first=first, call=call
+            try:
+                return await self._call(
+                    op, tenant, session_id, fields, holder_only=holder_only, first=first, watch=True
                 )
-            )
-            lost = asyncio.ensure_future(
-                self._lost(tenant, session_id, call, fields.get("promptId"))
-            )
-            try:
-                done, _ = await asyncio.wait({sending, lost}, return_when=asyncio.FIRST_COMPLETED)
-                if sending in done:
-                    return sending.result()
-                host = lost.result()
-            finally:
-                sending.cancel()
-                lost.cancel()
-            log.warning(
-                "agent host %s stopped before it answered %s for session %s: sending it again",
-                host,
-                op,
-                session_id,
-            )
+            except _Lost as lost:
+                log.warning(
+                    "agent host %s stopped before it answered %s for session %s: sending it again",
+                    lost.host,
+                    op,
+                    session_id,
+                )
             first = None  # where the lease says now
-
-    async def _lost(self, tenant: str, session_id: str, call: _Call, prompt_id: str | None) -> str:
-        """Return the host that acknowledged ``call`` once the command is lost with it: that
-        host has not held the session for two looks ``ack_timeout`` apart (one look could
-        fall between a host's acknowledgement of a command from the queue and its taking
-        the lease) and, for a prompt, the log has no trace of the prompt. Never returns
-        while the host holds the session, nor once a prompt is recorded (its reply or its
-        ``prompt_end`` event ends the turn then). A host runs a prompt only under its
-        lease, so a prompt sent again runs once."""
-        host = await call.acknowledged_by
-        started = self._started.get(prompt_id) if prompt_id else None
-        misses = 0
-        while host and misses < 2:
-            if started is None:
-                await asyncio.sleep(self.ack_timeout)
-            else:
-                await asyncio.wait({started}, timeout=self.ack_timeout)
-                if started.done():
-                    break
-            try:
-                held = await self._still_with(tenant, session_id, host, prompt_id)
-            except STORE_AWAY as exc:  # not known this time: the next look asks again
-                log.info("could not check the agent host of session %s: %s", session_id, exc)
-                continue
-            misses = 0 if held else misses + 1
-        if misses >= 2:
-            return host
-        # Held, recorded, or acknowledged by a host too old to name itself: never lost.
-        return await asyncio.get_running_loop().create_future()
-
-    async def _still_with(
-        self, tenant: str, session_id: str, host: str, prompt_id: str | None
-    ) -> bool:
-        """Whether ``host`` holds the session, or the log names ``prompt_id`` as running."""
-        if prompt_id is None:
-            return bool(await self.redis.get(lease_key(tenant, session_id)) == host)
-        try:
-            snapshot, holder = await SessionLog(self.redis).snapshot_and_holder(tenant, session_id)
-        except SessionMissing:
-            return False  # sent again, it fails as any prompt for a missing session
-        return holder == host or snapshot.prompt_id == prompt_id
 
     async def _call(
         self,
@@ -315,13 +262,13 @@ class RemoteAgents(AgentGateway):
         *,
         holder_only: bool = False,
         first: str | None = None,
-        call: _Call | None = None,
+        watch: bool = False,
     ) -> Any:
         """Send a command and return its host's reply. ``first``: the stream to try first
-        (default: where the lease says); ``call``: the one to track it with (its
-        :attr:`_Call.acknowledged_by` names the host that took it)."""
+        (default: where the lease says); ``watch``: once acknowledged, the call fails with
+        :class:`_Lost` when its host stops holding the session before it answers."""
         rid = f"{self.reply_channel}#{next(self._ids)}"
-        call = call or _Call()
+        call = _Call()
         self._calls[rid] = call
         data = commands.encode(
             commands.command(op, rid, self.reply_channel, tenant, session_id, fields)
@@ -336,6 +283,8 @@ class RemoteAgents(AgentGateway):
                 await self.redis.xadd(stream, {"m": data}, maxlen=INBOX_MAXLEN, approximate=True)
                 outcome = await call.wait_ack(self.ack_timeout)
                 if outcome == "ack":
+                    if watch and session_id is not None and call.host:
+                        return await self._watched(call, tenant, session_id, fields)
                     return await call.result()
                 if isinstance(outcome, str) and outcome.startswith("moved:"):
                     target = host_inbox(outcome.removeprefix("moved:"))
@@ -346,6 +295,64 @@ class RemoteAgents(AgentGateway):
                 call.reset()
         finally:
             self._calls.pop(rid, None)
+
+    async def _watched(self, call: _Call, tenant: str, session_id: str, fields: JsonObject) -> Any:
+        """The acknowledged call's reply; one not come within ``ack_timeout`` has its host
+        watched meanwhile (:meth:`_watch`: a timer, no task, for the many answered sooner)."""
+        prompt_id = fields.get("promptId")
+        tasks: list[asyncio.Task[None]] = []
+
+        def watch() -> None:
+            tasks.append(asyncio.ensure_future(self._watch(call, tenant, session_id, prompt_id)))
+
+        timer = asyncio.get_running_loop().call_later(self.ack_timeout, watch)
+        try:
+            return await call.result()
+        finally:
+            timer.cancel()
+            for task in tasks:
+                task.cancel()
+
+    async def _watch(
+        self, call: _Call, tenant: str, session_id: str, prompt_id: str | None
+    ) -> None:
+        """Fail ``call`` with :class:`_Lost` once the command is lost with the host that
+        acknowledged it: that host has not held the session for two looks ``ack_timeout``
+        apart (one look could fall between a host's acknowledgement of a command from the
+        queue and its taking the lease) and, for a prompt, the log has no trace of the
+        prompt. Ends without failing it once a prompt is recorded (its reply or its
+        ``prompt_end`` event ends the turn then). A host runs a prompt only under its lease,
+        so a prompt sent again runs once."""
+        host = call.host or ""
+        started = self._started.get(prompt_id) if prompt_id else None
+        misses = 0
+        while misses < 2:
+            if started is not None and started.done():
+                return
+            try:
+                held = await self._still_with(tenant, session_id, host, prompt_id)
+            except STORE_AWAY as exc:  # not known this time: the next look asks again
+                log.info("could not check the agent host of session %s: %s", session_id, exc)
+                held = True
+            misses = 0 if held else misses + 1
+            if misses < 2:
+                if started is None:
+                    await asyncio.sleep(self.ack_timeout)
+                else:
+                    await asyncio.wait({started}, timeout=self.ack_timeout)
+        call.lose(host)
+
+    async def _still_with(
+        self, tenant: str, session_id: str, host: str, prompt_id: str | None
+    ) -> bool:
+        """Whether ``host`` holds the session, or the log names ``prompt_id`` as running."""
+        if prompt_id is None:
+            return bool(await self.redis.get(lease_key(tenant, session_id)) == host)
+        try:
+            snapshot, holder = await SessionLog(self.redis).snapshot_and_holder(tenant, session_id)
+        except SessionMissing:
+            return False  # sent again, it fails as any prompt for a missing session
+        return holder == host or snapshot.prompt_id == prompt_id
 
     async def _route(self, tenant: str, session_id: str | None, holder_only: bool) -> str | None:
         if session_id is None:
@@ -371,8 +378,8 @@ class _Call:
         loop = asyncio.get_running_loop()
         self._ack: asyncio.Future[str] = loop.create_future()
         self._reply: asyncio.Future[Any] = loop.create_future()
-        self.acknowledged_by: asyncio.Future[str] = loop.create_future()
-        """The host that acknowledged the command ("": a host too old to say)."""
+        self.host: str | None = None
+        """The host that acknowledged the command (None: none yet, or one too old to say)."""
 
     def reset(self) -> None:
         self._ack = asyncio.get_running_loop().create_future()
@@ -381,7 +388,7 @@ class _Call:
         kind = message.get("t")
         if kind == Reply.ACK:
             _settle(self._ack, "ack")
-            _settle(self.acknowledged_by, str(message.get("host") or ""))
+            self.host = message.get("host") or None
         elif kind == Reply.MOVED:
             _settle(self._ack, f"moved:{message.get('holder')}")
         elif kind == Reply.REPLY:
@@ -399,6 +406,19 @@ class _Call:
 
     async def result(self) -> Any:
         return await self._reply
+
+    def lose(self, host: str) -> None:
+        """The command was lost with ``host``: :meth:`result` raises :class:`_Lost`."""
+        if not self._reply.done():
+            self._reply.set_exception(_Lost(host))
+
+
+class _Lost(Exception):
+    """A command's host acknowledged it and stopped holding its session before answering."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.host = host
 
 
 def _settle(future: asyncio.Future[Any] | None, value: Any) -> None:
