@@ -115,3 +115,20 @@ async def test_an_attach_acknowledged_by_a_host_that_died_is_answered_by_the_nex
     assert await asyncio.wait_for(resume, 5) == {"modes": None}
     # The first host's late answer, on its own call, changes nothing.
     front.on_reply(commands.result(first["rid"], {"late": True}))
+
+
+async def test_a_fault_in_the_watch_fails_the_command_visibly(
+    redis: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    front = _front(redis)
+
+    async def broken(tenant: str, session_id: str, host: str, prompt_id: str | None) -> bool:
+        raise RuntimeError("the watch broke")
+
+    front._still_with = broken  # type: ignore[method-assign]
+    resume = asyncio.create_task(front.attach("t", "s", {"mcpServers": []}, holder="h1"))
+    _, first = await _command_in(redis, "h1")
+    front.on_reply(commands.ack(first["rid"], "h1"))
+    with pytest.raises(RuntimeError, match="the watch broke"):
+        await asyncio.wait_for(resume, 5)
+    assert "watching a command for session s failed" in caplog.text

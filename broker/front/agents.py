@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from ..config import AgentSpec
 from ..protocol import capabilities, commands
 from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
@@ -36,7 +38,6 @@ from ..store.client import Store
 from ..store.events import EventType, LogEvent
 from ..store.keys import CAPABILITIES_KEY, INBOX_MAXLEN, host_inbox, host_queue, lease_key
 from ..store.log import SessionLog, SessionMissing
-from ..store.retry import STORE_AWAY
 
 log = logging.getLogger(__name__)
 
@@ -326,21 +327,26 @@ class RemoteAgents(AgentGateway):
         host = call.host or ""
         started = self._started.get(prompt_id) if prompt_id else None
         misses = 0
-        while misses < 2:
-            if started is not None and started.done():
-                return
-            try:
-                held = await self._still_with(tenant, session_id, host, prompt_id)
-            except STORE_AWAY as exc:  # not known this time: the next look asks again
-                log.info("could not check the agent host of session %s: %s", session_id, exc)
-                held = True
-            misses = 0 if held else misses + 1
-            if misses < 2:
-                if started is None:
-                    await asyncio.sleep(self.ack_timeout)
-                else:
-                    await asyncio.wait({started}, timeout=self.ack_timeout)
-        call.lose(host)
+        try:
+            while misses < 2:
+                if started is not None and started.done():
+                    return
+                try:
+                    held = await self._still_with(tenant, session_id, host, prompt_id)
+                except (RedisError, OSError) as exc:  # not known now: the next look asks again
+                    log.info("could not check the agent host of session %s: %s", session_id, exc)
+                    held = True
+                misses = 0 if held else misses + 1
+                if misses < 2:
+                    if started is None:
+                        await asyncio.sleep(self.ack_timeout)
+                    else:
+                        await asyncio.wait({started}, timeout=self.ack_timeout)
+        except Exception as exc:  # a fault of the watch itself fails the command, visibly
+            log.exception("watching a command for session %s failed", session_id)
+            call.fail(exc)
+            return
+        call.fail(_Lost(host))
 
     async def _still_with(
         self, tenant: str, session_id: str, host: str, prompt_id: str | None
@@ -407,10 +413,11 @@ class _Call:
     async def result(self) -> Any:
         return await self._reply
 
-    def lose(self, host: str) -> None:
-        """The command was lost with ``host``: :meth:`result` raises :class:`_Lost`."""
+    def fail(self, exc: Exception) -> None:
+        """End the call unanswered: :meth:`result` raises ``exc`` (:class:`_Lost`: its host
+        died before answering)."""
         if not self._reply.done():
-            self._reply.set_exception(_Lost(host))
+            self._reply.set_exception(exc)
 
 
 class _Lost(Exception):
