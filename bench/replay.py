@@ -3,6 +3,9 @@
 * **broker**: a fresh connection sends ``initialize`` and ``session/load`` for a session whose
   log holds N events; the front reads the log and sends every event, then the reply.
   Events/s = N ÷ (request sent → reply received).
+* **broker v2**: the same as an ACP v2 client replays it (the web console's way):
+  ``session/resume`` with ``replayFrom: {"type": "start"}``, every event a v2
+  ``session/update`` (message chunks with their turn's ``messageId``).
 * **ceiling**: the bare relay (``bench/peers/relay.py``) reads the same stream with one
   ``XRANGE`` and sends each entry as a frame (``websockets.broadcast`` to one connection),
   then ``done``.
@@ -54,7 +57,21 @@ async def fill(url: str, session: str, n: int) -> None:
     await store.aclose()
 
 
-async def broker_replay(url: str, session: str) -> tuple[float, int]:
+V2 = " v2"
+"""The suffix of a front's name in its v2 client's rows."""
+
+
+def _replay_request(session: str, version: int) -> dict[str, Any]:
+    """The request that replays the whole session: v1 ``session/load``, v2 ``session/resume``
+    from the start."""
+    if version == 1:
+        load = {"sessionId": session, "cwd": CWD, "mcpServers": []}
+        return {"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": load}
+    resume = {"sessionId": session, "cwd": CWD, "replayFrom": {"type": "start"}}
+    return {"jsonrpc": "2.0", "id": 2, "method": "session/resume", "params": resume}
+
+
+async def broker_replay(url: str, session: str, version: int = 1) -> tuple[float, int]:
     frames = 0
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -69,16 +86,14 @@ async def broker_replay(url: str, session: str) -> tuple[float, int]:
 
     ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     client = await connect(url, on_text)
-    init = {"protocolVersion": 1, "clientCapabilities": {}}
+    capabilities = "clientCapabilities" if version == 1 else "capabilities"
+    init = {"protocolVersion": version, capabilities: {}}
     client.send_text(
         json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
     )
     await asyncio.wait_for(ready, 30)
-    load = {"sessionId": session, "cwd": CWD, "mcpServers": []}
     t = time.perf_counter()
-    client.send_text(
-        json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": load})
-    )
+    client.send_text(json.dumps(_replay_request(session, version)))
     await asyncio.wait_for(done, 120)
     took = time.perf_counter() - t
     client.close()
@@ -139,12 +154,17 @@ async def run_once(
                 async with recording(nodes[0].pid, out):
                     for _ in range(rounds):
                         await broker_replay(nodes[0].url, session)
-            systems = [*fronts, "ceiling"]
+            for name in list(fronts):
+                rates[name + V2] = []
+            systems = [*fronts, *(name + V2 for name in fronts), "ceiling"]
             for r in range(rounds + 1):  # the first round warms up
                 turn = r % len(systems)  # each system goes first in turn
                 for name in systems[turn:] + systems[:turn]:
                     if name == "ceiling":
                         took, frames = await relay_replay(relay_url, key, session)
+                    elif name.endswith(V2):
+                        front = fronts[name.removesuffix(V2)]
+                        took, frames = await broker_replay(front, session, version=2)
                     else:
                         took, frames = await broker_replay(fronts[name], session)
                     if frames < n:

@@ -17,7 +17,7 @@ import redis.crc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.protocol import jsonrpc
+from broker.protocol import jsonrpc, v2_render, v2_translate
 from broker.protocol.jsonrpc import Invalid, Request, Response, parse_frame
 from broker.protocol.render import StoredUpdates, session_update_frames
 from broker.store import keys
@@ -349,6 +349,43 @@ def test_frames_from_stored_text_are_those_of_the_parsed_event(body: Any, seq: i
         assert plain
         for notices in (False, True):
             assert session_update_frames(event, "sess_1", notices) == [frame]
+
+
+_chunk_updates = st.builds(
+    lambda kind, rest: {"sessionUpdate": kind, **rest},
+    st.sampled_from(["agent_message_chunk", "agent_thought_chunk", "user_message_chunk"]),
+    st.dictionaries(st.sampled_from(["content", "messageId", "_meta"]), json_values, max_size=3),
+)
+_stored_chunk_bodies = _stored_bodies | st.builds(
+    lambda u: {"type": "update", "update": u}, _chunk_updates
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=_stored_chunk_bodies,
+    seq=st.integers(min_value=1, max_value=10**7),
+    turn=st.none() | st.integers(min_value=1, max_value=10**7),
+)
+def test_v2_chunk_frames_from_stored_text_are_those_of_the_parsed_event(
+    body: Any, seq: int, turn: int | None
+) -> None:
+    """A v2 replay's frame made from a message chunk's stored text, where it is made (a plain
+    chunk without an id of its own), is the very text the parsed event renders to for a v2
+    viewer in that turn; every other event is left to that rendering."""
+    text = dumps(body)
+    event = event_of((seq, 0, text), "e0e0")
+    frame = v2_render.StoredChunks("sess_1", "e0e0").frame(text, seq, turn)
+    update = body.get("update")
+    plain = list(body) == ["type", "update"] and isinstance(update, dict)
+    kind = update.get("sessionUpdate") if plain else None
+    chunk = isinstance(kind, str) and kind in v2_translate.MESSAGE_CHUNKS
+    if chunk and "messageId" not in update:
+        assert frame is not None
+    if frame is not None:
+        assert chunk
+        rendered = v2_render.session_updates(event, "sess_1", turn)
+        assert [jsonrpc.encode(m) for m in rendered] == [frame]
 
 
 # Also valid JSON strings holding lone surrogates ("\ud800"), which st.text never makes.

@@ -67,7 +67,8 @@ def session_update_frames(event: LogEvent, session_id: str, notices: bool = Fals
 
 _POSITION_SEQ = ',"_meta":{"' + POSITION_META + '":{"seq":'
 _PLAIN_UPDATE = '{"type":"update","update":{'
-_UPDATE_AT = len(_PLAIN_UPDATE) - 1
+UPDATE_AT = len(_PLAIN_UPDATE) - 1
+"""Where a plain update's own text starts in its stored text (see :func:`plain_update`)."""
 
 
 class StoredUpdates:
@@ -89,17 +90,31 @@ class StoredUpdates:
         """The one frame of the event stored as ``text`` at ``seq`` when it is a plain
         update other than a notice (the same for every v1 viewer, whether it takes notices
         or not); None for any other event: render that one from the event."""
-        if not text.startswith(_PLAIN_UPDATE):
+        if plain_update(text) is None:
             return None
-        # The text is what ``dumps`` made of a dict (the append script stores it verbatim),
-        # so two keys, of which the first two written are "type" and "update", mean the
-        # update is the rest. Parsed for that and the update's kind, not sent again.
-        body = fastjson.loads_shape(text)
-        if type(body) is not dict or len(body) != 2:
-            return None
-        if body["update"].get("sessionUpdate") == "notice":
-            return None
-        return f"{self._head}{text[_UPDATE_AT:-1]}{_POSITION_SEQ}{seq}{self._tail}"
+        return f"{self._head}{text[UPDATE_AT:-1]}{_POSITION_SEQ}{seq}{self._tail}"
+
+    def framed(self, update: str, seq: int) -> str:
+        """The ``session/update`` frame of the update whose JSON text is ``update``, at
+        ``seq``: the text ``jsonrpc.encode`` makes of the notification."""
+        return f"{self._head}{update}{_POSITION_SEQ}{seq}{self._tail}"
+
+
+def plain_update(text: str) -> JsonObject | None:
+    """The update of an event stored as ``text`` when the event is a plain update other
+    than a notice, its text ``{"type":"update","update":{…}}`` (so ``text[UPDATE_AT:-1]``
+    is the update's own text); None for any other event.
+
+    The text is what ``dumps`` made of a dict (the append script stores it verbatim), so
+    two keys, of which the first two written are "type" and "update", mean the update is
+    the rest. Parsed for that and the update's kind, not sent again."""
+    if not text.startswith(_PLAIN_UPDATE):
+        return None
+    body = fastjson.loads_shape(text)
+    if type(body) is not dict or len(body) != 2:
+        return None
+    update = body["update"]
+    return None if update.get("sessionUpdate") == "notice" else update
 
 
 @functools.lru_cache(maxsize=4096)

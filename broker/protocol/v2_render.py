@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .. import fastjson
 from ..store.events import EventType, LogEvent
 from . import v2_translate
 from .jsonrpc import JsonObject, notification
-from .render import broker_notice, position_meta
+from .render import UPDATE_AT, StoredUpdates, broker_notice, plain_update, position_meta
 
 ERROR_STOP_REASON = "error"
 """Stop reason of a turn that ended in an error (the agent failed); v2's ``ErrorStopReason``
@@ -74,8 +75,44 @@ def message_id(event: LogEvent, role: str, turn: int | None, own: str | None = N
     An id the agent gave its chunk is kept, scoped to the turn, so messages it
     separates stay separate.
     """
-    base = f"msg_{event.epoch}_{turn if turn is not None else event.seq}_{role}"
+    return _message_id(event.epoch, event.seq, role, turn, own)
+
+
+def _message_id(epoch: str, seq: int, role: str, turn: int | None, own: str | None) -> str:
+    base = f"msg_{epoch}_{turn if turn is not None else seq}_{role}"
     return base if own is None else f"{base}_{own}"
+
+
+class StoredChunks:
+    """v2 frames of a log's plain message chunks for one session, made from the events'
+    stored text without parsing them into events, as :class:`~.render.StoredUpdates`
+    makes v1's: chunks are most of a history, and a v2 replay rendered each from its event
+    (parsed, translated, encoded) at 2.6 times a v1 replay's time.
+
+    A chunk's v2 update is its v1 update with the ``messageId`` of its turn added last
+    (:func:`updates_of`), so its frame is its stored text with that one member spliced in.
+    A chunk that carries an id of its own, and any other event, is rendered from the event.
+    """
+
+    __slots__ = ("_epoch", "_stored")
+
+    def __init__(self, session_id: str, epoch: str) -> None:
+        self._epoch = epoch
+        self._stored = StoredUpdates(session_id, epoch)
+
+    def frame(self, text: str, seq: int, turn: int | None) -> str | None:
+        """The one frame of the event stored as ``text`` at ``seq``, in ``turn``, when it is
+        a plain message chunk without an id of its own; None for any other event. (A plain
+        update leaves the turn as it was: the caller's ``turn`` holds after it too.)"""
+        update = plain_update(text)
+        if update is None or "messageId" in update:
+            return None
+        kind = update.get("sessionUpdate")
+        role = v2_translate.MESSAGE_CHUNKS.get(kind) if isinstance(kind, str) else None
+        if role is None:
+            return None
+        message = fastjson.dumps(_message_id(self._epoch, seq, role, turn, None))
+        return self._stored.framed(f'{text[UPDATE_AT:-2]},"messageId":{message}}}', seq)
 
 
 def plan_id(event: LogEvent) -> str:

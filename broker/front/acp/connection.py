@@ -903,16 +903,21 @@ class ClientConnection:
 
     def _replayed(self, session: ActiveSession, epoch: str, rows: list[EventRow]) -> Iterator[str]:
         """The frames of a replay, in order, as :meth:`_delivered` makes them of each event:
-        for a v1 client a plain update's straight from its stored text (most of a history;
-        :class:`StoredUpdates`), any other from the event parsed."""
-        stored = (
-            None if self.protocol_version == v2.V2 else StoredUpdates(session.session_id, epoch)
-        )
+        a plain update's (most of a history) straight from its stored text, for a v1 client
+        (:class:`StoredUpdates`) or, a message chunk, for a v2 one (:class:`StoredChunks`);
+        any other from the event parsed."""
+        v2_chunks = self.protocol_version == v2.V2
+        chunks = v2_render.StoredChunks(session.session_id, epoch) if v2_chunks else None
+        stored = StoredUpdates(session.session_id, epoch)
         for row in rows:
-            frame = stored.frame(row[2], row[0]) if stored is not None else None
+            seq, text = row[0], row[2]
+            if chunks is None:
+                frame = stored.frame(text, seq)
+            else:  # a chunk's id depends on the turn, which the events before it set
+                frame = chunks.frame(text, seq, session.turn)
             if frame is None:
                 yield from self._delivered(session, event_of(row, epoch), replay=True)
-            elif self._count(session, row[0]):
+            elif self._count(session, seq):
                 yield frame
 
     def _count(self, session: ActiveSession, seq: int) -> bool:
