@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
+import redis
 
 from broker.store.client import connect
 from broker.store.events import fold
@@ -148,6 +150,52 @@ async def test_a_batch_on_a_stalled_redis_fails_within_one_timeout_and_lands_onc
             assert [e.body for e in events[1:]] == [_chunk("warm")] + [b for *_, b, _ in items]
             assert [e.seq for e in events] == list(range(1, 11))
         finally:
+            log.close()
+            await store.aclose()
+
+
+HANDSHAKE_STALL = 1.5
+"""How long the password test's server is stopped while the bare connection's AUTH waits."""
+
+
+async def test_a_batch_whose_first_open_stalls_in_its_handshake_fails_within_its_deadline() -> None:
+    """A server with a password, SIGSTOPped: the kernel still accepts the bare connection's
+    first open, and its AUTH waits until SIGCONT, while the server holds every write
+    (``CLIENT PAUSE WRITE``). The open and the script call share the batch's one deadline
+    (the reply timeout): the batch fails then, not a whole reply timeout after the late
+    handshake. Once writes go on, the batch made again with its call ids lands once."""
+    with restartable_redis(aof=False) as server:
+        url = server.require_password("s3cret")
+        store = connect(url, timeout=STALL_TIMEOUT)
+        log = SessionLog(store)
+        admin = redis.Redis.from_url(url)
+        try:
+            created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
+            await log.create("t", "s", created)  # through the client: no bare connection yet
+            items = [("t", "s", _chunk(str(i)), "") for i in range(8)]
+            calls = call_ids(len(items))
+            admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+            server.pause()
+            resumed = asyncio.get_running_loop().call_later(HANDSHAKE_STALL, server.resume)
+            try:
+                started = time.monotonic()
+                with pytest.raises(STORE_AWAY):
+                    await log.append_many(items, calls)
+                waited = time.monotonic() - started
+            finally:
+                resumed.cancel()
+                server.resume()
+                admin.execute_command("CLIENT", "UNPAUSE")
+            # Without the shared deadline: HANDSHAKE_STALL, then a whole reply timeout.
+            assert STALL_TIMEOUT * 0.9 <= waited < STALL_TIMEOUT + 0.6, waited
+            for _ in range(2):  # through the client, then on the bare connection open again
+                again = await log.append_many(items, calls)
+                assert all(isinstance(p, Position) for p in again), again
+            events = await log.read("t", "s")
+            assert [e.body for e in events[1:]] == [b for *_, b, _ in items]
+            assert [e.seq for e in events] == list(range(1, 10))
+        finally:
+            admin.close()
             log.close()
             await store.aclose()
 

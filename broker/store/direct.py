@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from .client import Store
-from .raw import RawConnection, bare_options, open_raw, reply_timeout
+from .raw import CONNECT_TIMEOUT, RawConnection, bare_options, open_raw, reply_timeout
 
 
 def direct_calls(redis: Store, encoding: str | None = "utf-8") -> DirectCalls | None:
@@ -40,13 +42,16 @@ class DirectCalls:
         self.timeout = reply_timeout(options)
         """Seconds a call waits for its reply (then it fails)."""
 
-    async def call(self, *command: Any) -> Any:
-        """The reply to ``command``. Raises redis-py's errors: ``ResponseError`` or
-        ``ConnectionError`` (the caller then goes through the client)."""
+    async def call(self, *command: Any, deadline: float | None = None) -> Any:
+        """The reply to ``command``. Raises redis-py's errors: ``ResponseError``,
+        ``ConnectionError`` or ``TimeoutError`` (the caller then goes through the client).
+
+        ``deadline`` (the event loop's time): opening a connection (if none is open) and
+        the reply share it; without one, each has its own timeout."""
         connection = self._connection
         if connection is None or connection.lost:
-            connection = await self._connect()
-        return await connection.call(*command)
+            connection = await self._connect(deadline)
+        return await connection.call(*command, deadline=deadline)
 
     async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
         """The replies to several commands sent together (see :meth:`call`); ``shared``:
@@ -73,12 +78,26 @@ class DirectCalls:
             connection = await self._connect()
         return await connection.send(packed, count, wait)
 
-    async def _connect(self) -> RawConnection:
-        async with self._connecting:
+    async def _connect(self, deadline: float | None = None) -> RawConnection:
+        """The open connection, or a new one, by ``deadline`` (the event loop's time;
+        default: :data:`~.raw.CONNECT_TIMEOUT` from now), waiting for another caller's
+        open included; else redis-py's ``ConnectionError``."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + CONNECT_TIMEOUT if deadline is None else deadline
+        try:
+            async with asyncio.timeout_at(due):
+                await self._connecting.acquire()
+        except TimeoutError:
+            raise RedisConnectionError("could not connect: another open still waits") from None
+        try:
             connection = self._connection
             if connection is None or connection.lost:
-                connection = self._connection = await open_raw(self._options, self._encoding)
+                connection = self._connection = await open_raw(
+                    self._options, self._encoding, timeout=due - loop.time()
+                )
             return connection
+        finally:
+            self._connecting.release()
 
     def close(self) -> None:
         if self._connection is not None:

@@ -316,7 +316,9 @@ class SessionLog:
         its call id, so one the first try applied appends nothing the second time.
 
         Both tries share one deadline, the bare connection's reply timeout: a stalled
-        server fails the call once it passed, not after the client's timeout again."""
+        server fails the call once it passed, not after the client's timeout again. The
+        bare connection's first open (connect, AUTH, SELECT) shares it too: a handshake
+        answered late leaves the script only what is left."""
         direct = self._direct_appends
         if direct is None:
             return list(await self._script(self._append_batch, keys, args))
@@ -324,7 +326,7 @@ class SessionLog:
         deadline = loop.time() + direct.timeout
         sha = self._append_batch.sha
         try:
-            replies = await direct.call("EVALSHA", sha, len(keys), *keys, *args)
+            replies = await direct.call("EVALSHA", sha, len(keys), *keys, *args, deadline=deadline)
         except RedisError:
             if loop.time() >= deadline:
                 raise  # stalled a whole timeout: the caller tries again, with the call ids

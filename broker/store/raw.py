@@ -140,19 +140,22 @@ class RawConnection(asyncio.Protocol):
                 if not future.done():
                     future.set_exception(RedisConnectionError(f"connection lost: {exc}"))
 
-    async def call(self, *args: Any) -> Any:
+    async def call(self, *args: Any, deadline: float | None = None) -> Any:
         """The reply to one command; an error reply raises ``ResponseError``, a lost
-        connection redis-py's ``ConnectionError``."""
+        connection redis-py's ``ConnectionError``, no reply by ``deadline`` (the event
+        loop's time; default: :attr:`timeout` from now) redis-py's ``TimeoutError``."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
+        now = self._loop.time()
+        due = now + self.timeout if deadline is None else deadline
         (future,) = self._queue(command(*args), 1, shared=False)
         # A timer that fails the reply's future, not asyncio.timeout (which cancels the
         # task, and looks the loop up three times).
-        timer = self._loop.call_at(self._loop.time() + self.timeout, _expire, future)
+        timer = self._loop.call_at(due, _expire, future)
         try:
             reply = await future
         except _Stalled:
-            raise self._stalled() from None
+            raise self._stalled(max(due - now, 0.0)) from None
         finally:
             timer.cancel()
         return _checked(reply)
@@ -274,7 +277,9 @@ class RawConnection(asyncio.Protocol):
         """A stalled server: the calls behind this one would wait as long. The connection
         is given up; the next call opens another (or fails to, in bounded time)."""
         self.close()
-        return RedisTimeoutError(f"no reply within {waited or self.timeout:g} s")
+        return RedisTimeoutError(
+            f"no reply within {self.timeout if waited is None else waited:g} s"
+        )
 
     def close(self) -> None:
         if self._transport is not None:
@@ -320,15 +325,19 @@ def _checked(reply: Any) -> Any:
     return reply
 
 
-async def open_raw(options: dict[str, Any], encoding: str | None = "utf-8") -> RawConnection:
+async def open_raw(
+    options: dict[str, Any], encoding: str | None = "utf-8", *, timeout: float = CONNECT_TIMEOUT
+) -> RawConnection:
     """A :class:`RawConnection` to the server ``options`` name, authenticated, its database
-    selected; raises redis-py's ``ConnectionError`` when it cannot be had. ``encoding``:
-    how its replies' strings are decoded (None: left as bytes)."""
+    selected; raises redis-py's ``ConnectionError`` when it cannot be had within ``timeout``
+    seconds (connect and handshake together: a caller with a deadline of its own passes
+    what is left of it). ``encoding``: how its replies' strings are decoded (None: left as
+    bytes)."""
     loop = asyncio.get_running_loop()
     raw: RawConnection | None = None
     made = functools.partial(RawConnection, encoding)
     try:
-        async with asyncio.timeout(CONNECT_TIMEOUT):
+        async with asyncio.timeout(timeout):
             if options.get("path"):
                 _, raw = await loop.create_unix_connection(made, options["path"])
             else:
@@ -337,8 +346,10 @@ async def open_raw(options: dict[str, Any], encoding: str | None = "utf-8") -> R
             raw.timeout = reply_timeout(options)
             for step in handshake(options):
                 await raw.call(*step)
-    except (OSError, TimeoutError, ResponseError) as exc:
-        if raw is not None:
+    except BaseException as exc:
+        if raw is not None:  # half open (cancelled too): not left to the garbage collector
             raw.close()
-        raise RedisConnectionError(f"could not connect: {exc}") from exc
+        if isinstance(exc, OSError | TimeoutError | ResponseError):
+            raise RedisConnectionError(f"could not connect: {exc}") from exc
+        raise
     return raw

@@ -211,6 +211,12 @@ class RestartableRedis:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
 
+    def require_password(self, password: str) -> str:
+        """Have the server require ``password`` from now on; returns its URL with it."""
+        with redis.Redis(port=self.port) as admin:
+            admin.config_set("requirepass", password)
+        return self.url.replace("redis://", f"redis://:{password}@")
+
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.resume()
