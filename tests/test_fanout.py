@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+from broker.front.fanout import FanoutHub
 from broker.serve import Broker
+from broker.store.client import connect
+from broker.store.events import EventType, LogEvent
+from broker.store.keys import SessionKeys
+from broker.store.log import SessionLog, SessionMissing
 
 from .support.client import RawClient, acp_client, text, wait_for
+from .support.redis_server import restartable_redis
 
 
 def _info_updates(client: RawClient, session_id: str) -> list[dict]:
@@ -217,3 +226,66 @@ async def test_a_session_whose_live_events_all_go_missing_is_served_from_its_log
     assert reply["result"]["stopReason"] == "end_turn"
     assert _chunk_texts(watcher) == [f"chunk {i}" for i in range(1, 5)]
     await watcher.close()
+
+
+class _Window:
+    """A subscriber that keeps what it is handed."""
+
+    def __init__(self, name: str) -> None:
+        self.id = name
+        self.events: list[LogEvent] = []
+
+    def deliver(self, session_id: str, event: LogEvent, *, alone: bool = False) -> None:
+        self.events.append(event)
+
+
+@contextlib.asynccontextmanager
+async def _hub(redis_url: str) -> AsyncIterator[FanoutHub]:
+    """A front's fan-out hub on its own connection to ``redis_url``."""
+    store = connect(redis_url)
+    hub = FanoutHub(store, SessionLog(store))
+    await hub.start()
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+        await store.aclose()
+
+
+async def test_every_join_waiting_for_a_feed_whose_open_fails_gets_the_error(
+    redis_url: str,
+) -> None:
+    """Windows joining one session at once wait for the first one's open of its feed: when
+    that fails, each raises the error (its request is answered with it), none a bare
+    cancellation that leaves its request unanswered."""
+    async with _hub(redis_url) as hub:
+        joins = [hub.join("t", "sess_gone", _Window(f"w{i}")) for i in range(3)]
+        outcomes = await asyncio.gather(*joins, return_exceptions=True)
+        assert [type(o) for o in outcomes] == [SessionMissing] * 3, outcomes
+        assert hub.subscribers("sess_gone", "t") == []
+
+
+async def test_a_join_whose_opener_was_cancelled_opens_the_feed_itself() -> None:
+    """The first window's join is cancelled while it opens the feed (its client left; the
+    server is stopped, so the open cannot end first): the window waiting for that open
+    opens the feed again itself once the server is back, and joins."""
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=2.0)
+        try:
+            await SessionLog(store).create("t", "sess_1", {"type": EventType.CREATED, "cwd": "/w"})
+        finally:
+            await store.aclose()
+        async with _hub(server.url) as hub:
+            channel = SessionKeys("t", "sess_1").channel
+            server.pause()
+            try:
+                opener = asyncio.ensure_future(hub.join("t", "sess_1", _Window("first")))
+                await wait_for(lambda: channel in hub._feeds, 5.0)
+                waiting = asyncio.ensure_future(hub.join("t", "sess_1", _Window("waits")))
+                await asyncio.sleep(0)  # one step: it waits for the opener's feed
+                opener.cancel()
+                await asyncio.wait([opener])
+            finally:
+                server.resume()
+            assert await asyncio.wait_for(waiting, 10.0) == 1
+            assert [w.id for w in hub.subscribers("sess_1", "t")] == ["waits"]

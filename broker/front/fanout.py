@@ -161,27 +161,44 @@ class FanoutHub:
                 await self._pubsub.aclose()
 
     async def join(self, tenant: str, session_id: str, subscriber: Subscriber) -> int:
-        """Subscribe ``subscriber`` to a session; it gets every event after the returned seq."""
+        """Subscribe ``subscriber`` to a session; it gets every event after the returned seq.
+
+        The first to join opens the feed and the others wait for it: when the open fails,
+        each of them raises its error (a request answered with it, not left unanswered);
+        when the opener was cancelled (its client left, its deadline passed), the next
+        opens the feed for itself."""
         keys = SessionKeys(tenant, session_id)
-        feed = self._feeds.get(keys.channel)
-        if feed is None:
-            feed = SessionFeed(keys)
-            self._feeds[keys.channel] = feed
+        while True:
+            feed = self._feeds.get(keys.channel)
+            if feed is None:
+                feed = SessionFeed(keys)
+                self._feeds[keys.channel] = feed
+                await self._open_or_drop(feed)
             try:
-                await self._open(feed)
-            except BaseException:
-                self._feeds.pop(keys.channel, None)
-                # Best effort: the open's own error is raised; a stray channel only costs
-                # messages nobody reads, until the resubscription after a fault drops it.
-                with contextlib.suppress(Exception):
-                    await self._pubsub.sunsubscribe(keys.channel)
-                feed.ready.cancel()
-                raise
-        await asyncio.shield(feed.ready)
+                await asyncio.shield(feed.ready)
+                break
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not feed.ready.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this join was cancelled, not its opener
         feed.subscribers.add(subscriber)
         metrics.SESSIONS_ACTIVE.set(len(self._feeds))
         assert feed.last is not None
         return feed.last
+
+    async def _open_or_drop(self, feed: SessionFeed) -> None:
+        """:meth:`_open`; when it fails the feed is dropped, and those waiting for it get
+        its error (or, if the open was cancelled, open it again themselves)."""
+        try:
+            await self._open(feed)
+        except BaseException as exc:
+            self._feeds.pop(feed.keys.channel, None)
+            _fail(feed.ready, exc)
+            # Best effort: the open's own error is raised; a stray channel only costs
+            # messages nobody reads, until the resubscription after a fault drops it.
+            with contextlib.suppress(Exception):
+                await self._pubsub.sunsubscribe(feed.keys.channel)
+            raise
 
     async def leave(self, tenant: str, session_id: str, subscriber: Subscriber) -> None:
         channel = SessionKeys(tenant, session_id).channel
@@ -382,3 +399,15 @@ class FanoutHub:
                     log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)
                     await self._catch_up(feed)
                 feed.behind = int(head) if int(head) > feed.last else 0
+
+
+def _fail(future: asyncio.Future[None], exc: BaseException) -> None:
+    """End ``future`` with ``exc`` (retrieved: whoever raised it reports it), or cancel it
+    when ``exc`` is a cancellation (those waiting then try for themselves)."""
+    if future.done():
+        return
+    if isinstance(exc, Exception):
+        future.set_exception(exc)
+        future.exception()
+    else:
+        future.cancel()
