@@ -86,6 +86,7 @@ class HostWorker:
             on_agent_started=self._publish_capabilities,
         )
         self.read_failures = FailureLog(log, "reading commands")
+        self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
@@ -154,9 +155,22 @@ class HostWorker:
         while True:
             replies = await self._guarded(self._queue_batch())
             for _, entries in replies or []:
-                for entry_id, fields in entries:
-                    await self.redis.xack(host_queue(), QUEUE_GROUP, entry_id)
+                await self._ack_queued([entry_id for entry_id, _ in entries])
+                for _, fields in entries:
                     self._take(json.loads(fields["m"]))
+
+    async def _ack_queued(self, entry_ids: list[str]) -> None:
+        """Acknowledge commands read from the shared queue. When Redis fails the XACK, the
+        failure is logged and the commands are run all the same: this host read them and no
+        other will (the queue is read for new entries only), they only stay pending in the
+        group. (An XACK that raised out of the loop once ended the host's reading of the
+        queue for good: no new session was served here until a restart.)"""
+        try:
+            await self.redis.xack(host_queue(), QUEUE_GROUP, *entry_ids)
+        except (RedisError, OSError) as exc:
+            self.ack_failures.failed(exc)
+        else:
+            self.ack_failures.succeeded()
 
     async def _guarded(self, call: Any) -> Any:
         """A blocking read that survives Redis hiccups (and notices cancellation)."""

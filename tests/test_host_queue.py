@@ -1,0 +1,77 @@
+"""The agent host's reading of the shared command queue outlives Redis's faults in it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from broker.protocol import commands
+from broker.protocol.commands import Op, Reply
+from broker.store.client import Store, connect
+from broker.store.keys import host_queue
+from workers.agent_host.worker import HostWorker
+
+from .conftest import make_settings
+from .support.redis_server import redis_server
+
+REPLIES = "node-test"
+"""The shard channel the test's commands name for their acknowledgements and replies."""
+
+
+async def _replies(listener: Any, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The next ``count`` messages ``listener`` (subscribed to :data:`REPLIES`) hears."""
+    got: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout):
+        while len(got) < count:
+            message = await listener.get_message(timeout=1.0)
+            if message is not None and message["type"] == "smessage":
+                got.append(json.loads(message["data"]))
+    return got
+
+
+async def _queue(store: Store, rid: str) -> None:
+    """Put a command in the shared queue as a front does (a cancel: no agent needed)."""
+    command = commands.command(Op.CANCEL, rid, REPLIES, "t", "sess_none", {})
+    await store.xadd(host_queue(), {"m": commands.encode(command)})
+
+
+async def test_a_queued_command_whose_xack_fails_runs_and_the_queue_is_read_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis refuses the host's XACK (here an ACL without it): each command read from the
+    queue is still acknowledged to its front and answered, and the host goes on reading
+    the queue (an XACK error once ended that loop: no new session was served until a
+    restart). The refusal is logged."""
+    with redis_server() as url:
+        admin = connect(url)
+        await admin.acl_setuser(
+            "host",
+            enabled=True,
+            passwords=["+hostpw"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all", "-xack"],
+        )
+        store = connect(url.replace("redis://", "redis://host:hostpw@"))
+        worker = HostWorker(store, make_settings())
+        listener = admin.pubsub()
+        await listener.ssubscribe(REPLIES)
+        await worker.start()
+        try:
+            for rid in ("q#1", "q#2"):
+                await _queue(admin, rid)
+                got = await _replies(listener, 2)
+                assert [(m["t"], m["rid"]) for m in got] == [
+                    (Reply.ACK.value, rid),
+                    (Reply.REPLY.value, rid),
+                ]
+            assert not any(loop.done() for loop in worker.loops())
+            assert "acknowledging queued commands failed: NoPermissionError" in caplog.text
+        finally:
+            await worker.stop()
+            await listener.aclose()
+            await store.aclose()
+            await admin.aclose()
