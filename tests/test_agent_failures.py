@@ -3,15 +3,24 @@ sessions are marked ERROR, and the broker and other agents carry on."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.serve import Broker
+from broker.store.client import connect
+from broker.store.retry import STORE_AWAY
+from workers.agent_host.host import APPEND_RETRY_PAUSES
+from workers.agent_host.worker import HostWorker
 
 from .conftest import demo_agent, make_settings, plain_agent
 from .support.client import RawClient, text, wait_for
+from .support.redis_server import restartable_redis
 
 
 @pytest.fixture
@@ -153,3 +162,59 @@ async def wait_for_status(broker: Broker, session_id: str, status: str) -> None:
         return await _status(broker, session_id) == status
 
     await wait_for(reached, 10.0, f"{session_id} to become {status}")
+
+
+def _failed_appends(host: Any) -> list[int]:
+    """Counts (in ``[0]``) the host's appends that failed because the store was away."""
+    failed = [0]
+    append_many = host.log.append_many
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await append_many(*args, **kwargs)
+        except STORE_AWAY:
+            failed[0] += 1
+            raise
+
+    host.log.append_many = counted
+    return failed
+
+
+async def test_an_agent_that_crashes_while_the_store_is_away_marks_its_session_error_once_back(
+    tmp_path: Path,
+) -> None:
+    """The agent dies while Redis is down, and stays down past every try of an append: its
+    session is still recorded as ERROR once Redis is back (not given up on with an
+    exception nobody reads, the session left RUNNING)."""
+    with restartable_redis(aof=True) as server:
+        store = connect(server.url, timeout=1.0)
+        host = HostWorker(store, make_settings(agents=[demo_agent()])).host
+        try:
+            session_id, _ = await host.new_session(
+                "t",
+                {"cwd": str(tmp_path), "mcpServers": []},
+                agent="demo",
+                kind="shell",
+                meta={},
+                origin="test",
+            )
+            pid = host.agent_pid("demo")
+            assert pid is not None
+            failed = _failed_appends(host)
+            server.kill()
+            os.kill(pid, signal.SIGKILL)
+            tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
+            await wait_for(lambda: failed[0] >= tries, 30.0, "every try of the ERROR status")
+            server.start()
+
+            async def errored() -> bool:
+                with contextlib.suppress(*STORE_AWAY):
+                    snapshot = await host.log.snapshot("t", session_id)
+                    return snapshot.status == "ERROR"
+                return False
+
+            await wait_for(errored, 20.0, "the session recorded as ERROR")
+        finally:
+            await host.stop()
+            host.log.close()
+            await store.aclose()

@@ -497,6 +497,11 @@ class AgentHost(AgentEvents):
     def _fail(self, held: HeldSession, reason: str) -> None:
         """Stop running a session whose updates were lost, and record it as failed."""
         log.error("session %s failed: %s", held.session_id, reason)
+        self._stop_as_failed(held, reason)
+
+    def _stop_as_failed(self, held: HeldSession, reason: str) -> None:
+        """Stop running a session here, and record it as failed (ERROR, with ``reason``)
+        once the store takes it, however long it is away."""
         self._drop(held)
         task = asyncio.ensure_future(self._fail_when_back(held, reason))
         self._background.add(task)
@@ -569,10 +574,7 @@ class AgentHost(AgentEvents):
             del self._processes[agent.name]
             metrics.AGENT_PROCESSES.dec()
         for held in [h for h in self._held.values() if h.agent is agent]:
-            self._drop(held)
-            task = asyncio.ensure_future(self._mark_error(held, reason))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._stop_as_failed(held, reason)  # the process logged the failure once
 
     # -- internals ------------------------------------------------------------------------
 
