@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from ..config import Settings
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
+from ..store.failures import store_unreachable
 from ..store.retry import STORE_AWAY
 
 T = TypeVar("T")
@@ -29,14 +30,6 @@ class DeadlinePassed(RpcError):
 def deadline_for(method: str, settings: Settings) -> float:
     """Seconds a request for ``method`` may take before its client gets an error."""
     return settings.prompt_timeout if method in LONG_METHODS else settings.request_timeout
-
-
-def store_unreachable(exc: BaseException) -> RpcError:
-    """The error a client sees when the session store failed its request."""
-    return RpcError(
-        INTERNAL_ERROR,
-        f"the session store is unreachable ({type(exc).__name__}: {exc}); try again shortly",
-    )
 
 
 async def within_deadline(

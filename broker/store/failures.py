@@ -21,6 +21,15 @@ STORE_FULL_MESSAGE = (
 )
 
 
+def store_unreachable(exc: BaseException) -> RpcError:
+    """The error a client sees when the session store failed its request (it is out of
+    reach: :data:`~.retry.STORE_AWAY`), on a front or on the agent host that ran it."""
+    return RpcError(
+        INTERNAL_ERROR,
+        f"the session store is unreachable ({type(exc).__name__}: {exc}); try again shortly",
+    )
+
+
 def store_full(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a write at ``maxmemory``."""
     return isinstance(exc, StoreFull) or is_oom(exc)

@@ -33,10 +33,10 @@ from broker.protocol.commands import Op
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
-from broker.store.failures import rpc_failure
+from broker.store.failures import rpc_failure, store_unreachable
 from broker.store.keys import CAPABILITIES_KEY, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
-from broker.store.retry import retrying
+from broker.store.retry import STORE_AWAY, retrying
 
 from .clients import RemoteClients
 from .host import AgentHost
@@ -212,6 +212,10 @@ class HostWorker:
         except SessionMissing:
             missing = session_not_found(str(command.get("sid") or ""))
             await self._send(reply_to, commands.error(rid, missing))
+            return
+        except STORE_AWAY as exc:  # its client is told so (not "internal error"), in one line
+            log.warning("command %s failed: %s", command.get("op"), describe(exc))
+            await self._send(reply_to, commands.error(rid, store_unreachable(exc)))
             return
         except Exception as exc:
             failure = rpc_failure(exc)

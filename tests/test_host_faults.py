@@ -1,4 +1,5 @@
-"""The agent host's reading of the shared command queue outlives Redis's faults in it."""
+"""The agent host under Redis faults: it reads its command queue on, and a command the
+store failed is answered with what went wrong."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from broker.store.keys import host_queue
 from workers.agent_host.worker import HostWorker
 
 from .conftest import make_settings
-from .support.redis_server import redis_server
+from .support.redis_server import redis_server, restartable_redis
 
 REPLIES = "node-test"
 """The shard channel the test's commands name for their acknowledgements and replies."""
@@ -75,3 +76,26 @@ async def test_a_queued_command_whose_xack_fails_runs_and_the_queue_is_read_on(
             await listener.aclose()
             await store.aclose()
             await admin.aclose()
+
+
+async def test_a_command_whose_store_is_away_tells_its_client_so() -> None:
+    """The store goes away under a command the host runs (here an attach, which reads the
+    session's snapshot): its client is answered that the store is unreachable, to try
+    again, not "internal error"."""
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=1.0)
+        worker = HostWorker(store, make_settings())
+        sent: list[dict[str, Any]] = []
+
+        async def send(channel: str, message: dict[str, Any]) -> None:
+            sent.append(message)  # the reply path is Redis too: kept here instead
+
+        worker._send = send  # type: ignore[method-assign]
+        try:
+            server.kill()
+            command = commands.command(Op.ATTACH, "n#1", REPLIES, "t", "sess_1", {"params": {}})
+            await asyncio.wait_for(worker._execute(command), 30.0)
+            assert [m["t"] for m in sent] == [Reply.ACK.value, Reply.ERROR.value]
+            assert sent[1]["error"]["message"].startswith("the session store is unreachable")
+        finally:
+            await store.aclose()
