@@ -3,6 +3,7 @@ sessions are marked ERROR, and the broker and other agents carry on."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -12,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from broker.protocol.jsonrpc import RpcError
 from broker.serve import Broker
 from broker.store.client import connect
+from broker.store.events import EventType
 from broker.store.retry import STORE_AWAY
 from workers.agent_host.host import APPEND_RETRY_PAUSES
 from workers.agent_host.worker import HostWorker
@@ -214,6 +217,56 @@ async def test_an_agent_that_crashes_while_the_store_is_away_marks_its_session_e
                 return False
 
             await wait_for(errored, 20.0, "the session recorded as ERROR")
+        finally:
+            await host.stop()
+            host.log.close()
+            await store.aclose()
+
+
+async def test_a_turn_that_ends_while_the_store_is_away_has_its_end_logged_once_back(
+    tmp_path: Path,
+) -> None:
+    """The agent dies mid-turn while Redis is down, past every try of an append: the turn's
+    end (its error) still reaches the log once Redis is back, so every viewer sees the turn
+    end (a v2 client was answered when the prompt was logged: the log is all it hears)."""
+    with restartable_redis(aof=True) as server:
+        store = connect(server.url, timeout=1.0)
+        host = HostWorker(store, make_settings(agents=[demo_agent()])).host
+        try:
+            session_id, _ = await host.new_session(
+                "t",
+                {"cwd": str(tmp_path), "mcpServers": []},
+                agent="demo",
+                kind="shell",
+                meta={},
+                origin="test",
+            )
+            turn = asyncio.ensure_future(
+                host.prompt("t", session_id, {"prompt": text("/hang")}, "test", "p1")
+            )
+
+            async def began() -> bool:
+                return (await host.log.snapshot("t", session_id)).prompt_id == "p1"
+
+            await wait_for(began, 10.0, "the prompt in the log")
+            pid = host.agent_pid("demo")
+            assert pid is not None
+            failed = _failed_appends(host)
+            server.kill()
+            os.kill(pid, signal.SIGKILL)
+            tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
+            await wait_for(lambda: failed[0] >= 2 * tries, 30.0, "every try of the turn's end")
+            server.start()
+            with pytest.raises(RpcError, match="agent"):
+                await asyncio.wait_for(turn, 30.0)
+            ends = [
+                e.body
+                for e in await host.log.read("t", session_id)
+                if e.type == EventType.PROMPT_END
+            ]
+            assert [(b["promptId"], "agent" in b["error"]["message"]) for b in ends] == [
+                ("p1", True)
+            ]
         finally:
             await host.stop()
             host.log.close()

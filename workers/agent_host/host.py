@@ -129,6 +129,7 @@ class HeldSession:
     restoring: bool = False  # the agent is replaying history we already have: drop it
     early: list[JsonObject] = field(default_factory=list)  # updates that came before ready
     prompt_origin: str | None = None  # the connection whose prompt is running
+    ending: bool = False  # a turn's end waits for the store: a new prompt would go before it
     prompt_task: asyncio.Task[Any] | None = None
     client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -275,6 +276,12 @@ class AgentHost(AgentEvents):
         held = await self._require(tenant, session_id, params)
         if held.prompt_task is not None:
             raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
+        if held.ending:
+            raise RpcError(
+                INTERNAL_ERROR,
+                "the previous prompt's end is not recorded yet (the session store is "
+                "unreachable); try again shortly",
+            )
         capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
         await self._append(
@@ -453,17 +460,27 @@ class AgentHost(AgentEvents):
     async def _log_kept(
         self, batch: list[tuple[HeldSession, JsonObject]], items: list[Any]
     ) -> list[Position | Exception]:
-        """Log a batch, however long the store is out of reach, with the same call ids each
-        time (an append whose outcome was unknown lands once), while the updates waiting
-        fit; past that their sessions are failed and :class:`_Failed` raised."""
+        """Log a batch of updates until the store takes it (:meth:`_log_until_back`) while
+        the updates waiting fit; past that their sessions are failed and :class:`_Failed`
+        raised."""
+        return await self._log_until_back(items, lambda exc: self._keep_or_fail(exc, batch))
+
+    async def _log_until_back(
+        self,
+        items: list[tuple[str, str, JsonObject, str]],
+        keep: Callable[[BaseException], bool] | None = None,
+    ) -> list[Position | Exception]:
+        """Log ``items``, however long the store is out of reach, with the same call ids
+        each time (an append whose outcome was unknown lands once); ``keep``, asked after
+        each failure, may give up (False: :class:`_Failed` is raised)."""
         calls = call_ids(len(items))
         while True:
             try:
                 return await self._log_retrying(items, calls)
             except STORE_AWAY as exc:
-                if not self._keep_or_fail(exc, batch):
+                if keep is not None and not keep(exc):
                     raise _Failed from None
-                await asyncio.sleep(STORE_AWAY_PAUSE)
+            await asyncio.sleep(STORE_AWAY_PAUSE)
 
     def _keep_or_fail(
         self, exc: BaseException, batch: list[tuple[HeldSession, JsonObject]]
@@ -730,9 +747,13 @@ class AgentHost(AgentEvents):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _append(self, held: HeldSession, body: JsonObject) -> Position:
+    async def _append(self, held: HeldSession, body: JsonObject, *, kept: bool = False) -> Position:
+        """Log one of the host's own events, after the agent's updates so far. Tried for a
+        few seconds while the store is away (:meth:`_log_retrying`); ``kept``: until the
+        store takes it (:meth:`_log_until_back`)."""
         await self.settle()  # the agent's updates so far go first: the log keeps their order
-        [result] = await self._log_retrying([(held.tenant, held.session_id, body, held.fence)])
+        items = [(held.tenant, held.session_id, body, held.fence)]
+        [result] = await (self._log_until_back(items) if kept else self._log_retrying(items))
         if isinstance(result, Fenced):
             self.lose(held.session_id)
             raise RpcError(INTERNAL_ERROR, "the session moved to another agent host")
@@ -748,14 +769,24 @@ class AgentHost(AgentEvents):
         result: JsonObject | None = None,
         error: JsonObject | None = None,
     ) -> Position:
-        """Log the end of a prompt turn: the agent's whole result, or the error."""
+        """Log the end of a prompt turn: the agent's whole result, or the error.
+
+        Kept until the store takes it, however long it is away (its request has its own
+        deadline on the front): a turn whose end never reached the log would run for ever
+        to every viewer of the session, and a v2 client, answered once its prompt was
+        logged, hears the end from the log only. A new prompt is refused meanwhile, so
+        that it does not go into the log before this end."""
         body: JsonObject = {"type": EventType.PROMPT_END, "promptId": prompt_id}
         if error is not None:
             body["error"] = error
         else:
             body["stopReason"] = (result or {}).get("stopReason")
             body["result"] = result or {}
-        return await self._append(held, body)
+        held.ending = True
+        try:
+            return await self._append(held, body, kept=True)
+        finally:
+            held.ending = False
 
     async def _mark_error(self, held: HeldSession, reason: str) -> None:
         with contextlib.suppress(SessionMissing, RpcError):
