@@ -129,7 +129,7 @@ class HeldSession:
     restoring: bool = False  # the agent is replaying history we already have: drop it
     early: list[JsonObject] = field(default_factory=list)  # updates that came before ready
     prompt_origin: str | None = None  # the connection whose prompt is running
-    ending: bool = False  # a turn's end waits for the store: a new prompt would go before it
+    ending: asyncio.Future[None] | None = None  # done once the turn's end is in the log
     prompt_task: asyncio.Task[Any] | None = None
     client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -274,14 +274,10 @@ class AgentHost(AgentEvents):
     ) -> PromptOutcome:
         """Run one prompt turn; the log records the prompt, every update and the outcome."""
         held = await self._require(tenant, session_id, params)
+        while held.ending is not None:  # the previous turn's end goes into the log first
+            await asyncio.shield(held.ending)
         if held.prompt_task is not None:
             raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
-        if held.ending:
-            raise RpcError(
-                INTERNAL_ERROR,
-                "the previous prompt's end is not recorded yet (the session store is "
-                "unreachable); try again shortly",
-            )
         capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
         await self._append(
@@ -774,19 +770,20 @@ class AgentHost(AgentEvents):
         Kept until the store takes it, however long it is away (its request has its own
         deadline on the front): a turn whose end never reached the log would run for ever
         to every viewer of the session, and a v2 client, answered once its prompt was
-        logged, hears the end from the log only. A new prompt is refused meanwhile, so
-        that it does not go into the log before this end."""
+        logged, hears the end from the log only. A new prompt waits for it
+        (:attr:`HeldSession.ending`), so that it does not go into the log before it."""
         body: JsonObject = {"type": EventType.PROMPT_END, "promptId": prompt_id}
         if error is not None:
             body["error"] = error
         else:
             body["stopReason"] = (result or {}).get("stopReason")
             body["result"] = result or {}
-        held.ending = True
+        ending = held.ending = asyncio.get_running_loop().create_future()
         try:
             return await self._append(held, body, kept=True)
         finally:
-            held.ending = False
+            held.ending = None
+            ending.set_result(None)
 
     async def _mark_error(self, held: HeldSession, reason: str) -> None:
         with contextlib.suppress(SessionMissing, RpcError):
