@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ if (missing := chromium_missing()) is not None:
         pytest.fail(f"the console's browser tests cannot run: {missing}", pytrace=False)
     pytest.skip(missing, allow_module_level=True)
 
-from playwright.async_api import Page, expect
+from playwright.async_api import BrowserContext, Page, expect
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -103,11 +104,19 @@ def console_url(broker: Broker) -> str:
     return f"http://127.0.0.1:{broker.http_port}/"
 
 
-async def open_console(context: Any, url: str) -> Page:
+_PAGE_ERRORS: weakref.WeakKeyDictionary[Page, list[str]] = weakref.WeakKeyDictionary()
+
+
+def page_errors(page: Page) -> list[str]:
+    """The script errors ``page`` has thrown since ``open_console`` opened it."""
+    return _PAGE_ERRORS[page]
+
+
+async def open_console(context: BrowserContext, url: str) -> Page:
     page = await context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.errors = errors
+    _PAGE_ERRORS[page] = errors
     await page.goto(url)
     await expect(page.get_by_role("status")).to_have_text("Online", timeout=WAIT_MS)
     return page
@@ -162,7 +171,7 @@ async def test_two_pages_see_a_prompt_and_its_streamed_answer_in_the_same_order(
     texts = [await transcript(page).inner_text() for page in (a, b)]
     assert texts[0] == texts[1]
     assert texts[0].index("done") < texts[0].index("from b")
-    assert a.errors == b.errors == []  # type: ignore[attr-defined]
+    assert page_errors(a) == page_errors(b) == []
 
 
 async def test_a_permission_answered_in_one_page_disappears_from_the_other(
@@ -357,7 +366,7 @@ async def test_hostile_agent_output_never_runs(node: Broker, context: Any) -> No
         "badLinks": 0,
         "fine": "noopener noreferrer nofollow",
     }
-    assert page.errors == []  # type: ignore[attr-defined]
+    assert page_errors(page) == []
 
 
 async def test_the_list_pages_through_300_sessions_exactly_once(
@@ -504,7 +513,7 @@ async def _killed_front(redis_url: str, browser: Any, tmp_path: Path) -> None:
                 # And it carries on from the other node.
                 await prompt(page, "after")
                 await expect(transcript(page)).to_contain_text("echo: after", timeout=WAIT_MS)
-                assert page.errors == []  # type: ignore[attr-defined]
+                assert page_errors(page) == []
             finally:
                 await context.close()
 
