@@ -135,6 +135,22 @@ def session_of(url: str) -> str:
     return parse_qs(urlsplit(url).fragment)["session"][0]
 
 
+async def two_pages_on_a_new_session(context: BrowserContext, node: Broker) -> tuple[Page, Page]:
+    """A page that made a session, and a second page opened on that session."""
+    a = await open_console(context, console_url(node))
+    session_id = await new_session(a)
+    b = await open_console(context, f"{console_url(node)}#session={session_id}")
+    await expect(b.locator("#session-cwd")).to_have_text("/srv/console", timeout=WAIT_MS)
+    return a, b
+
+
+async def rename(page: Page, title: str) -> None:
+    """Retitles the page's open session through its Rename form."""
+    await page.get_by_role("button", name="Rename").click()
+    await page.get_by_role("textbox", name="Title").fill(title)
+    await page.get_by_role("button", name="Save title").click()
+
+
 async def prompt(page: Page, text: str) -> None:
     box = page.get_by_role("textbox", name="Prompt")
     await box.fill(text)
@@ -152,10 +168,7 @@ async def wait_idle(page: Page) -> None:
 async def test_two_pages_see_a_prompt_and_its_streamed_answer_in_the_same_order(
     node: Broker, context: Any
 ) -> None:
-    a = await open_console(context, console_url(node))
-    session_id = await new_session(a)
-    b = await open_console(context, f"{console_url(node)}#session={session_id}")
-    await expect(b.locator("#session-cwd")).to_have_text("/srv/console", timeout=WAIT_MS)
+    a, b = await two_pages_on_a_new_session(context, node)
     await prompt(a, "count 40")
     words = " ".join(f"w{i}" for i in range(1, 41)) + " done"
     for page in (a, b):
@@ -177,10 +190,7 @@ async def test_two_pages_see_a_prompt_and_its_streamed_answer_in_the_same_order(
 async def test_a_permission_answered_in_one_page_disappears_from_the_other(
     node: Broker, context: Any
 ) -> None:
-    a = await open_console(context, console_url(node))
-    session_id = await new_session(a)
-    b = await open_console(context, f"{console_url(node)}#session={session_id}")
-    await expect(b.locator("#session-cwd")).to_have_text("/srv/console", timeout=WAIT_MS)
+    a, b = await two_pages_on_a_new_session(context, node)
     await prompt(a, "ask")
     for page in (a, b):
         await expect(page.get_by_role("button", name="Allow")).to_be_visible(timeout=WAIT_MS)
@@ -196,13 +206,8 @@ async def test_a_permission_answered_in_one_page_disappears_from_the_other(
 async def test_renaming_in_one_page_retitles_the_other_and_the_list(
     node: Broker, context: Any
 ) -> None:
-    a = await open_console(context, console_url(node))
-    session_id = await new_session(a)
-    b = await open_console(context, f"{console_url(node)}#session={session_id}")
-    await expect(b.locator("#session-cwd")).to_have_text("/srv/console", timeout=WAIT_MS)
-    await a.get_by_role("button", name="Rename").click()
-    await a.get_by_role("textbox", name="Title").fill("Quarterly report")
-    await a.get_by_role("button", name="Save title").click()
+    a, b = await two_pages_on_a_new_session(context, node)
+    await rename(a, "Quarterly report")
     for page in (a, b):
         await expect(page.get_by_role("heading", name="Quarterly report")).to_be_visible(
             timeout=WAIT_MS
@@ -220,9 +225,7 @@ async def test_a_session_renamed_elsewhere_is_retitled_in_a_list_that_is_not_on_
     a = await open_console(context, console_url(node))
     await new_session(a)
     b = await open_console(context, console_url(node))  # the list only: no session open
-    await a.get_by_role("button", name="Rename").click()
-    await a.get_by_role("textbox", name="Title").fill("Renamed elsewhere")
-    await a.get_by_role("button", name="Save title").click()
+    await rename(a, "Renamed elsewhere")
     row = b.get_by_role("listitem").filter(has_text="Renamed elsewhere")
     # The broker tells b's list that it changed (its fallback poll is 30 s apart).
     await expect(row).to_have_count(1, timeout=8_000)
@@ -304,9 +307,7 @@ async def test_a_rich_session_renders_thoughts_plans_tools_and_markdown(
     await expect(tool).to_contain_text("/srv/app/list.py:1")
     await expect(tool.locator("pre")).to_contain_text("+PAGE = 20")
     await wait_idle(page)
-    await page.get_by_role("button", name="Rename").click()
-    await page.get_by_role("textbox", name="Title").fill("Paging the session list")
-    await page.get_by_role("button", name="Save title").click()
+    await rename(page, "Paging the session list")
     await expect(page.get_by_role("heading", name="Paging the session list")).to_be_visible()
     await page.set_viewport_size({"width": 1280, "height": 1000})
     await page.get_by_role("textbox", name="Prompt").focus()
