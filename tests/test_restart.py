@@ -82,6 +82,15 @@ def _dumps(updates: list[Any]) -> list[dict[str, Any]]:
     return [u.model_dump(by_alias=True, exclude_none=True) for u in updates]
 
 
+def _both_agents(tmp_path: Path) -> dict[str, Any]:
+    """broker_process's options for a broker with the demo and the plain agent."""
+    return {
+        "state_dir": tmp_path / "demo-state",
+        "env": ENV,
+        "agents": (DEMO_AGENT, PLAIN_AGENT),
+    }
+
+
 @STOPS
 async def test_demo_session_survives_a_broker_restart(
     stop: str, redis_url: str, tmp_path: Path
@@ -91,11 +100,7 @@ async def test_demo_session_survives_a_broker_restart(
 
 
 async def _demo_restart(stop: str, redis_url: str, tmp_path: Path) -> None:
-    options: dict[str, Any] = {
-        "state_dir": tmp_path / "demo-state",
-        "env": ENV,
-        "agents": (DEMO_AGENT, PLAIN_AGENT),
-    }
+    options = _both_agents(tmp_path)
     async with broker_process(redis_url, log_path=tmp_path / "broker1.log", **options) as first:
         client = await acp_client(first.url)
         session_id = await client.new(cwd="/work/restart")
@@ -194,11 +199,7 @@ async def test_plain_agent_session_starts_afresh_after_a_restart(
 
 
 async def _plain_restart(stop: str, redis_url: str, tmp_path: Path) -> None:
-    options: dict[str, Any] = {
-        "state_dir": tmp_path / "demo-state",
-        "env": ENV,
-        "agents": (DEMO_AGENT, PLAIN_AGENT),
-    }
+    options = _both_agents(tmp_path)
     async with broker_process(redis_url, log_path=tmp_path / "broker1.log", **options) as first:
         client = await acp_client(first.url)
         session_id = await client.new("/work/plain", agent="plain")
