@@ -134,9 +134,7 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
             for fn in systems.values():  # warm-up
                 await fn()
             for r in range(rounds):
-                names = list(systems)
-                names = names[r % len(names) :] + names[: r % len(names)]
-                for name in names:
+                for name in common.in_turn(list(systems), r):
                     rates[name].append(await systems[name]())
             await store.aclose()
             await raw.aclose()
@@ -149,8 +147,7 @@ async def run(args: Any) -> None:
     all_rates: dict[str, list[float]] = {}
     for r in range(args.runs):
         print(f"append: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)
-        for name, values in (await run_once(args, n, rounds)).items():
-            all_rates.setdefault(name, []).extend(values)
+        common.extend_each(all_rates, await run_once(args, n, rounds))
     med = {name: common.median(values) for name, values in all_rates.items()}
     ceiling = med["raw XADD, one at a time"]
     piped = med["raw XADD, 64 per round trip"]

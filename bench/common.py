@@ -18,10 +18,10 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -228,6 +228,22 @@ def median(values: Sequence[float]) -> float:
 def ratio(a: float, b: float) -> float:
     """a ÷ b, NaN where b is zero (a run too short for the CPU clock's 10 ms ticks)."""
     return a / b if b else float("nan")
+
+
+T = TypeVar("T")
+
+
+def in_turn(systems: Sequence[T], r: int) -> list[T]:
+    """``systems`` in round ``r``'s order: each goes first in turn, so the machine's drift
+    over a run hits every system alike."""
+    turn = r % len(systems)
+    return [*systems[turn:], *systems[:turn]]
+
+
+def extend_each(into: dict[str, list[float]], got: Mapping[str, Sequence[float]]) -> None:
+    """Adds one run's values of each name to the values ``into`` holds of that name."""
+    for name, values in got.items():
+        into.setdefault(name, []).extend(values)
 
 
 def raise_nofile(want: int = 65536) -> int:

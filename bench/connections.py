@@ -84,8 +84,7 @@ async def run(args: Any) -> None:
     systems = tuple(args.systems or SYSTEMS) + tuple(f"broker@{rev}" for rev in args.baseline)
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for r in range(args.runs):
-        # A rotating order: the machine's drift over the run hits every system alike.
-        for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
+        for system in common.in_turn(systems, r):
             print(f"connections: {system}, {n:,} (run {r + 1}/{args.runs})", flush=True)
             tag = f"conn-{system.replace('@', '-')}-{r}"
             profile = args.profile and r == 0 and system.startswith("broker")

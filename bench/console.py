@@ -162,8 +162,7 @@ async def run(args: Any) -> None:
         print(f"console: {events:,} events, {sessions:,} sessions (run {r + 1})")
         got = await run_once(rounds, turns, sessions, args.baseline, 30.0)
         for system, pages in got.items():
-            for name, values in pages.items():
-                times.setdefault(system, {}).setdefault(name, []).extend(values)
+            common.extend_each(times.setdefault(system, {}), pages)
     labels = {
         "session": f"{events:,}-event session, fully rendered",
         "list": f"first page of a {sessions:,}-session list",

@@ -158,8 +158,7 @@ async def run_once(
                 rates[name + V2] = []
             systems = [*fronts, *(name + V2 for name in fronts), "ceiling"]
             for r in range(rounds + 1):  # the first round warms up
-                turn = r % len(systems)  # each system goes first in turn
-                for name in systems[turn:] + systems[:turn]:
+                for name in common.in_turn(systems, r):
                     if name == "ceiling":
                         took, frames = await relay_replay(relay_url, key, session)
                     elif name.endswith(V2):
@@ -180,9 +179,7 @@ async def run(args: Any) -> None:
     rates: dict[str, list[float]] = {}
     for r in range(args.runs):
         print(f"replay: {n:,} events x {rounds} rounds (run {r + 1}/{args.runs})", flush=True)
-        got = await run_once(n, rounds, args.profile, tuple(args.baseline))
-        for name, values in got.items():
-            rates.setdefault(name, []).extend(values)
+        common.extend_each(rates, await run_once(n, rounds, args.profile, tuple(args.baseline)))
     med = {name: common.median(values) for name, values in rates.items()}
     # Each round times every system once: the ratio within a round is a side-by-side one,
     # whatever the machine did between rounds.

@@ -238,7 +238,7 @@ async def run(args: Any) -> None:
     systems = ("broker", *(f"broker@{rev}" for rev in args.baseline))
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for r in range(args.runs):
-        for system in systems[r % len(systems) :] + systems[: r % len(systems)]:
+        for system in common.in_turn(systems, r):
             print(f"storm: {system} (run {r + 1}/{args.runs})", flush=True)
             tag = f"storm-{system.replace('@', '-')}-{r}"
             cell = await run_storm(system, size, tag, args.profile and r == 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.common import extend_each, in_turn
 from bench.profile import collapsed_stacks, summarize
 
 
@@ -26,3 +27,19 @@ def test_summarize_counts_self_and_inclusive_samples(tmp_path: Path) -> None:
     summary = summarize(raw)
     assert summary.startswith("profile.txt: 4 samples")
     assert " 75.0  loop (b.py)" in summary and "100.0  main (a.py)" in summary
+
+
+def test_in_turn_puts_each_system_first_in_turn() -> None:
+    systems = ("a", "b", "c")
+    assert [in_turn(systems, r) for r in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+
+
+def test_extend_each_adds_a_run_to_the_runs_before() -> None:
+    rates: dict[str, list[float]] = {"a": [1.0]}
+    extend_each(rates, {"a": [2.0], "b": [3.0, 4.0]})
+    assert rates == {"a": [1.0, 2.0], "b": [3.0, 4.0]}
