@@ -110,6 +110,24 @@ def broker_env(
     return env
 
 
+async def spawn(
+    args: Sequence[str], log_path: Path, env: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """``args`` run from the tree's root in ``env``: stdout piped to the caller, stderr
+    appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:  # noqa: ASYNC230 - a local file, opened once
+        return await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log_file,
+            env=env,
+            cwd=str(ROOT),
+            start_new_session=True,  # a Ctrl-C in the terminal goes to pytest only
+        )
+
+
 @contextlib.asynccontextmanager
 async def broker_process(
     redis_url: str | None,
@@ -136,17 +154,7 @@ async def broker_process(
     for spec in agents:
         args += ["--agent", spec]
     args += list(extra_args)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:  # noqa: ASYNC230 - a local file, opened once
-        proc = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log_file,
-            env=broker_env(state_dir, env),
-            cwd=str(ROOT),
-            start_new_session=True,  # a Ctrl-C in the terminal goes to pytest only
-        )
+    proc = await spawn(args, log_path, broker_env(state_dir, env))
     node: BrokerProcess | None = None
     try:
         node = await _wait_ready(proc, log_path, start_timeout)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from .broker_process import ROOT, broker_env
+from .broker_process import broker_env, spawn
 
 DEMO = f"demo={sys.executable} -m broker.demo.agent"
 
@@ -52,17 +52,7 @@ async def role_process(
     if role == "agent-host":
         for spec in agents:
             args += ["--agent", spec]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:  # noqa: ASYNC230 - a local file, opened once
-        proc = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log_file,
-            env=broker_env(None, env),
-            cwd=str(ROOT),
-            start_new_session=True,
-        )
+    proc = await spawn(args, log_path, broker_env(None, env))
     node = RoleProcess(proc, log_path)
     drain: asyncio.Task[None] | None = None
     try:
