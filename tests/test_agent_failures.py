@@ -92,14 +92,7 @@ async def test_an_agent_that_ignores_cancel_is_failed_after_the_grace_period(
     client = await RawClient.connect(url)
     await client.initialize()
     session_id = await _session(client)
-    await client.send(
-        {
-            "jsonrpc": "2.0",
-            "id": "hang",
-            "method": "session/prompt",
-            "params": {"sessionId": session_id, "prompt": text("/hang")},
-        }
-    )
+    await client.send_prompt("hang", session_id, "/hang")
     worker = touchy_broker.worker
     assert worker is not None
     await wait_for(lambda: worker.host.prompt_origin(session_id) is not None)
@@ -116,14 +109,7 @@ async def test_cancel_settles_a_pending_permission_request(url: str) -> None:
     client = await RawClient.connect(url)
     await client.initialize()
     session_id = await _session(client)
-    await client.send(
-        {
-            "jsonrpc": "2.0",
-            "id": "p",
-            "method": "session/prompt",
-            "params": {"sessionId": session_id, "prompt": text("read it")},
-        }
-    )
+    await client.send_prompt("p", session_id, "read it")
     await client.read_until(
         lambda: any(m.get("method") == "session/request_permission" for m in client.inbox)
     )

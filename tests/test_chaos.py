@@ -16,7 +16,7 @@ from broker.store.index import SessionIndex
 from broker.store.log import SessionLog
 from workers.projector.rebuild import rebuild_index
 
-from .support.client import RawClient, text
+from .support.client import RawClient
 from .support.projection import feeds_of, until_consumed
 from .test_scale_out import _updates, cluster_of
 
@@ -96,14 +96,7 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         for i, watcher in enumerate(watchers):
             await watcher.attach(nodes[i % 2].url)
         for sid in ids:  # every session streams at once
-            await driver.send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": sid,
-                    "method": "session/prompt",
-                    "params": {"sessionId": sid, "prompt": text(f"/slow {CHUNKS}")},
-                }
-            )
+            await driver.send_prompt(sid, sid, f"/slow {CHUNKS}")
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(w.pump(loop.time() + 2.0) for w in watchers))
         # Chaos: one of each role dies without warning.

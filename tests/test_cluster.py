@@ -95,14 +95,7 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
         await watcher.call("session/resume", {"sessionId": session_id, "cwd": "/f"})
         master = redis_cluster_info.master_of(SessionKeys("default", session_id).log)
         replica = redis_cluster_info.replica_of(master)
-        await actor.send(
-            {
-                "jsonrpc": "2.0",
-                "id": "big",
-                "method": "session/prompt",
-                "params": {"sessionId": session_id, "prompt": text("/chunks 3000")},
-            }
-        )
+        await actor.send_prompt("big", session_id, "/chunks 3000")
         await watcher.read_until(lambda: len(_chunks(watcher, session_id)) >= 200, 30)
         # Promote the replica while events are being appended.
         await asyncio.to_thread(redis_cluster_info.promote, replica)

@@ -479,14 +479,7 @@ async def test_malformed_error_answer_to_a_permission_request_keeps_the_connecti
     session_id = created["result"]["sessionId"]
     client.next_id += 1
     prompt_id = client.next_id
-    await client.send(
-        {
-            "jsonrpc": "2.0",
-            "id": prompt_id,
-            "method": "session/prompt",
-            "params": {"sessionId": session_id, "prompt": text("read a file")},
-        }
-    )
+    await client.send_prompt(prompt_id, session_id, "read a file")
     while True:  # wait for the agent's permission request, routed to this connection
         message = await client.recv(QUICK)
         if message.get("method") == "session/request_permission":

@@ -19,7 +19,7 @@ import pytest
 from broker.protocol.jsonrpc import RpcError
 from workers.agent_host.clients import RemoteClients
 
-from .support.client import RawClient, text
+from .support.client import RawClient
 from .test_scale_out import cluster_of
 
 
@@ -111,14 +111,7 @@ async def _drive(url: str, cwd: str, stop_at: float, counts: dict[str, int]) -> 
         while loop.time() < stop_at and counts["done"] + counts["hung"] < TARGET_PROMPTS:
             n += 1
             prompt_id = f"p{n}"
-            await client.send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": prompt_id,
-                    "method": "session/prompt",
-                    "params": {"sessionId": session_id, "prompt": text(f"read {n}")},
-                }
-            )
+            await client.send_prompt(prompt_id, session_id, f"read {n}")
             deadline = loop.time() + PROMPT_DEADLINE
             try:
                 while True:

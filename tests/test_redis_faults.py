@@ -61,14 +61,7 @@ async def _new_session(url: str, cwd: str) -> tuple[RawClient, str]:
 
 async def _start_prompt(client: RawClient, session_id: str, prompt: str) -> str:
     prompt_id = f"prompt-{time.monotonic_ns()}"
-    await client.send(
-        {
-            "jsonrpc": "2.0",
-            "id": prompt_id,
-            "method": "session/prompt",
-            "params": {"sessionId": session_id, "prompt": text(prompt)},
-        }
-    )
+    await client.send_prompt(prompt_id, session_id, prompt)
     return prompt_id
 
 

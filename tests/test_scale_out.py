@@ -122,14 +122,7 @@ async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_or
             seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in _updates(client, session_id)]
             assert seqs == sorted(set(seqs))
         # A prompt from node 2: its permission request goes to node 2's connection.
-        await b.send(
-            {
-                "jsonrpc": "2.0",
-                "id": "b1",
-                "method": "session/prompt",
-                "params": {"sessionId": session_id, "prompt": text("read")},
-            }
-        )
+        await b.send_prompt("b1", session_id, "read")
         await b.read_until(
             lambda: any(m.get("method") == "session/request_permission" for m in b.inbox), 30
         )
@@ -168,14 +161,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
         redis = connect(redis_url)
         holder = await redis.get(lease_key("default", session_id))
         assert holder
-        await client.send(
-            {
-                "jsonrpc": "2.0",
-                "id": "slow",
-                "method": "session/prompt",
-                "params": {"sessionId": session_id, "prompt": text("/slow 100")},
-            }
-        )
+        await client.send_prompt("slow", session_id, "/slow 100")
         await client.read_until(lambda: len(_chunks(client, session_id)) >= 3, 20)
         # kill -9 the host that holds the session, mid-prompt.
         await _kill_holder(hosts, holder)
@@ -219,14 +205,7 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
         session_id = (await first.call("session/new", {"cwd": "/tmp/r", "mcpServers": []}))[
             "result"
         ]["sessionId"]
-        await first.send(
-            {
-                "jsonrpc": "2.0",
-                "id": "p",
-                "method": "session/prompt",
-                "params": {"sessionId": session_id, "prompt": text("/slow 30")},
-            }
-        )
+        await first.send_prompt("p", session_id, "/slow 30")
         await first.read_until(lambda: len(_chunks(first, session_id)) >= 5, 20)
         seen = _updates(first, session_id)
         last = seen[-1]["_meta"]["acpBroker/position"]

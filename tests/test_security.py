@@ -310,14 +310,7 @@ async def test_a_read_only_viewer_is_never_asked_for_permission(
         assert "result" in await helper.call("session/resume", {"sessionId": sid, "cwd": "/v"})
         # The prompter is asked first; it hangs up instead of answering, so the broker asks
         # the session's other connections: the one that may write, never the viewer.
-        await prompter.send(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "session/prompt",
-                "params": {"sessionId": sid, "prompt": text("read the file please")},
-            }
-        )
+        await prompter.send_prompt(1, sid, "read the file please")
 
         def asked(conn: RawClient) -> list[dict[str, Any]]:
             return [m for m in conn.inbox if m.get("method") == "session/request_permission"]
@@ -696,10 +689,7 @@ async def test_a_client_that_waits_for_replies_is_slowed_never_refused(
         # What is refused: a request that finds no room in flight within max_pace.
         sids = [s["sessionId"] for s in answers[0]["result"]["sessions"][:2]]
         for n, sid in enumerate(sids):
-            prompt = {"sessionId": sid, "prompt": text("/slow 10")}
-            await conn.send(
-                {"jsonrpc": "2.0", "id": f"p{n}", "method": "session/prompt", "params": prompt}
-            )
+            await conn.send_prompt(f"p{n}", sid, "/slow 10")
         refused = await conn.call("session/list", {})
         assert refused["error"]["code"] == -32005, refused
         assert refused["error"]["data"] == {"limit": "max_requests_in_flight"}

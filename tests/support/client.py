@@ -193,6 +193,14 @@ class RawClient:
         await self.send(message)
         return await self.reply_to(msg_id, timeout)
 
+    async def send_prompt(self, msg_id: Any, session_id: str, words: str) -> None:
+        """Send ``session/prompt`` of ``words`` as request ``msg_id``, not awaiting its reply
+        (read it with :meth:`reply_to`)."""
+        params = {"sessionId": session_id, "prompt": text(words)}
+        await self.send(
+            {"jsonrpc": "2.0", "id": msg_id, "method": "session/prompt", "params": params}
+        )
+
     async def reply_to(self, msg_id: Any, timeout: float = 10.0) -> dict[str, Any]:
         while True:
             message = await self.recv(timeout)
