@@ -18,7 +18,7 @@ from workers.projector.rebuild import rebuild_index
 
 from .support.client import RawClient
 from .support.projection import feeds_of, until_consumed
-from .test_scale_out import _updates, cluster_of
+from .test_scale_out import cluster_of
 
 SESSIONS = 100
 CHUNKS = 100  # 100 sessions x 100 chunks = 10,000 agent events
@@ -56,7 +56,7 @@ class Watcher:
 
     def _collect(self) -> None:
         assert self.client is not None
-        self.seen += _updates(self.client, self.session_id)
+        self.seen += self.client.updates(self.session_id)
         self.client.inbox.clear()
 
     async def pump(self, until: float) -> bool:

@@ -13,7 +13,7 @@ from broker.store.log import SessionLog, new_session_id
 
 from .conftest import make_settings
 from .support.client import RawClient, text
-from .test_scale_out import _chunks, _read_chunks, _updates, cluster_of
+from .test_scale_out import cluster_of
 
 
 async def _broker(url: str) -> Broker:
@@ -47,7 +47,7 @@ async def test_sessions_spread_over_the_cluster_are_created_listed_and_loaded(
         loader = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp")
         await loader.initialize()
         await loader.call("session/load", {"sessionId": ids[0], "cwd": "/c/0", "mcpServers": []})
-        assert _chunks(loader, ids[0]) == [f"chunk {i}" for i in range(1, 21)]
+        assert loader.chunks(ids[0]) == [f"chunk {i}" for i in range(1, 21)]
         for c in (client, loader):
             await c.close()
     finally:
@@ -75,7 +75,7 @@ async def test_three_front_nodes_on_the_cluster_see_every_event_in_order(
         )
         assert reply["result"]["stopReason"] == "end_turn"
         for client in clients:
-            chunks = await _read_chunks(client, session_id, 200, 30)
+            chunks = await client.read_chunks(session_id, 200, 30)
             assert chunks == [f"chunk {i}" for i in range(1, 201)]
             await client.close()
 
@@ -96,7 +96,7 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
         master = redis_cluster_info.master_of(SessionKeys("default", session_id).log)
         replica = redis_cluster_info.replica_of(master)
         await actor.send_prompt("big", session_id, "/chunks 3000")
-        await watcher.read_until(lambda: len(_chunks(watcher, session_id)) >= 200, 30)
+        await watcher.read_chunks(session_id, 200, 30)
         # Promote the replica while events are being appended.
         await asyncio.to_thread(redis_cluster_info.promote, replica)
         reply = await actor.reply_to("big", timeout=90)
@@ -104,8 +104,8 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
         assert redis_cluster_info.master_of(SessionKeys("default", session_id).log) == replica
         expected = [f"chunk {i}" for i in range(1, 3001)]
         for client in (actor, watcher):
-            assert await _read_chunks(client, session_id, 3000, 60) == expected
-            seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in _updates(client, session_id)]
+            assert await client.read_chunks(session_id, 3000, 60) == expected
+            seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in client.updates(session_id)]
             assert seqs == sorted(set(seqs))
         redis = connect(redis_cluster_info.url)
         events = await SessionLog(redis).read("default", session_id)

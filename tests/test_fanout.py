@@ -43,15 +43,6 @@ async def _a_session_checked_often(broker: Broker, url: str) -> tuple[RawClient,
     return client, created["result"]["sessionId"]
 
 
-def _chunk_texts(client: RawClient) -> list[str]:
-    return [
-        m["params"]["update"]["content"]["text"]
-        for m in client.inbox
-        if m.get("method") == "session/update"
-        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
-    ]
-
-
 async def test_info_updates_reach_exactly_the_connections_where_the_session_is_active(
     url: str,
 ) -> None:
@@ -198,7 +189,7 @@ async def test_a_deaf_subscription_is_noticed_and_nothing_is_lost(broker, url: s
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 5")}
     )
     assert reply["result"]["stopReason"] == "end_turn"
-    assert _chunk_texts(client) == [f"chunk {i}" for i in range(1, 6)]
+    assert client.chunks() == [f"chunk {i}" for i in range(1, 6)]
     # And live delivery works again afterwards.
     await wait_for(lambda: hub._probes_unanswered == 0, what="probe answered")
     await client.close()
@@ -224,7 +215,7 @@ async def test_a_session_whose_live_events_all_go_missing_is_served_from_its_log
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 4")}
     )
     assert reply["result"]["stopReason"] == "end_turn"
-    assert _chunk_texts(watcher) == [f"chunk {i}" for i in range(1, 5)]
+    assert watcher.chunks() == [f"chunk {i}" for i in range(1, 5)]
     await watcher.close()
 
 

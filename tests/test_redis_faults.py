@@ -41,16 +41,6 @@ SLACK = 3.0
 """Seconds past a deadline that an answer may take to cross the machine (2 shared cores)."""
 
 
-def _chunks(client: RawClient, session_id: str) -> list[str]:
-    return [
-        m["params"]["update"]["content"]["text"]
-        for m in client.inbox
-        if m.get("method") == "session/update"
-        and m["params"]["sessionId"] == session_id
-        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
-    ]
-
-
 async def _new_session(url: str, cwd: str) -> tuple[RawClient, str]:
     client = await RawClient.connect(url)
     await client.initialize()
@@ -115,7 +105,7 @@ async def _stream_through(
     """A prompt streams 60 chunks while ``fault`` happens; returns its client and reply."""
     client, session_id = await _new_session(node.url, "/stream")
     prompt_id = await _start_prompt(client, session_id, "/slow 60")
-    await client.read_until(lambda: len(_chunks(client, session_id)) >= 5, 20)
+    await client.read_chunks(session_id, 5, 20)
     await fault()
     reply = await client.reply_to(prompt_id, timeout=90)
     return client, session_id, reply
@@ -135,8 +125,8 @@ async def test_redis_killed_and_restarted_with_its_data_loses_nothing(tmp_path: 
             client, session_id, reply = await _stream_through(redis, node, crash_and_restart)
             assert reply.get("result", {}).get("stopReason") == "end_turn", reply
             expected = [f"chunk {i}" for i in range(1, 61)]
-            await client.read_until(lambda: len(_chunks(client, session_id)) >= 60, 20)
-            assert _chunks(client, session_id) == expected
+            await client.read_chunks(session_id, 60, 20)
+            assert client.chunks(session_id) == expected
             # The log holds every chunk once: a fresh connection's load replays them.
             viewer = await RawClient.connect(node.url)
             await viewer.initialize()
@@ -144,7 +134,7 @@ async def test_redis_killed_and_restarted_with_its_data_loses_nothing(tmp_path: 
                 "session/load", {"sessionId": session_id, "cwd": "/stream", "mcpServers": []}
             )
             assert "result" in loaded, loaded
-            assert _chunks(viewer, session_id) == expected
+            assert viewer.chunks(session_id) == expected
             print(f"AOF restart: a new session took a prompt {recovery[0]:.1f} s after")
 
 
@@ -208,8 +198,8 @@ async def test_a_stalled_redis_fails_requests_in_time_and_drops_no_update(
             assert answers and max(waits) <= REQUEST_TIMEOUT + SLACK, (waits, answers)
             assert "error" in answers, answers  # the store did not answer: they said so
             assert reply.get("result", {}).get("stopReason") == "end_turn", reply
-            await client.read_until(lambda: len(_chunks(client, session_id)) >= 60, 20)
-            assert _chunks(client, session_id) == [f"chunk {i}" for i in range(1, 61)]
+            await client.read_chunks(session_id, 60, 20)
+            assert client.chunks(session_id) == [f"chunk {i}" for i in range(1, 61)]
 
             async def ready() -> bool:
                 return (await _readyz(node))[0] == 200

@@ -75,28 +75,6 @@ async def cluster_of(
         yield Deployment(nodes, host_procs, projector_procs)
 
 
-def _updates(client: RawClient, session_id: str) -> list[dict]:
-    return [
-        m["params"]
-        for m in client.inbox
-        if m.get("method") == "session/update" and m["params"]["sessionId"] == session_id
-    ]
-
-
-def _chunks(client: RawClient, session_id: str) -> list[str]:
-    return [
-        u["update"]["content"]["text"]
-        for u in _updates(client, session_id)
-        if u["update"]["sessionUpdate"] == "agent_message_chunk"
-    ]
-
-
-async def _read_chunks(client: RawClient, session_id: str, count: int, timeout: float) -> list[str]:
-    """The session's chunk texts on ``client``, once it has received ``count`` of them."""
-    await client.read_until(lambda: len(_chunks(client, session_id)) >= count, timeout)
-    return _chunks(client, session_id)
-
-
 async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_order(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -118,8 +96,8 @@ async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_or
         assert reply["result"]["stopReason"] == "end_turn"
         expected = [f"chunk {i}" for i in range(1, 301)]
         for client in clients:
-            assert await _read_chunks(client, session_id, 300, 30) == expected
-            seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in _updates(client, session_id)]
+            assert await client.read_chunks(session_id, 300, 30) == expected
+            seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in client.updates(session_id)]
             assert seqs == sorted(set(seqs))
         # A prompt from node 2: its permission request goes to node 2's connection.
         await b.send_prompt("b1", session_id, "read")
@@ -162,7 +140,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
         holder = await redis.get(lease_key("default", session_id))
         assert holder
         await client.send_prompt("slow", session_id, "/slow 100")
-        await client.read_until(lambda: len(_chunks(client, session_id)) >= 3, 20)
+        await client.read_chunks(session_id, 3, 20)
         # kill -9 the host that holds the session, mid-prompt.
         await _kill_holder(hosts, holder)
         reply = await client.reply_to("slow", timeout=30)
@@ -206,8 +184,8 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
             "result"
         ]["sessionId"]
         await first.send_prompt("p", session_id, "/slow 30")
-        await first.read_until(lambda: len(_chunks(first, session_id)) >= 5, 20)
-        seen = _updates(first, session_id)
+        await first.read_chunks(session_id, 5, 20)
+        seen = first.updates(session_id)
         last = seen[-1]["_meta"]["acpBroker/position"]
         await nodes[0].kill()
         second = await RawClient.connect(nodes[1].url)
@@ -226,7 +204,7 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
             ),
             30,
         )
-        chunks = _chunks(first, session_id) + _chunks(second, session_id)
+        chunks = first.chunks(session_id) + second.chunks(session_id)
         assert chunks == [f"chunk {i}" for i in range(1, 31)]
         await second.close()
 

@@ -217,6 +217,30 @@ class RawClient:
                 raise AssertionError(f"timed out waiting for {condition}")
             self.inbox.append(await self.recv(left))
 
+    def updates(self, session_id: str) -> list[dict[str, Any]]:
+        """The params of the session's ``session/update`` notifications in ``inbox``."""
+        return [
+            m["params"]
+            for m in self.inbox
+            if m.get("method") == "session/update" and m["params"]["sessionId"] == session_id
+        ]
+
+    def chunks(self, session_id: str | None = None) -> list[str]:
+        """The texts of the agent's message chunks in ``inbox``: the session's, or (without
+        one) every session's."""
+        return [
+            m["params"]["update"]["content"]["text"]
+            for m in self.inbox
+            if m.get("method") == "session/update"
+            and (session_id is None or m["params"]["sessionId"] == session_id)
+            and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+        ]
+
+    async def read_chunks(self, session_id: str, count: int, timeout: float) -> list[str]:
+        """The session's chunk texts, once ``count`` of them have been received (bounded)."""
+        await self.read_until(lambda: len(self.chunks(session_id)) >= count, timeout)
+        return self.chunks(session_id)
+
     async def initialize(self) -> dict[str, Any]:
         return await self.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
 
