@@ -129,7 +129,7 @@ METHODS: list[tuple[str, dict[str, Any]]] = [
 async def test_a_foreign_session_answers_exactly_like_a_missing_one(secure: Broker) -> None:
     a = await _client(secure, await _token(secure, "team-a", ["read", "write"]))
     b = await _client(secure, await _token(secure, "team-b", ["read", "write"]))
-    own = (await a.call("session/new", {"cwd": "/iso", "mcpServers": []}))["result"]["sessionId"]
+    own = await a.new_session("/iso")
     await a.call("session/prompt", {"sessionId": own, "prompt": text("/notool secret")})
     for method, params in METHODS:
         foreign = await b.call(method, {"sessionId": own, **params})
@@ -159,7 +159,7 @@ async def test_a_foreign_session_answers_exactly_like_a_missing_one(secure: Brok
 async def test_a_read_only_token_can_list_and_watch_but_not_change(secure: Broker) -> None:
     writer = await _client(secure, await _token(secure, "team-a", ["read", "write"]))
     reader = await _client(secure, await _token(secure, "team-a", ["read"]))
-    sid = (await writer.call("session/new", {"cwd": "/r", "mcpServers": []}))["result"]["sessionId"]
+    sid = await writer.new_session("/r")
     assert (await reader.call("session/new", {"cwd": "/r", "mcpServers": []}))["error"][
         "code"
     ] == -32000
@@ -274,9 +274,7 @@ async def test_a_slow_consumer_is_cut_off_and_others_keep_going(store: Any) -> N
     await node.start()
     try:
         actor = await _client(node)
-        sid = (await actor.call("session/new", {"cwd": "/slow", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        sid = await actor.new_session("/slow")
         # A client that stops reading while ~24 MB of updates (more than the kernel's socket
         # buffers hold) are sent to it.
         stalled = await _client(node, max_queue=1, ping_interval=None)
@@ -329,7 +327,7 @@ async def test_mcp_tool_with_real_tokens_is_tenant_scoped(secure: Broker) -> Non
     from mcp.client.streamable_http import streamable_http_client
 
     writer = await _client(secure, await _token(secure, "team-a", ["read", "write"]))
-    sid = (await writer.call("session/new", {"cwd": "/m", "mcpServers": []}))["result"]["sessionId"]
+    sid = await writer.new_session("/m")
     url = f"http://127.0.0.1:{secure.http_port}/mcp"
 
     async def call(token: str | None) -> tuple[bool, str]:

@@ -89,8 +89,7 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         await driver.initialize()
         ids = []
         for _ in range(SESSIONS):
-            reply = await driver.call("session/new", {"cwd": "/chaos", "mcpServers": []})
-            ids.append(reply["result"]["sessionId"])
+            ids.append(await driver.new_session("/chaos"))
         Watcher.redis_url = redis_url
         watchers = [Watcher(sid) for sid in ids]
         for i, watcher in enumerate(watchers):

@@ -31,8 +31,7 @@ async def test_sessions_spread_over_the_cluster_are_created_listed_and_loaded(
         await client.initialize()
         ids = []
         for i in range(12):
-            reply = await client.call("session/new", {"cwd": f"/c/{i % 3}", "mcpServers": []})
-            ids.append(reply["result"]["sessionId"])
+            ids.append(await client.new_session(f"/c/{i % 3}"))
         masters = {redis_cluster_info.master_of(SessionKeys("default", s).log) for s in ids}
         assert len(masters) > 1  # the sessions really live on several masters
         reply = await client.call(
@@ -63,9 +62,7 @@ async def test_three_front_nodes_on_the_cluster_see_every_event_in_order(
         for client in clients:
             await client.initialize()
         a = clients[0]
-        session_id = (await a.call("session/new", {"cwd": "/c", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        session_id = await a.new_session("/c")
         for watcher in clients[1:]:
             assert "result" in await watcher.call(
                 "session/resume", {"sessionId": session_id, "cwd": "/c"}
@@ -89,9 +86,7 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
         actor, watcher = await RawClient.connect(url), await RawClient.connect(url)
         for c in (actor, watcher):
             await c.initialize()
-        session_id = (await actor.call("session/new", {"cwd": "/f", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        session_id = await actor.new_session("/f")
         await watcher.call("session/resume", {"sessionId": session_id, "cwd": "/f"})
         master = redis_cluster_info.master_of(SessionKeys("default", session_id).log)
         replica = redis_cluster_info.replica_of(master)

@@ -38,9 +38,9 @@ async def _a_session_checked_often(broker: Broker, url: str) -> tuple[RawClient,
     """A window with a new session, on a node whose hub checks positions every 0.1 s."""
     client = await RawClient.connect(url)
     await client.initialize()
-    created = await client.call("session/new", {"cwd": "/d", "mcpServers": []})
+    session_id = await client.new_session("/d")
     broker.hub.check_interval = 0.1
-    return client, created["result"]["sessionId"]
+    return client, session_id
 
 
 async def test_info_updates_reach_exactly_the_connections_where_the_session_is_active(
@@ -49,8 +49,7 @@ async def test_info_updates_reach_exactly_the_connections_where_the_session_is_a
     a, b, c = [await RawClient.connect(url) for _ in range(3)]
     for client in (a, b, c):
         await client.initialize()
-    created = await a.call("session/new", {"cwd": "/tmp/fan", "mcpServers": []})
-    session_id = created["result"]["sessionId"]
+    session_id = await a.new_session("/tmp/fan")
     other = await c.call("session/new", {"cwd": "/tmp/other", "mcpServers": []})
     assert "result" in other
     resumed = await b.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/fan"})
@@ -92,9 +91,7 @@ async def test_info_updates_reach_exactly_the_connections_where_the_session_is_a
 async def test_set_title_reply_precedes_the_update_on_the_requesting_connection(url: str) -> None:
     a = await RawClient.connect(url)
     await a.initialize()
-    session_id = (await a.call("session/new", {"cwd": "/tmp/t", "mcpServers": []}))["result"][
-        "sessionId"
-    ]
+    session_id = await a.new_session("/tmp/t")
     await a.send(
         {
             "jsonrpc": "2.0",
@@ -139,9 +136,7 @@ async def test_every_update_carries_the_broker_position_and_resume_replays_after
 ) -> None:
     first = await RawClient.connect(url)
     await first.initialize()
-    session_id = (await first.call("session/new", {"cwd": "/tmp/p", "mcpServers": []}))["result"][
-        "sessionId"
-    ]
+    session_id = await first.new_session("/tmp/p")
     await first.call("session/prompt", {"sessionId": session_id, "prompt": text("/chunks 10")})
     updates = [m for m in first.inbox if m.get("method") == "session/update"]
     positions = [m["params"]["_meta"]["acpBroker/position"] for m in updates]

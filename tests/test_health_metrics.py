@@ -86,8 +86,7 @@ async def test_metrics_parse_and_move_with_traffic(broker: Broker) -> None:
     before = samples(body)
     client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
     await client.initialize()
-    reply = await client.call("session/new", {"cwd": "/metrics", "mcpServers": []}, timeout=30)
-    session_id = reply["result"]["sessionId"]
+    session_id = await client.new_session("/metrics", timeout=30)
     reply = await client.call(
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 20")}, timeout=30
     )

@@ -105,8 +105,7 @@ async def _drive(url: str, cwd: str, stop_at: float, counts: dict[str, int]) -> 
     client = await RawClient.connect(url)
     try:
         await client.initialize()
-        reply = await client.call("session/new", {"cwd": cwd, "mcpServers": []}, timeout=30)
-        session_id = reply["result"]["sessionId"]
+        session_id = await client.new_session(cwd, timeout=30)
         n = 0
         while loop.time() < stop_at and counts["done"] + counts["hung"] < TARGET_PROMPTS:
             n += 1

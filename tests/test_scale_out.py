@@ -84,9 +84,7 @@ async def test_a_session_watched_from_three_nodes_reaches_every_connection_in_or
         for client in clients:
             await client.initialize()
         a, b, c = clients
-        session_id = (await a.call("session/new", {"cwd": "/tmp/s", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        session_id = await a.new_session("/tmp/s")
         for watcher in (b, c):
             reply = await watcher.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/s"})
             assert "result" in reply
@@ -133,9 +131,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
         nodes, hosts = deployment.nodes, deployment.hosts
         client = await RawClient.connect(nodes[0].url)
         await client.initialize()
-        session_id = (await client.call("session/new", {"cwd": "/tmp/k", "mcpServers": []}))[
-            "result"
-        ]["sessionId"]
+        session_id = await client.new_session("/tmp/k")
         redis = connect(redis_url)
         holder = await redis.get(lease_key("default", session_id))
         assert holder
@@ -180,9 +176,7 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
         nodes = deployment.nodes
         first = await RawClient.connect(nodes[0].url)
         await first.initialize()
-        session_id = (await first.call("session/new", {"cwd": "/tmp/r", "mcpServers": []}))[
-            "result"
-        ]["sessionId"]
+        session_id = await first.new_session("/tmp/r")
         await first.send_prompt("p", session_id, "/slow 30")
         await first.read_chunks(session_id, 5, 20)
         seen = first.updates(session_id)

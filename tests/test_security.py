@@ -198,9 +198,7 @@ async def test_tenant_names_and_session_ids_are_checked_where_they_enter(
         for tenant in ("sec:s:v", "a}b", "x" * 65, "ünï", ""):
             assert await upgrade_status(node, a_jwt(tenant=tenant)) == 401, tenant
         owner = await client(node, await token(redis_url, "sec", ["read", "write"]))
-        sid = (await owner.call("session/new", {"cwd": "/t", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        sid = await owner.new_session("/t")
         attacker = await client(node, await token(redis_url, "sec", ["read", "write"]))
         for forged in (f"v:s:{sid}", f"{sid}:log", sid.upper(), f"{sid} ", "sess_x"):
             for method, params in (
@@ -263,9 +261,7 @@ SCOPED_CALLS: list[tuple[str, dict[str, Any], str]] = [
 async def test_every_method_checks_its_scope(redis_url: str, tmp_path: Path) -> None:
     async with secured(redis_url, tmp_path) as node:
         full = await client(node, await token(redis_url, "jwt-team", ["read", "write"]))
-        sid = (await full.call("session/new", {"cwd": "/s", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        sid = await full.new_session("/s")
         credentials = {
             "read": [await token(redis_url, "jwt-team", ["read"]), a_jwt(scope="read")],
             "write": [await token(redis_url, "jwt-team", ["write"]), a_jwt(scope="write")],
@@ -298,9 +294,7 @@ async def test_a_read_only_viewer_is_never_asked_for_permission(
     async with secured(redis_url, tmp_path) as node:
         writer = await token(redis_url, "team-a", ["read", "write"])
         prompter = await client(node, writer)
-        sid = (await prompter.call("session/new", {"cwd": "/v", "mcpServers": []}))["result"][
-            "sessionId"
-        ]
+        sid = await prompter.new_session("/v")
         reader = await token(redis_url, "team-a", ["read"])
         viewers = [await client(node, reader) for _ in range(6)]
         for viewer in viewers:

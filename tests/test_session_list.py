@@ -150,11 +150,7 @@ async def test_deleted_sessions_leave_the_list_and_updates_move_a_session_first(
     await client.initialize()
     ids = []
     for _ in range(3):
-        ids.append(
-            (await client.call("session/new", {"cwd": "/x", "mcpServers": []}))["result"][
-                "sessionId"
-            ]
-        )
+        ids.append(await client.new_session("/x"))
     listed = [s["sessionId"] for s in (await client.call("session/list", {}))["result"]["sessions"]]
     assert set(listed) == set(ids)
     await client.call(

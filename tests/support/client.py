@@ -193,6 +193,11 @@ class RawClient:
         await self.send(message)
         return await self.reply_to(msg_id, timeout)
 
+    async def new_session(self, cwd: str, timeout: float = 10.0) -> str:
+        """A new session in ``cwd`` (no MCP servers): its id."""
+        reply = await self.call("session/new", {"cwd": cwd, "mcpServers": []}, timeout)
+        return str(reply["result"]["sessionId"])
+
     async def send_prompt(self, msg_id: Any, session_id: str, words: str) -> None:
         """Send ``session/prompt`` of ``words`` as request ``msg_id``, not awaiting its reply
         (read it with :meth:`reply_to`)."""
