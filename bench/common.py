@@ -18,10 +18,10 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import IO, Any, Literal, TypeVar, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -244,6 +244,29 @@ def extend_each(into: dict[str, list[float]], got: Mapping[str, Sequence[float]]
     """Adds one run's values of each name to the values ``into`` holds of that name."""
     for name, values in got.items():
         into.setdefault(name, []).extend(values)
+
+
+async def commands(
+    lifetime: float, pipe: IO[Any] | None = None, limit: int = 1 << 16
+) -> AsyncGenerator[str, None]:
+    """The lines a child's driver writes to its stdin (or ``pipe``), stripped, until
+    ``lifetime`` seconds have passed; an empty one at the end of the input. ``limit``: the
+    longest line."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin if pipe is None else pipe
+    )
+    deadline = time.monotonic() + lifetime
+    try:
+        while time.monotonic() < deadline:
+            try:
+                line = await asyncio.wait_for(reader.readline(), deadline - time.monotonic())
+            except TimeoutError:
+                return
+            yield line.decode().strip()
+    finally:
+        transport.close()
 
 
 def raise_nofile(want: int = 65536) -> int:

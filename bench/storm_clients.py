@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import raise_nofile
+from bench.common import commands, raise_nofile
 from bench.wsclient import WsClient, connect
 
 LIFETIME = 900.0
@@ -177,16 +177,9 @@ async def main(config: dict[str, Any]) -> None:
     )
     reconnecting = [asyncio.create_task(w.reconnect(survivor, limit)) for w in watchers]
 
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)  # a check line carries every session's seqs
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    deadline = time.monotonic() + LIFETIME
-    while time.monotonic() < deadline:
-        try:
-            line = await asyncio.wait_for(reader.readline(), deadline - time.monotonic())
-        except TimeoutError:
-            break
-        command, _, arg = line.decode().strip().partition(" ")
+    # A check line carries every session's seqs.
+    async for line in commands(LIFETIME, limit=1 << 24):
+        command, _, arg = line.partition(" ")
         if command == "primed":
             print(f"primed {sum(1 for w in watchers if w.count)}", flush=True)
         elif command == "status":

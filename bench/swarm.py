@@ -24,7 +24,7 @@ import time
 from array import array
 from typing import Any
 
-from bench.common import raise_nofile
+from bench.common import commands, raise_nofile
 from bench.wsclient import WsClient, connect
 
 MAX_SAMPLES = 3_000_000
@@ -175,16 +175,7 @@ async def main(config: dict[str, Any], lifetime: float) -> None:
     gc.freeze()
     print("ready " + json.dumps(ready), flush=True)
 
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    deadline = time.monotonic() + lifetime
-    while time.monotonic() < deadline:
-        try:
-            line = await asyncio.wait_for(reader.readline(), deadline - time.monotonic())
-        except TimeoutError:
-            break
-        command = line.decode().strip()
+    async for command in commands(lifetime):
         if command == "count":
             print(f"count {counter.count} {counter.last:.6f}", flush=True)
         elif command == "report":

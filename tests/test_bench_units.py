@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from pathlib import Path
 
-from bench.common import extend_each, in_turn
+from bench.common import commands, extend_each, in_turn
 from bench.profile import collapsed_stacks, summarize
 
 
@@ -43,3 +46,26 @@ def test_extend_each_adds_a_run_to_the_runs_before() -> None:
     rates: dict[str, list[float]] = {"a": [1.0]}
     extend_each(rates, {"a": [2.0], "b": [3.0, 4.0]})
     assert rates == {"a": [1.0, 2.0], "b": [3.0, 4.0]}
+
+
+async def test_commands_are_the_stripped_lines_then_an_empty_one_at_the_end() -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"count\n  check {}  \nquit\n")
+    os.close(write_end)
+    got = []
+    with os.fdopen(read_end, "rb") as pipe:
+        async with contextlib.aclosing(commands(5.0, pipe)) as lines:
+            async for command in lines:
+                got.append(command)
+                if not command:
+                    break
+    assert got == ["count", "check {}", "quit", ""]
+
+
+async def test_commands_end_when_their_lifetime_has_passed() -> None:
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    with os.fdopen(read_end, "rb") as pipe:
+        assert [command async for command in commands(0.2, pipe)] == []
+    os.close(write_end)
+    assert 0.2 <= time.monotonic() - started < 5.0
