@@ -56,8 +56,7 @@ async def test_a_failing_agent_ends_its_prompts_and_marks_sessions_error(
     touchy_broker: Broker, command: str
 ) -> None:
     url = f"ws://127.0.0.1:{touchy_broker.port}/acp"
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     doomed = await _session(client)
     bystander = await _session(client)
     other_agent = await _session(client, "plain")
@@ -89,8 +88,7 @@ async def test_an_agent_that_ignores_cancel_is_failed_after_the_grace_period(
     touchy_broker: Broker,
 ) -> None:
     url = f"ws://127.0.0.1:{touchy_broker.port}/acp"
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     session_id = await _session(client)
     await client.send_prompt("hang", session_id, "/hang")
     worker = touchy_broker.worker
@@ -106,8 +104,7 @@ async def test_an_agent_that_ignores_cancel_is_failed_after_the_grace_period(
 
 
 async def test_cancel_settles_a_pending_permission_request(url: str) -> None:
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     session_id = await _session(client)
     await client.send_prompt("p", session_id, "read it")
     await client.read_until(
@@ -136,8 +133,7 @@ async def test_an_agent_that_cannot_start_gives_a_clear_error(store: Any) -> Non
     node = Broker(make_settings(agents=[broken, demo_agent()]), redis=store)
     await node.start()
     try:
-        client = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{node.port}/acp")
         reply = await client.call("session/new", {"cwd": "/tmp/x", "mcpServers": []})
         assert reply["error"]["code"] == -32603 and "could not start" in reply["error"]["message"]
         assert (await _session(client, "demo")).startswith("sess_")

@@ -63,9 +63,7 @@ def _jwt(**claims: Any) -> str:
 
 async def _client(node: Broker, token: str | None = None, **kwargs: Any) -> RawClient:
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    client = await RawClient.connect(_url(node), additional_headers=headers, **kwargs)
-    await client.initialize()
-    return client
+    return await RawClient.initialized(_url(node), additional_headers=headers, **kwargs)
 
 
 async def _refused(node: Broker, **kwargs: Any) -> int:

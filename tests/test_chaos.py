@@ -85,8 +85,7 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         redis_url, tmp_path, fronts=2, hosts=2, projectors=2, front_env=fast
     ) as deployment:
         nodes, hosts, projectors = deployment.nodes, deployment.hosts, deployment.projectors
-        driver = await RawClient.connect(nodes[1].url)
-        await driver.initialize()
+        driver = await RawClient.initialized(nodes[1].url)
         ids = []
         for _ in range(SESSIONS):
             ids.append(await driver.new_session("/chaos"))

@@ -27,8 +27,7 @@ async def test_sessions_spread_over_the_cluster_are_created_listed_and_loaded(
 ) -> None:
     node = await _broker(redis_cluster_info.url)
     try:
-        client = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{node.port}/acp")
         ids = []
         for i in range(12):
             ids.append(await client.new_session(f"/c/{i % 3}"))
@@ -43,8 +42,7 @@ async def test_sessions_spread_over_the_cluster_are_created_listed_and_loaded(
         assert listed[0]["sessionId"] == ids[0]
         in_cwd = (await client.call("session/list", {"cwd": "/c/1"}))["result"]["sessions"]
         assert {s["sessionId"] for s in in_cwd} == {ids[i] for i in range(1, 12, 3)}
-        loader = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp")
-        await loader.initialize()
+        loader = await RawClient.initialized(f"ws://127.0.0.1:{node.port}/acp")
         await loader.call("session/load", {"sessionId": ids[0], "cwd": "/c/0", "mcpServers": []})
         assert loader.chunks(ids[0]) == [f"chunk {i}" for i in range(1, 21)]
         for c in (client, loader):

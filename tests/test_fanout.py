@@ -36,8 +36,7 @@ async def _read_info_updates(client: RawClient, session_id: str, count: int) -> 
 
 async def _a_session_checked_often(broker: Broker, url: str) -> tuple[RawClient, str]:
     """A window with a new session, on a node whose hub checks positions every 0.1 s."""
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     session_id = await client.new_session("/d")
     broker.hub.check_interval = 0.1
     return client, session_id
@@ -89,8 +88,7 @@ async def test_info_updates_reach_exactly_the_connections_where_the_session_is_a
 
 
 async def test_set_title_reply_precedes_the_update_on_the_requesting_connection(url: str) -> None:
-    a = await RawClient.connect(url)
-    await a.initialize()
+    a = await RawClient.initialized(url)
     session_id = await a.new_session("/tmp/t")
     await a.send(
         {
@@ -134,8 +132,7 @@ async def test_a_second_window_sees_the_prompt_typed_in_the_first_and_the_reply(
 async def test_every_update_carries_the_broker_position_and_resume_replays_after_it(
     url: str,
 ) -> None:
-    first = await RawClient.connect(url)
-    await first.initialize()
+    first = await RawClient.initialized(url)
     session_id = await first.new_session("/tmp/p")
     await first.call("session/prompt", {"sessionId": session_id, "prompt": text("/chunks 10")})
     updates = [m for m in first.inbox if m.get("method") == "session/update"]
@@ -144,8 +141,7 @@ async def test_every_update_carries_the_broker_position_and_resume_replays_after
     middle = positions[len(positions) // 2]
     await first.close()
 
-    second = await RawClient.connect(url)
-    await second.initialize()
+    second = await RawClient.initialized(url)
     reply = await second.call(
         "session/resume",
         {"sessionId": session_id, "cwd": "/tmp/p", "_meta": {"acpBroker/replayAfter": middle}},

@@ -84,8 +84,7 @@ async def test_metrics_parse_and_move_with_traffic(broker: Broker) -> None:
     status, kind, body = await get(url)
     assert status == 200 and kind.startswith("text/plain"), kind
     before = samples(body)
-    client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-    await client.initialize()
+    client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
     session_id = await client.new_session("/metrics", timeout=30)
     reply = await client.call(
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 20")}, timeout=30

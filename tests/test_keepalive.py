@@ -39,9 +39,7 @@ async def node(store: Any) -> AsyncIterator[Broker]:
 
 
 async def _client(node: Broker, **kwargs: Any) -> RawClient:
-    client = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp", **kwargs)
-    await client.initialize()
-    return client
+    return await RawClient.initialized(f"ws://127.0.0.1:{node.port}/acp", **kwargs)
 
 
 def _server_side(node: Broker, client: RawClient) -> ClientConnection | None:

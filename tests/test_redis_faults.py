@@ -42,8 +42,7 @@ SLACK = 3.0
 
 
 async def _new_session(url: str, cwd: str) -> tuple[RawClient, str]:
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     reply = await client.call("session/new", {"cwd": cwd, "mcpServers": []}, timeout=30)
     assert "result" in reply, reply
     return client, reply["result"]["sessionId"]
@@ -128,8 +127,7 @@ async def test_redis_killed_and_restarted_with_its_data_loses_nothing(tmp_path: 
             await client.read_chunks(session_id, 60, 20)
             assert client.chunks(session_id) == expected
             # The log holds every chunk once: a fresh connection's load replays them.
-            viewer = await RawClient.connect(node.url)
-            await viewer.initialize()
+            viewer = await RawClient.initialized(node.url)
             loaded = await viewer.call(
                 "session/load", {"sessionId": session_id, "cwd": "/stream", "mcpServers": []}
             )
@@ -167,8 +165,7 @@ async def test_a_stalled_redis_fails_requests_in_time_and_drops_no_update(
 ) -> None:
     with restartable_redis(aof=False) as redis:
         async with broker_process(redis.url, log_path=tmp_path / "broker.log", env=ENV) as node:
-            lister = await RawClient.connect(node.url)
-            await lister.initialize()
+            lister = await RawClient.initialized(node.url)
             waits: list[float] = []
             answers: list[str] = []
             recovery: list[float] = []

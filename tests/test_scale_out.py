@@ -129,8 +129,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
 ) -> None:
     async with cluster_of(redis_url, tmp_path, fronts=1, hosts=2) as deployment:
         nodes, hosts = deployment.nodes, deployment.hosts
-        client = await RawClient.connect(nodes[0].url)
-        await client.initialize()
+        client = await RawClient.initialized(nodes[0].url)
         session_id = await client.new_session("/tmp/k")
         redis = connect(redis_url)
         holder = await redis.get(lease_key("default", session_id))
@@ -174,16 +173,14 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
 ) -> None:
     async with cluster_of(redis_url, tmp_path, fronts=2, hosts=1) as deployment:
         nodes = deployment.nodes
-        first = await RawClient.connect(nodes[0].url)
-        await first.initialize()
+        first = await RawClient.initialized(nodes[0].url)
         session_id = await first.new_session("/tmp/r")
         await first.send_prompt("p", session_id, "/slow 30")
         await first.read_chunks(session_id, 5, 20)
         seen = first.updates(session_id)
         last = seen[-1]["_meta"]["acpBroker/position"]
         await nodes[0].kill()
-        second = await RawClient.connect(nodes[1].url)
-        await second.initialize()
+        second = await RawClient.initialized(nodes[1].url)
         reply = await second.call(
             "session/resume",
             {"sessionId": session_id, "cwd": "/tmp/r", "_meta": {"acpBroker/replayAfter": last}},

@@ -70,8 +70,7 @@ async def test_walking_1000_sessions_with_tied_times_lists_each_once_newest_firs
     broker: Broker, url: str
 ) -> None:
     made = await _seed(broker, 1000, distinct_times=7)
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     sessions, pages = await _walk(client, {})
     ids = [s["sessionId"] for s in sessions]
     assert len(ids) == 1000 and set(ids) == {sid for _, sid in made}
@@ -83,16 +82,14 @@ async def test_walking_1000_sessions_with_tied_times_lists_each_once_newest_firs
 
 
 async def test_empty_listing_has_empty_sessions_and_no_cursor(url: str) -> None:
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     reply = await client.call("session/list", {})
     assert reply["result"] == {"sessions": []}
     await client.close()
 
 
 async def test_cwd_filter_matches_exactly_with_trailing_separator_normalized(url: str) -> None:
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
 
     async def new(cwd: str, dirs: list[str] | None = None) -> str:
         params = {"cwd": cwd, "mcpServers": [], "additionalDirectories": dirs or []}
@@ -118,8 +115,7 @@ async def test_tampered_truncated_and_foreign_cursors_are_invalid_params(
     broker: Broker, url: str
 ) -> None:
     await _seed(broker, 120, distinct_times=3)
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     first = (await client.call("session/list", {}))["result"]
     cursor = first["nextCursor"]
     payload, tag = cursor.split(".")
@@ -146,8 +142,7 @@ async def test_tampered_truncated_and_foreign_cursors_are_invalid_params(
 
 
 async def test_deleted_sessions_leave_the_list_and_updates_move_a_session_first(url: str) -> None:
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
     ids = []
     for _ in range(3):
         ids.append(await client.new_session("/x"))
@@ -279,8 +274,7 @@ async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
 ) -> None:
     async with _uncached_broker(redis_url, list_page_size=5) as broker:
         await _seed(broker, 12, distinct_times=12)
-        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         counts = _counted_reads(broker)
         first = (await client.call("session/list", {}))["result"]  # opens the connection
         assert counts == {"dispatched": 1, "at once": 1}  # none open yet: dispatched
@@ -305,8 +299,7 @@ async def test_a_stalled_read_is_answered_through_the_client_in_bounded_time(
 ) -> None:
     async with _uncached_broker(redis_url, REPLY_TIMEOUT) as broker:
         await _seed(broker, 5, distinct_times=5)
-        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         expected = (await client.call("session/list", {}))["result"]
         raw, transport = await _bare_transport(broker)
         transport.pause_reading()  # the server's reply is never read: a stall, to this front
@@ -347,8 +340,7 @@ async def test_a_miss_read_again_after_the_bare_read_is_counted_once(
         await _seed(broker, 4, distinct_times=4)
         listing = cwd_listing("/seed")
         expected = json.loads(await broker.methods._list_reply("default", listing, None, ""))
-        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         counts = _counted_reads(broker)
         before = _asked_of_the_cache()
         assert (await client.call("session/list", {}))["result"] == expected  # read at once
@@ -377,8 +369,7 @@ async def test_a_read_in_flight_is_cancelled_by_its_client_and_by_its_connection
 ) -> None:
     async with _uncached_broker(redis_url) as broker:
         await _seed(broker, 5, distinct_times=5)
-        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         expected = (await client.call("session/list", {}))["result"]
         raw, transport = await _bare_transport(broker)
         transport.pause_reading()
@@ -399,8 +390,7 @@ async def test_a_read_in_flight_is_cancelled_by_its_client_and_by_its_connection
         await wait_for(lambda: not broker.connections, what="the connection to end")
         transport.resume_reading()
         await wait_for(lambda: not raw._waiting, what="the reply to be read and dropped")
-        again = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-        await again.initialize()
+        again = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         assert (await again.call("session/list", {}))["result"] == expected
         await again.close()
 
@@ -411,8 +401,7 @@ async def test_a_reply_timeout_past_the_request_deadline_keeps_the_dispatched_re
 ) -> None:
     async with _uncached_broker(redis_url, 5.0, request_timeout=2.5) as broker:
         await _seed(broker, 3, distinct_times=3)
-        client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-        await client.initialize()
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         counts = _counted_reads(broker)
         for _ in range(3):
             assert len((await client.call("session/list", {}))["result"]["sessions"]) == 3

@@ -381,8 +381,7 @@ async def test_1000_sessions_with_equal_creation_times_over_rest_and_mcp(redis_u
 async def test_rest_and_mcp_agree_with_acp_session_list(
     broker: Broker, url: str, http: httpx2.AsyncClient
 ) -> None:
-    client = await RawClient.connect(url)
-    await client.initialize()
+    client = await RawClient.initialized(url)
 
     async def new(cwd: str, meta: dict[str, Any] | None = None) -> str:
         params: dict[str, Any] = {"cwd": cwd, "mcpServers": []}

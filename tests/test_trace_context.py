@@ -49,8 +49,7 @@ async def test_a_clients_trace_reaches_the_agent_under_the_brokers_spans(
     broker: Broker,
 ) -> None:
     EXPORTER.clear()
-    client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-    await client.initialize()
+    client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
     meta = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE, "acpBroker/agent": "plain"}
     reply = await client.call(
         "session/new", {"cwd": "/trace", "mcpServers": [], "_meta": meta}, timeout=30
@@ -101,8 +100,7 @@ async def test_a_traced_rename_keeps_the_trace_out_of_the_sessions_metadata(
 ) -> None:
     """A traced front adds its trace context to every request's ``_meta``: a
     ``session/set_title`` patch must not store it, and ``_meta: null`` must still clear."""
-    client = await RawClient.connect(f"ws://127.0.0.1:{broker.port}/acp")
-    await client.initialize()
+    client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
     reply = await client.call(
         "session/new",
         {"cwd": "/trace", "mcpServers": [], "_meta": {"acpBroker/agent": "plain"}},

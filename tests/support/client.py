@@ -144,6 +144,13 @@ class RawClient:
     async def connect(cls, url: str, **kwargs: Any) -> RawClient:
         return cls(await websockets.connect(url, max_size=None, **kwargs))
 
+    @classmethod
+    async def initialized(cls, url: str, **kwargs: Any) -> RawClient:
+        """:meth:`connect`, then ``initialize`` (its reply not looked at)."""
+        client = await cls.connect(url, **kwargs)
+        await client.initialize()
+        return client
+
     async def send(self, payload: Any) -> None:
         self._sending(payload)
         await self.ws.send(payload if isinstance(payload, str | bytes) else json.dumps(payload))
