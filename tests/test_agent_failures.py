@@ -18,12 +18,12 @@ from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.events import EventType
 from broker.store.retry import STORE_AWAY
-from workers.agent_host.host import APPEND_RETRY_PAUSES
+from workers.agent_host.host import APPEND_RETRY_PAUSES, AgentHost
 from workers.agent_host.worker import HostWorker
 
 from .conftest import demo_agent, make_settings, plain_agent
 from .support.client import RawClient, text, wait_for
-from .support.redis_server import restartable_redis
+from .support.redis_server import RestartableRedis, restartable_redis
 
 
 @pytest.fixture
@@ -165,12 +165,10 @@ def _failed_appends(host: Any) -> list[int]:
     return failed
 
 
-async def test_an_agent_that_crashes_while_the_store_is_away_marks_its_session_error_once_back(
-    tmp_path: Path,
-) -> None:
-    """The agent dies while Redis is down, and stays down past every try of an append: its
-    session is still recorded as ERROR once Redis is back (not given up on with an
-    exception nobody reads, the session left RUNNING)."""
+@contextlib.asynccontextmanager
+async def _demo_session(tmp_path: Path) -> AsyncIterator[tuple[RestartableRedis, AgentHost, str]]:
+    """A demo agent's session on an agent host over a restartable redis-server (append-only
+    file on, so a restart keeps the log): the server, the host and the session's id."""
     with restartable_redis(aof=True) as server:
         store = connect(server.url, timeout=1.0)
         host = HostWorker(store, make_settings(agents=[demo_agent()])).host
@@ -183,26 +181,36 @@ async def test_an_agent_that_crashes_while_the_store_is_away_marks_its_session_e
                 meta={},
                 origin="test",
             )
-            pid = host.agent_pid("demo")
-            assert pid is not None
-            failed = _failed_appends(host)
-            server.kill()
-            os.kill(pid, signal.SIGKILL)
-            tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
-            await wait_for(lambda: failed[0] >= tries, 30.0, "every try of the ERROR status")
-            server.start()
-
-            async def errored() -> bool:
-                with contextlib.suppress(*STORE_AWAY):
-                    snapshot = await host.log.snapshot("t", session_id)
-                    return snapshot.status == "ERROR"
-                return False
-
-            await wait_for(errored, 20.0, "the session recorded as ERROR")
+            yield server, host, session_id
         finally:
             await host.stop()
             host.log.close()
             await store.aclose()
+
+
+async def test_an_agent_that_crashes_while_the_store_is_away_marks_its_session_error_once_back(
+    tmp_path: Path,
+) -> None:
+    """The agent dies while Redis is down, and stays down past every try of an append: its
+    session is still recorded as ERROR once Redis is back (not given up on with an
+    exception nobody reads, the session left RUNNING)."""
+    async with _demo_session(tmp_path) as (server, host, session_id):
+        pid = host.agent_pid("demo")
+        assert pid is not None
+        failed = _failed_appends(host)
+        server.kill()
+        os.kill(pid, signal.SIGKILL)
+        tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
+        await wait_for(lambda: failed[0] >= tries, 30.0, "every try of the ERROR status")
+        server.start()
+
+        async def errored() -> bool:
+            with contextlib.suppress(*STORE_AWAY):
+                snapshot = await host.log.snapshot("t", session_id)
+                return snapshot.status == "ERROR"
+            return False
+
+        await wait_for(errored, 20.0, "the session recorded as ERROR")
 
 
 async def test_a_turn_that_ends_while_the_store_is_away_has_its_end_logged_once_back(
@@ -211,45 +219,26 @@ async def test_a_turn_that_ends_while_the_store_is_away_has_its_end_logged_once_
     """The agent dies mid-turn while Redis is down, past every try of an append: the turn's
     end (its error) still reaches the log once Redis is back, so every viewer sees the turn
     end (a v2 client was answered when the prompt was logged: the log is all it hears)."""
-    with restartable_redis(aof=True) as server:
-        store = connect(server.url, timeout=1.0)
-        host = HostWorker(store, make_settings(agents=[demo_agent()])).host
-        try:
-            session_id, _ = await host.new_session(
-                "t",
-                {"cwd": str(tmp_path), "mcpServers": []},
-                agent="demo",
-                kind="shell",
-                meta={},
-                origin="test",
-            )
-            turn = asyncio.ensure_future(
-                host.prompt("t", session_id, {"prompt": text("/hang")}, "test", "p1")
-            )
+    async with _demo_session(tmp_path) as (server, host, session_id):
+        turn = asyncio.ensure_future(
+            host.prompt("t", session_id, {"prompt": text("/hang")}, "test", "p1")
+        )
 
-            async def began() -> bool:
-                return (await host.log.snapshot("t", session_id)).prompt_id == "p1"
+        async def began() -> bool:
+            return (await host.log.snapshot("t", session_id)).prompt_id == "p1"
 
-            await wait_for(began, 10.0, "the prompt in the log")
-            pid = host.agent_pid("demo")
-            assert pid is not None
-            failed = _failed_appends(host)
-            server.kill()
-            os.kill(pid, signal.SIGKILL)
-            tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
-            await wait_for(lambda: failed[0] >= 2 * tries, 30.0, "every try of the turn's end")
-            server.start()
-            with pytest.raises(RpcError, match="agent"):
-                await asyncio.wait_for(turn, 30.0)
-            ends = [
-                e.body
-                for e in await host.log.read("t", session_id)
-                if e.type == EventType.PROMPT_END
-            ]
-            assert [(b["promptId"], "agent" in b["error"]["message"]) for b in ends] == [
-                ("p1", True)
-            ]
-        finally:
-            await host.stop()
-            host.log.close()
-            await store.aclose()
+        await wait_for(began, 10.0, "the prompt in the log")
+        pid = host.agent_pid("demo")
+        assert pid is not None
+        failed = _failed_appends(host)
+        server.kill()
+        os.kill(pid, signal.SIGKILL)
+        tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
+        await wait_for(lambda: failed[0] >= 2 * tries, 30.0, "every try of the turn's end")
+        server.start()
+        with pytest.raises(RpcError, match="agent"):
+            await asyncio.wait_for(turn, 30.0)
+        ends = [
+            e.body for e in await host.log.read("t", session_id) if e.type == EventType.PROMPT_END
+        ]
+        assert [(b["promptId"], "agent" in b["error"]["message"]) for b in ends] == [("p1", True)]
