@@ -4,7 +4,9 @@ store failed is answered with what went wrong."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from broker.store.keys import host_queue
 from workers.agent_host.worker import HostWorker
 
 from .conftest import make_settings
+from .support.client import wait_for
 from .support.redis_server import redis_server, restartable_redis
 
 REPLIES = "node-test"
@@ -99,3 +102,57 @@ async def test_a_command_whose_store_is_away_tells_its_client_so() -> None:
             assert sent[1]["error"]["message"].startswith("the session store is unreachable")
         finally:
             await store.aclose()
+
+
+async def test_a_new_session_sent_again_after_a_late_acknowledgement_is_made_once(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A front sends a command again when its acknowledgement does not come within
+    ``ack_timeout``; when the first copy was only late, two hosts reading the shared queue
+    each get one. The session is made once: one acknowledgement, one reply, and the copy
+    is left alone (it made a second, orphaned session before)."""
+    caplog.set_level(logging.INFO, logger="workers.agent_host.worker")
+    with redis_server() as url:
+        admin = connect(url)
+        workers = [HostWorker(connect(url), make_settings()) for _ in range(2)]
+        listener = admin.pubsub()
+        await listener.ssubscribe(REPLIES)
+        for worker in workers:
+            await worker.start()
+        try:
+            fields = {
+                "params": {"cwd": str(tmp_path), "mcpServers": []},
+                "agent": "demo",
+                "kind": "shell",
+                "meta": {},
+                "origin": "test",
+            }
+            command = commands.encode(commands.command(Op.NEW, "n#7", REPLIES, "t", None, fields))
+            for _ in range(2):  # the first copy, and the one sent again
+                await admin.xadd(host_queue(), {"m": command})
+            got = await _replies(listener, 2, timeout=30.0)
+            await wait_for(
+                lambda: "command n#7 was taken by a host already" in caplog.text,
+                10.0,
+                "the copy left alone",
+            )
+            got += await _replies_for(listener, 0.5)
+            assert [(m["t"], m["rid"]) for m in got] == [
+                (Reply.ACK.value, "n#7"),
+                (Reply.REPLY.value, "n#7"),
+            ]
+            assert got[1]["result"]["sessionId"]
+        finally:
+            for worker in workers:
+                await worker.stop()
+                await worker.redis.aclose()
+            await listener.aclose()
+            await admin.aclose()
+
+
+async def _replies_for(listener: Any, seconds: float) -> list[dict[str, Any]]:
+    """Whatever more ``listener`` hears within ``seconds`` (none expected)."""
+    got: list[dict[str, Any]] = []
+    with contextlib.suppress(TimeoutError):
+        got += await _replies(listener, 1, timeout=seconds)
+    return got

@@ -176,6 +176,13 @@ def host_queue() -> str:
     return f"{PREFIX}:hosts:queue"
 
 
+def command_taken_key(rid: str) -> str:
+    """Set by the first agent host that takes a command creating a session (``rid``: the
+    call id a front gives it, the same on every copy it sends): a copy sent again because
+    the acknowledgement came late finds it and is not run a second time."""
+    return f"{PREFIX}:hosts:taken:{rid}"
+
+
 INDEX_CHANNEL = f"{PREFIX}:index:changed"
 """The shard channel on which every writer of the session index names, once per batch of
 writes, each tenant whose index it changed (the message is the tenant): fronts drop their

@@ -34,7 +34,7 @@ from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, sessio
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.failures import rpc_failure, store_unreachable
-from broker.store.keys import CAPABILITIES_KEY, host_inbox, host_queue
+from broker.store.keys import CAPABILITIES_KEY, command_taken_key, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
 from broker.store.retry import STORE_AWAY, retrying
 
@@ -45,6 +45,11 @@ from .leases import HeldElsewhere, Leases
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hosts"
+CREATING = frozenset({Op.NEW.value, Op.FORK.value})
+"""Commands that make a session: run once per call id, whichever hosts get copies of it."""
+TAKEN_TTL_MS = 600_000
+"""How long a creating command's call id is remembered: far past the time a front goes on
+sending it again (its ``route_deadline``, 30 s by default)."""
 
 
 class HostWorker:
@@ -200,6 +205,8 @@ class HostWorker:
 
     async def _execute(self, command: JsonObject) -> None:
         reply_to, rid = str(command["reply"]), command["rid"]
+        if command.get("op") in CREATING and not await self._first_to_take(str(rid)):
+            return
         await self._send(reply_to, commands.ack(rid, self.host_id))
         try:
             result = await self._dispatch(command)
@@ -225,6 +232,24 @@ class HostWorker:
             await self._send(reply_to, commands.error(rid, failure))
             return
         await self._send(reply_to, commands.result(rid, result))
+
+    async def _first_to_take(self, rid: str) -> bool:
+        """Whether this host is the first to take the command ``rid`` (False: a copy of one
+        taken already, left alone). A front sends a command again when no acknowledgement
+        came within its ``ack_timeout``; one that was only late (a host slow to read its
+        queue, an acknowledgement retried through a blip) would otherwise make a second
+        session beside the one its client is answered with. When Redis cannot say, the
+        command runs: its own writes then meet the same store."""
+        try:
+            taken = await self.redis.set(
+                command_taken_key(rid), self.host_id, nx=True, px=TAKEN_TTL_MS
+            )
+        except (RedisError, OSError) as exc:
+            log.warning("could not mark command %s as taken (%s); running it", rid, describe(exc))
+            return True
+        if not taken:
+            log.info("command %s was taken by a host already: not run again", rid)
+        return bool(taken)
 
     async def _dispatch(self, command: JsonObject) -> Any:
         op, tenant, sid = command["op"], str(command["tenant"]), str(command.get("sid") or "")
