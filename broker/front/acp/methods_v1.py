@@ -40,6 +40,7 @@ from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normali
 from ...store.log import SessionLog, SessionMissing
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
+from ...store.retry import retrying
 from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import PageCache
@@ -294,8 +295,7 @@ class AcpMethods:
             meta=without_trace(user_meta),
             origin=conn.id,
         )
-        await self.project(conn.tenant, session_id)
-        await conn.activate(conn.tenant, session_id, replay_after=0, replay_now=False)
+        await self._opened(conn, session_id, replay_after=0)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
@@ -313,12 +313,23 @@ class AcpMethods:
         session_id, reply, copied = await self.host.fork(
             conn.tenant, snapshot.session_id, agent_params, meta=user_meta, origin=conn.id
         )
-        await self.project(conn.tenant, session_id)
         # The copied history is the parent's, which this client has: it gets what follows.
-        await conn.activate(conn.tenant, session_id, replay_after=copied, replay_now=False)
+        await self._opened(conn, session_id, replay_after=copied)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
+
+    async def _opened(self, conn: ClientConnection, session_id: str, *, replay_after: int) -> None:
+        """A session an agent host just made: listed now and active on ``conn``, each step
+        tried again while the store is out of reach for a moment, within the request's
+        deadline. The session exists already: an error here would have its client ask for
+        another, and leave this one orphaned in the list."""
+        tenant, bound = conn.tenant, self.settings.request_timeout
+        await retrying(lambda: self.project(tenant, session_id), bound)
+        await retrying(
+            lambda: conn.activate(tenant, session_id, replay_after=replay_after, replay_now=False),
+            bound,
+        )
 
     async def session_load(self, conn: ClientConnection, request: Request) -> Any:
         reopened = await self.reopen(conn, request, replay_default=0)
