@@ -156,3 +156,59 @@ async def _replies_for(listener: Any, seconds: float) -> list[dict[str, Any]]:
     with contextlib.suppress(TimeoutError):
         got += await _replies(listener, 1, timeout=seconds)
     return got
+
+
+MALFORMED = [
+    {"m": "{not json"},
+    {"x": "no m field"},
+    {"m": "[1, 2]"},
+    {"m": commands.encode({"op": Op.CANCEL.value, "rid": "bad#1", "reply": REPLIES})},
+]
+"""Entries no front writes: bad JSON, no ``m``, not an object, no tenant (only the last
+says where to answer)."""
+
+
+@pytest.mark.parametrize("stream", ["inbox", "queue"])
+async def test_a_malformed_entry_is_skipped_and_the_next_command_served(
+    stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Malformed entries in the host's inbox or the shared queue are logged, one line each,
+    the one that names its reply channel is answered with an error, and the command after
+    them is served (one such entry once ended the host's reading of that stream)."""
+    with redis_server() as url:
+        store = connect(url)
+        worker = HostWorker(store, make_settings())
+        key = worker.inbox if stream == "inbox" else host_queue()
+        listener = store.pubsub()
+        await listener.ssubscribe(REPLIES)
+        await worker.start()
+        try:
+            # The inbox is read from "$": write only once the host waits on it.
+            await wait_for(lambda: _reading_inbox(store), what="the host reading its inbox")
+            for fields in MALFORMED:
+                await store.xadd(key, fields)
+            good = commands.command(Op.CANCEL, "good#1", REPLIES, "t", "sess_none", {})
+            await store.xadd(key, {"m": commands.encode(good)})
+            got = await _replies(listener, 3)
+            # Each is sent from its own task: only the good command's two come in order.
+            assert sorted((m["rid"], m["t"]) for m in got) == [
+                ("bad#1", Reply.ERROR.value),
+                ("good#1", Reply.ACK.value),
+                ("good#1", Reply.REPLY.value),
+            ]
+            assert [m["t"] for m in got if m["rid"] == "good#1"] == ["ack", "reply"]
+            refusal = next(m for m in got if m["rid"] == "bad#1")["error"]["message"]
+            assert refusal == "malformed command: ValueError: no tenant (a string)"
+            assert not any(loop.done() for loop in worker.loops())
+            skipped = [r for r in caplog.records if "skipped malformed entry" in r.getMessage()]
+            assert len(skipped) == len(MALFORMED)
+            assert all(r.exc_info is None and "\n" not in r.getMessage() for r in skipped)
+        finally:
+            await worker.stop()
+            await listener.aclose()
+            await store.aclose()
+
+
+async def _reading_inbox(store: Store) -> bool:
+    """Whether a client is blocked in XREAD (only the host's inbox is read so)."""
+    return any(client["cmd"] == "xread" for client in await store.client_list())

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import secrets
+from collections.abc import Coroutine
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -30,7 +31,13 @@ from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
 from broker.protocol.commands import Op
-from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
+from broker.protocol.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    JsonObject,
+    RpcError,
+    session_not_found,
+)
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.failures import rpc_failure, store_unreachable
@@ -133,7 +140,7 @@ class HostWorker:
             for _, entries in replies or []:
                 for entry_id, fields in entries:
                     last = entry_id
-                    self._take(json.loads(fields["m"]))
+                    self._take_entry(self.inbox, entry_id, fields)
 
     async def _create_group(self, start: str) -> None:
         try:
@@ -161,8 +168,8 @@ class HostWorker:
             replies = await self._guarded(self._queue_batch())
             for _, entries in replies or []:
                 await self._ack_queued([entry_id for entry_id, _ in entries])
-                for _, fields in entries:
-                    self._take(json.loads(fields["m"]))
+                for entry_id, fields in entries:
+                    self._take_entry(host_queue(), entry_id, fields)
 
     async def _ack_queued(self, entry_ids: list[str]) -> None:
         """Acknowledge commands read from the shared queue. When Redis fails the XACK, the
@@ -193,13 +200,41 @@ class HostWorker:
         self.read_failures.succeeded()
         return result
 
+    def _take_entry(self, stream: str, entry_id: str, fields: dict[str, Any]) -> None:
+        """One stream entry taken: a malformed one is logged in a line, answered with an
+        error where it names its reply channel, and skipped (already read past, or acked),
+        so the loop serves the next entries. (One raised out of the loop once: the host
+        read that stream no more until a restart.)"""
+        command: Any = None
+        try:
+            if "m" not in fields:
+                raise ValueError("no field m")
+            command = json.loads(fields["m"])
+            self._take(checked_command(command))
+        except Exception as exc:
+            log.warning("skipped malformed entry %s of %s: %s", entry_id, stream, describe(exc))
+            self._refuse(command, exc)
+
+    def _refuse(self, command: Any, exc: Exception) -> None:
+        """Tell a malformed command's sender why it is not run, where it says where."""
+        if not isinstance(command, dict) or command.get("op") == Op.CLIENT_REPLY:
+            return  # nowhere to answer (a client's answer is asked for again: see .clients)
+        reply_to, rid = command.get("reply"), command.get("rid")
+        if not isinstance(reply_to, str) or rid is None:
+            return
+        refusal = RpcError(INVALID_PARAMS, f"malformed command: {describe(exc)}")
+        self._spawn(self._send(reply_to, commands.error(rid, refusal)))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _take(self, command: JsonObject) -> None:
         if command.get("op") == Op.CLIENT_REPLY:
             self.clients.on_reply(command)
             return
-        task = asyncio.ensure_future(self._execute(command))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._execute(command))
 
     # -- executing commands -------------------------------------------------------------------
 
@@ -347,3 +382,16 @@ class HostWorker:
             except (RpcError, SessionMissing) as exc:
                 log.warning("could not take over session %s: %s", session_id, exc)
                 await self.leases.forget(tenant, session_id)
+
+
+def checked_command(command: Any) -> JsonObject:
+    """``command`` (an entry's decoded ``m``) if it has what :meth:`HostWorker._execute`
+    reads before it can answer; else ValueError saying what is missing."""
+    if not isinstance(command, dict):
+        raise ValueError("m is not a JSON object")
+    if command.get("op") == Op.CLIENT_REPLY:
+        return command
+    for name in ("op", "rid", "reply", "tenant"):
+        if not isinstance(command.get(name), str):
+            raise ValueError(f"no {name} (a string)")
+    return command
