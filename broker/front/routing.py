@@ -24,9 +24,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..auth.principal import Scope
+from ..failures import describe
 from ..protocol import capabilities, commands
 from ..protocol.commands import SessionMessage
-from ..protocol.jsonrpc import JsonObject, RpcError
+from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
 from ..store.client import Store
 from ..store.events import LogEvent
 from ..store.keys import INBOX_MAXLEN, SessionKeys
@@ -110,13 +111,36 @@ class NodeRouter(HubListener):
                 return
             task = asyncio.ensure_future(self._ask(keys, message))
             self._asking[rid] = task
-            task.add_done_callback(lambda _: self._asking.pop(rid, None))
+            task.add_done_callback(lambda done: self._asked(rid, done))
         elif kind == SessionMessage.CLIENT_SETTLED:
             self._answered.pop(rid, None)
             if rid in self._asking:
                 self._asking[rid].cancel()
 
+    def _asked(self, rid: str, task: asyncio.Task[Any]) -> None:
+        """An ask ended: forgotten, and a failure even answering it logged (not left in a
+        task nobody reads)."""
+        self._asking.pop(rid, None)
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.error("could not answer agent request %s: %s", rid, describe(failure))
+
     async def _ask(self, keys: SessionKeys, message: JsonObject) -> None:
+        """Ask a client and hand its answer to the agent host. A fault in asking is logged in
+        a line and the agent answered with an error at once (it once ended the task unread:
+        the host asked again and again until ``client_request_timeout``)."""
+        try:
+            answer = await self._client_answer(keys, message)
+        except Exception as exc:
+            log.error(
+                "asking a client for agent request %s failed: %s", message.get("rid"), describe(exc)
+            )
+            failure = RpcError(INTERNAL_ERROR, f"asking the client failed: {describe(exc)}")
+            answer = {"error": failure.to_json()}
+        await self._answer(message, answer)
+
+    async def _client_answer(self, keys: SessionKeys, message: JsonObject) -> JsonObject:
+        """The answer of this node's clients (``{"none": True}``: none of them can)."""
         method, prefer = str(message["method"]), message.get("prefer")
         candidates = [
             conn
@@ -137,7 +161,7 @@ class NodeRouter(HubListener):
                 break
             except ConnectionError:
                 continue
-        await self._answer(message, answer)
+        return answer
 
     async def _first_answer(
         self, conns: list[ClientConnection], method: str, params: JsonObject
