@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 
 from broker.protocol.jsonrpc import RpcError
+from broker.store.client import Store, connect
+from broker.store.keys import SessionKeys
 from workers.agent_host.clients import RemoteClients
 
-from .support.client import RawClient
+from .support.client import RawClient, wait_for
+from .support.redis_server import redis_server
 from .test_scale_out import cluster_of
 
 
@@ -91,6 +94,48 @@ async def test_every_node_declining_ends_the_question_at_once() -> None:
     clients = RemoteClients(_Channel(decline), "inbox", timeout=30, reask_interval=10)
     with pytest.raises(RpcError, match="no connected client"):
         await asyncio.wait_for(clients.request_client("t", "s", "fs/read_text_file", {}, None), 5)
+
+
+class _SocketErrors:
+    """A real store whose SPUBLISH fails with a bare socket error (``OSError``, which redis-py
+    does not always wrap) on the first request and on the first "settled"."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.failed: set[str] = set()
+
+    async def spublish(self, channel: str, data: str) -> int:
+        kind = json.loads(data)["kind"]
+        if kind not in self.failed:
+            self.failed.add(kind)
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return int(await self.store.spublish(channel, data))
+
+
+async def test_a_socket_error_from_the_store_is_asked_through() -> None:
+    """An ``OSError`` from the store is handled as a RedisError is: the question is asked
+    again at the next interval and its answer taken; one announcing "settled" is logged
+    (either once escaped: the agent got the socket error instead of its client's answer)."""
+    with redis_server() as url:
+        store = connect(url)
+        listener = store.pubsub()
+        await listener.ssubscribe(SessionKeys("t", "s").channel)
+        clients = RemoteClients(_SocketErrors(store), "inbox", timeout=10, reask_interval=0.1)
+        try:
+            asking = asyncio.ensure_future(
+                clients.request_client("t", "s", "session/request_permission", {}, None)
+            )
+            heard = await wait_for(lambda: _next_request(listener), what="the question")
+            clients.on_reply({"rid": heard["rid"], "node": "n1", "result": {"ok": 3}})
+            assert await asyncio.wait_for(asking, 5) == {"ok": 3}
+        finally:
+            await listener.aclose()
+            await store.aclose()
+
+
+async def _next_request(listener: Any) -> dict[str, Any] | None:
+    message = await listener.get_message(timeout=0.1)
+    return json.loads(message["data"]) if message and message["type"] == "smessage" else None
 
 
 SESSIONS = 40

@@ -101,7 +101,7 @@ class RemoteClients:
         while True:
             try:
                 receivers = int(await self.redis.spublish(channel, data))
-            except RedisError as exc:
+            except (RedisError, OSError) as exc:  # a socket error is the store out of reach too
                 # The store is out of reach: the answer cannot come back either. Ask again
                 # at the next interval, until the deadline.
                 log.warning("asking for %s failed: %s: %s", method, type(exc).__name__, exc)
@@ -128,7 +128,7 @@ class RemoteClients:
         """Tell the other nodes the request is settled (withdraws it from their clients)."""
         try:
             await self.redis.spublish(channel, commands.encode(commands.client_settled(rid)))
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:  # raised here, it would replace the answer
             # Not an answer: a node that misses it withdraws the request when its own
             # client's answer reaches a host that no longer waits for it.
             log.info("could not announce that %s is settled: %s", rid, exc)
