@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
+
+import pytest
 
 from broker.front.fanout import FanoutHub
 from broker.serve import Broker
@@ -271,3 +275,48 @@ async def test_a_join_whose_opener_was_cancelled_opens_the_feed_itself() -> None
                 server.resume()
             assert await asyncio.wait_for(waiting, 10.0) == 1
             assert [w.id for w in hub.subscribers("sess_1", "t")] == ["waits"]
+
+
+def _gapped(channel: str, seq: int, epoch: str) -> dict[str, Any]:
+    """A live event whose seq skips one: the hub reads the log for the one it missed."""
+    event = {"type": EventType.NOTICE, "text": f"e{seq}"}
+    data = {"seq": seq, "epoch": epoch, "ts": 0, "event": event}
+    return {"type": "smessage", "channel": channel, "data": json.dumps(data)}
+
+
+async def test_catch_up_reads_failing_in_a_redis_outage_are_logged_in_summary(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Events arrive with gaps while Redis is down: each catch-up read fails, and the log
+    has one line for the first, not a traceback for each; then one line when it recovers."""
+    with restartable_redis(aof=True) as server:
+        store = connect(server.url, timeout=1.0)
+        try:
+            await SessionLog(store).create("t", "sess_1", {"type": EventType.CREATED, "cwd": "/w"})
+        finally:
+            await store.aclose()
+        async with _hub(server.url) as hub:
+            window = _Window("w")
+            assert await hub.join("t", "sess_1", window) == 1
+            feed = hub._feeds[SessionKeys("t", "sess_1").channel]
+            assert feed.last is not None and feed.epoch is not None
+            channel, seq, epoch = feed.keys.channel, feed.last, feed.epoch
+            caplog.set_level(logging.INFO, logger="broker.front.fanout")
+            server.kill()
+            for _ in range(5):
+                seq += 2
+                await hub._on_messages([_gapped(channel, seq, epoch)])
+            server.start()
+            seq += 2
+            await wait_for(lambda: _caught_up(hub, window, _gapped(channel, seq, epoch)), 10.0)
+        hub_lines = [r for r in caplog.records if r.name == "broker.front.fanout"]
+        lines = [r for r in hub_lines if "catch-up" in r.getMessage() or r.exc_info]
+        said = [r.getMessage().split(" after")[0].split(":")[0] for r in lines]
+        assert said == ["catch-up read failed", "catch-up read recovered"], caplog.text
+
+
+async def _caught_up(hub: FanoutHub, window: _Window, message: dict[str, Any]) -> bool:
+    """Hand the hub a gapped event again; whether it reached the window this time (its
+    catch-up read worked)."""
+    await hub._on_messages([message])
+    return bool(window.events) and window.events[-1].seq == json.loads(message["data"])["seq"]

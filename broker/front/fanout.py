@@ -30,6 +30,7 @@ from ..store.client import Store, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
+from ..store.retry import STORE_AWAY
 from ..store.subscriber import Message, open_subscriber
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class FanoutHub:
         self._probes_unanswered = 0
         self.read_failures = FailureLog(log, "pub/sub read")
         self.check_failures = FailureLog(log, "position check")
+        self.catch_up_failures = FailureLog(log, "catch-up read")
 
     async def start(self) -> None:
         if is_cluster(self.redis):
@@ -265,6 +267,10 @@ class FanoutHub:
                     await self._on_message(message, alone)
                 except asyncio.CancelledError:
                     raise
+                except STORE_AWAY as exc:
+                    # A catch-up read in a Redis blip: summarized, not a traceback a message.
+                    # Nothing is lost: the next gap, or the position check, reads it again.
+                    self.catch_up_failures.failed(exc)
                 except Exception:
                     log.exception("a pub/sub message could not be handled: %.200r", message)
 
@@ -329,6 +335,7 @@ class FanoutHub:
             )
         except SessionMissing:
             return
+        self.catch_up_failures.succeeded()
         for event in events:
             self._hand_out(feed, event)
 
