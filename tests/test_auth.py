@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -16,9 +17,11 @@ import websockets
 
 from broker.auth.tokens import TokenStore
 from broker.serve import Broker
+from broker.store.client import connect
 
 from .conftest import make_settings, run_cli
 from .support.client import RawClient, text, tool_result_text, wait_for
+from .support.redis_server import restartable_redis
 
 JWT_SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 
@@ -493,3 +496,35 @@ async def test_direct_tls_serves_wss_and_https(store: Any, tmp_path: Any) -> Non
             await websockets.connect(f"ws://127.0.0.1:{node.port}/acp", open_timeout=5)
     finally:
         await node.stop()
+
+
+async def test_rate_counting_failing_while_redis_is_away_is_logged_in_summary(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis goes away under a credential's requests: each is served uncounted (answered,
+    here with the store's error), and the failed counting is logged in one line for the
+    node, no traceback, not a warning with a traceback for every request."""
+    with restartable_redis(aof=False) as server:
+        store = connect(server.url, timeout=1.0)
+        node = Broker(make_settings(auth="on", rate_per_token=10), redis=store)
+        await node.start()
+        client = await _client(node, await _token(node, "team-a", ["read"]))
+        try:
+            caplog.set_level(logging.INFO, logger="broker.front.acp")
+            server.kill()
+            for _ in range(3):
+                assert "error" in await client.call("session/list", {})
+        finally:
+            server.start()
+            await client.close()
+            await node.stop()
+            await store.aclose()
+    counting = [
+        r
+        for r in caplog.records
+        if r.name.startswith("broker.front.acp") and "count" in r.getMessage()
+    ]
+    assert [r.getMessage().split(":")[0] for r in counting] == [
+        "counting requests for rate_per_token failed"
+    ], caplog.text
+    assert counting[0].exc_info is None

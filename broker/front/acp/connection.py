@@ -339,12 +339,14 @@ class ClientConnection:
         subject = counted_subject(self.principal)
         if not subject:
             return None
+        rates = self.methods.access.rates
         while True:
             try:
-                wait = await self.methods.access.rates.take(subject, requests)
-            except RedisError:
-                log.warning("could not count %s's requests; serving them", subject, exc_info=True)
+                wait = await rates.take(subject, requests)
+            except (RedisError, OSError) as exc:  # the store away: served uncounted
+                rates.failures.failed(exc)
                 return None
+            rates.failures.succeeded()
             if not wait:
                 return None
             if loop.time() + wait > deadline:

@@ -18,12 +18,16 @@ credential, not once a request. A frame whose credential has spent this second's
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
 
+from ...failures import FailureLog
 from ...store.client import Store
 from ...store.keys import PREFIX
+
+log = logging.getLogger(__name__)
 
 WINDOW_TTL = 5
 """Seconds a per-second counter outlives its second (clocks of nodes differ a little)."""
@@ -67,6 +71,9 @@ class TokenRates:
         self.limit = max(1, int(rate))
         self.lease = max(1, self.limit // 10)
         self._leased: dict[str, tuple[int, int]] = {}  # subject -> (second, requests left)
+        # Counting fails while Redis is away, for every request of every connection: one
+        # line for the node, summarized, not one a request (requests are served meanwhile).
+        self.failures = FailureLog(log, "counting requests for rate_per_token")
 
     def take_leased(self, subject: str, requests: int) -> bool:
         """:meth:`take` when what this node leased of the current second covers ``requests``
