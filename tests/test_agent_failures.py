@@ -165,6 +165,21 @@ def _failed_appends(host: Any) -> list[int]:
     return failed
 
 
+async def _agent_killed_in_an_outage(
+    server: RestartableRedis, host: AgentHost, appends: int, what: str
+) -> None:
+    """Redis down, then the demo agent killed: Redis comes back once ``appends`` of the host's
+    appends have failed every try they are given."""
+    pid = host.agent_pid("demo")
+    assert pid is not None
+    failed = _failed_appends(host)
+    server.kill()
+    os.kill(pid, signal.SIGKILL)
+    tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
+    await wait_for(lambda: failed[0] >= appends * tries, 30.0, what)
+    server.start()
+
+
 @contextlib.asynccontextmanager
 async def _demo_session(tmp_path: Path) -> AsyncIterator[tuple[RestartableRedis, AgentHost, str]]:
     """A demo agent's session on an agent host over a restartable redis-server (append-only
@@ -195,14 +210,7 @@ async def test_an_agent_that_crashes_while_the_store_is_away_marks_its_session_e
     session is still recorded as ERROR once Redis is back (not given up on with an
     exception nobody reads, the session left RUNNING)."""
     async with _demo_session(tmp_path) as (server, host, session_id):
-        pid = host.agent_pid("demo")
-        assert pid is not None
-        failed = _failed_appends(host)
-        server.kill()
-        os.kill(pid, signal.SIGKILL)
-        tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
-        await wait_for(lambda: failed[0] >= tries, 30.0, "every try of the ERROR status")
-        server.start()
+        await _agent_killed_in_an_outage(server, host, 1, "every try of the ERROR status")
 
         async def errored() -> bool:
             with contextlib.suppress(*STORE_AWAY):
@@ -228,14 +236,7 @@ async def test_a_turn_that_ends_while_the_store_is_away_has_its_end_logged_once_
             return (await host.log.snapshot("t", session_id)).prompt_id == "p1"
 
         await wait_for(began, 10.0, "the prompt in the log")
-        pid = host.agent_pid("demo")
-        assert pid is not None
-        failed = _failed_appends(host)
-        server.kill()
-        os.kill(pid, signal.SIGKILL)
-        tries = len(APPEND_RETRY_PAUSES) + 1  # what one append is given
-        await wait_for(lambda: failed[0] >= 2 * tries, 30.0, "every try of the turn's end")
-        server.start()
+        await _agent_killed_in_an_outage(server, host, 2, "every try of the turn's end")
         with pytest.raises(RpcError, match="agent"):
             await asyncio.wait_for(turn, 30.0)
         ends = [
