@@ -92,7 +92,7 @@ class StoredUpdates:
         or not); None for any other event: render that one from the event."""
         if plain_update(text) is None:
             return None
-        return f"{self._head}{text[UPDATE_AT:-1]}{_POSITION_SEQ}{seq}{self._tail}"
+        return self.framed(text[UPDATE_AT:-1], seq)
 
     def framed(self, update: str, seq: int) -> str:
         """The ``session/update`` frame of the update whose JSON text is ``update``, at
