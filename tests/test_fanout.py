@@ -238,6 +238,20 @@ async def _hub(redis_url: str) -> AsyncIterator[FanoutHub]:
         await store.aclose()
 
 
+def _suspended(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` has run up to an ``await`` that waits (its coroutine's ``cr_await``)."""
+    return getattr(task.get_coro(), "cr_await", None) is not None
+
+
+async def _created(redis_url: str, session_id: str) -> None:
+    """A session's log made in tenant ``t`` (a hub can open its feed)."""
+    store = connect(redis_url, timeout=2.0)
+    try:
+        await SessionLog(store).create("t", session_id, {"type": EventType.CREATED, "cwd": "/w"})
+    finally:
+        await store.aclose()
+
+
 async def test_every_join_waiting_for_a_feed_whose_open_fails_gets_the_error(
     redis_url: str,
 ) -> None:
@@ -256,11 +270,7 @@ async def test_a_join_whose_opener_was_cancelled_opens_the_feed_itself() -> None
     server is stopped, so the open cannot end first): the window waiting for that open
     opens the feed again itself once the server is back, and joins."""
     with restartable_redis(aof=False) as server:
-        store = connect(server.url, timeout=2.0)
-        try:
-            await SessionLog(store).create("t", "sess_1", {"type": EventType.CREATED, "cwd": "/w"})
-        finally:
-            await store.aclose()
+        await _created(server.url, "sess_1")
         async with _hub(server.url) as hub:
             channel = SessionKeys("t", "sess_1").channel
             server.pause()
@@ -268,7 +278,8 @@ async def test_a_join_whose_opener_was_cancelled_opens_the_feed_itself() -> None
                 opener = asyncio.ensure_future(hub.join("t", "sess_1", _Window("first")))
                 await wait_for(lambda: channel in hub._feeds, 5.0)
                 waiting = asyncio.ensure_future(hub.join("t", "sess_1", _Window("waits")))
-                await asyncio.sleep(0)  # one step: it waits for the opener's feed
+                # It waits for the opener's feed once its coroutine is suspended there.
+                await wait_for(lambda: _suspended(waiting), 5.0)
                 opener.cancel()
                 await asyncio.wait([opener])
             finally:
@@ -290,11 +301,7 @@ async def test_catch_up_reads_failing_in_a_redis_outage_are_logged_in_summary(
     """Events arrive with gaps while Redis is down: each catch-up read fails, and the log
     has one line for the first, not a traceback for each; then one line when it recovers."""
     with restartable_redis(aof=True) as server:
-        store = connect(server.url, timeout=1.0)
-        try:
-            await SessionLog(store).create("t", "sess_1", {"type": EventType.CREATED, "cwd": "/w"})
-        finally:
-            await store.aclose()
+        await _created(server.url, "sess_1")
         async with _hub(server.url) as hub:
             window = _Window("w")
             assert await hub.join("t", "sess_1", window) == 1
