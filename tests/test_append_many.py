@@ -137,10 +137,7 @@ async def test_a_batch_on_a_stalled_redis_fails_within_one_timeout_and_lands_onc
             calls = call_ids(len(items))
             server.pause()
             try:
-                started = time.monotonic()
-                with pytest.raises(STORE_AWAY):
-                    await log.append_many(items, calls)
-                waited = time.monotonic() - started
+                waited = await _seconds_to_fail(log, items, calls)
             finally:
                 server.resume()
             assert STALL_TIMEOUT * 0.9 <= waited < STALL_TIMEOUT * 2 - 0.5, waited
@@ -152,6 +149,14 @@ async def test_a_batch_on_a_stalled_redis_fails_within_one_timeout_and_lands_onc
         finally:
             log.close()
             await store.aclose()
+
+
+async def _seconds_to_fail(log: SessionLog, items: list[Any], calls: list[str]) -> float:
+    """How long ``items`` took to fail as a store out of reach fails them."""
+    started = time.monotonic()
+    with pytest.raises(STORE_AWAY):
+        await log.append_many(items, calls)
+    return time.monotonic() - started
 
 
 HANDSHAKE_STALL = 1.5
@@ -178,10 +183,7 @@ async def test_a_batch_whose_first_open_stalls_in_its_handshake_fails_within_its
             server.pause()
             resumed = asyncio.get_running_loop().call_later(HANDSHAKE_STALL, server.resume)
             try:
-                started = time.monotonic()
-                with pytest.raises(STORE_AWAY):
-                    await log.append_many(items, calls)
-                waited = time.monotonic() - started
+                waited = await _seconds_to_fail(log, items, calls)
             finally:
                 resumed.cancel()
                 server.resume()
