@@ -45,6 +45,21 @@ def loads(text: str | bytes, fallback: Callable[[str | bytes], Any] = json.loads
     return fallback(text)
 
 
+def loads_translated(
+    data: bytes, digits: bytes, fallback: Callable[[str | bytes], Any] = json.loads
+) -> Any:
+    """:func:`loads` of UTF-8 ``data``, for a caller that translated it already by a table
+    that makes every ASCII digit ``0`` (``digits``: its translation; what the table makes of
+    other bytes does not matter, but it must not make ``0`` of them)."""
+    # find, not ``in``: on Python 3.11 ``in`` costs bytes twice as much.
+    if orjson is not None and digits.find(_LONG_RUN) < 0:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return fallback(data)
+
+
 def loads_shape(text: str) -> Any:
     """``text`` parsed for a look at its shape (which keys, which strings), not for its
     values: orjson's reading where it takes the text (an integer past 64 bits comes back as

@@ -24,7 +24,7 @@ from broker.store import keys
 from broker.store.client import connect
 from broker.store.cursors import CursorCodec, InvalidCursor, fingerprint
 from broker.store.events import EventType, LogEvent, SessionSnapshot, Status, dumps, event_of, fold
-from broker.store.index import member, normalize_cwd, rfc3339
+from broker.store.index import member, normalize_cwd, page_of, rfc3339
 from broker.store.log import SessionLog
 
 ERROR_CODES = {-32700, -32600, -32601, -32602, -32603, -32000, -32002, -32800}
@@ -425,6 +425,23 @@ def test_parse_frame_never_raises_on_arbitrary_json(value: Any) -> None:
 @given(st.binary(max_size=100))
 def test_parse_frame_never_raises_on_arbitrary_bytes(data: bytes) -> None:
     _check_parse_outcome(parse_frame(data))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    message_like
+    | st.fixed_dictionaries(
+        {"jsonrpc": st.just("2.0"), "method": st.text(max_size=3)},
+        optional={
+            "id": st.none() | st.booleans() | st.integers() | st.text(max_size=2) | st.floats(),
+            "params": st.none()
+            | st.dictionaries(st.text(max_size=2), st.integers(), max_size=2)
+            | st.lists(st.integers(), max_size=2),
+        },
+    )
+)
+def test_well_formed_requests_read_fast_are_what_the_full_rules_make_of_them(value: Any) -> None:
+    assert jsonrpc.parse_message(value) == jsonrpc._classify(value)
 
 
 # -- session/update frames ---------------------------------------------------------------------
@@ -892,6 +909,41 @@ def test_member_order_property(a: tuple[int, str], b: tuple[int, str]) -> None:
     # Redis BYLEX compares bytes; UTF-8 byte order equals code point order
     assert (member(*a).encode() < member(*b).encode()) == expected
     assert (member(*a) < member(*b)) == expected
+
+
+def _page_by_partition(members: list[bytes], limit: int) -> Any:
+    """A page read the plain way: every member partitioned at its mark."""
+    split = [m.partition(b"\x01") for m in members[:limit]]
+    if not split:
+        return (b"", None, False)
+    if not all(mark for _, mark, _ in split):
+        return None
+    return (b",".join(i for _, _, i in split), split[-1][0].decode(), len(members) > limit)
+
+
+_infos = st.sampled_from([b'{"sessionId":"x"}', b"{}", b'{"a":"\x01"}', b""])
+_laid_out = st.builds(
+    lambda ms, n, info: member(ms, f"sess_{n:032x}").encode() + b"\x01" + info,
+    st.integers(0, 10**13 - 1),
+    st.integers(0, 2**128 - 1),
+    _infos,
+)
+_other_members = st.builds(
+    lambda ms, sid, info: member(ms, sid).encode() + info,
+    st.integers(-(10**3), 10**13 - 1),
+    st.text(st.sampled_from("sx0:"), max_size=40),
+    st.sampled_from([b""]) | _infos.map(lambda i: b"\x01" + i),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_laid_out | _other_members, max_size=6), st.integers(1, 6))
+def test_a_page_cut_at_the_position_length_is_the_page_partitioned(
+    members: list[bytes], limit: int
+) -> None:
+    page = page_of(members, limit)
+    expected = _page_by_partition(members, limit)
+    assert (page if page is None else (page.infos, page.last, page.has_more)) == expected
 
 
 @pytest.mark.parametrize(

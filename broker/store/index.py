@@ -33,6 +33,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,14 +115,30 @@ def page_command(tenant: str, listing: str, after: str | None, limit: int) -> tu
 def page_of(members: list[bytes], limit: int) -> Page | None:
     """The page a listing's members make (each carries its ``SessionInfo`` after the
     position); None when some are bare positions, written before members carried it."""
-    split = [m.partition(_INFO_MARK_BYTES) for m in members[:limit]]
-    if not split:
+    page = members[:limit]
+    if not page:
         return Page(b"", None, False)
+    more = len(members) > limit
+    # Every position the broker writes is as long (an inverted time of 13 digits, a
+    # ``sess_`` id): each member's info is cut at the same offset, in C (map, itemgetter),
+    # once the mark is seen there in every one; a third of the page's cost of a partition
+    # each. Any other member (a bare position of the earlier format, another length) is
+    # partitioned where its mark is.
+    try:
+        marks_in_place = not bytes(map(_MARK_BYTE, page)).strip(_INFO_MARK_BYTES)
+    except IndexError:  # a member no longer than a position: a bare one
+        marks_in_place = False
+    if marks_in_place:
+        return Page(b",".join(map(_INFO_PART, page)), page[-1][:_POSITION_BYTES].decode(), more)
+    split = [m.partition(_INFO_MARK_BYTES) for m in page]
     if not all([mark for _, mark, _ in split]):
         return None
-    return Page(
-        b",".join([info for _, _, info in split]), split[-1][0].decode(), len(members) > limit
-    )
+    return Page(b",".join([info for _, _, info in split]), split[-1][0].decode(), more)
+
+
+_POSITION_BYTES = len(member(0, "sess_" + "0" * 32))
+_MARK_BYTE = operator.itemgetter(_POSITION_BYTES)
+_INFO_PART = operator.itemgetter(slice(_POSITION_BYTES + 1, None))
 
 
 def _as_bytes(members: list[Any]) -> list[bytes]:
