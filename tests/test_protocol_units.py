@@ -17,6 +17,7 @@ import redis.crc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.front.acp.flow import Pace
 from broker.protocol import jsonrpc, v2_render, v2_translate
 from broker.protocol.jsonrpc import Invalid, Request, Response, parse_frame
 from broker.protocol.render import StoredUpdates, session_update_frames
@@ -952,6 +953,15 @@ def test_a_page_cut_at_the_position_length_is_the_page_partitioned(
 )
 def test_normalize_cwd(given_cwd: str, expected: str) -> None:
     assert normalize_cwd(given_cwd) == expected
+
+
+def test_a_pace_lets_in_what_its_bucket_holds_and_a_refund_gives_it_back() -> None:
+    pace = Pace(rate=1.0)  # a full bucket: bursts of 2, refilled at 1 a second
+    assert pace.take(2)
+    assert not pace.take(1)  # nothing left, nothing spent (a second has not passed)
+    pace.refund(2)
+    assert pace.take(2)
+    assert pace.spend(1) > 0  # owed: a wait before reading on
 
 
 def test_rfc3339() -> None:

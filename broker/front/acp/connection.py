@@ -254,12 +254,13 @@ class ClientConnection:
             return True
         if len(self._inflight) + requests > self.settings.max_requests_in_flight:
             return False
-        if not self.pace.ready(requests):
+        pace = self.pace
+        if not pace.take(requests):
             return False
         subject = counted_subject(self.principal)
         if subject and not self.methods.access.rates.take_leased(subject, requests):
+            pace.refund(requests)
             return False
-        self.pace.spend(requests)
         return True
 
     @property

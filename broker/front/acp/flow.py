@@ -48,9 +48,20 @@ class Pace:
         self.stamp = now
         return -self.tokens / self.rate if self.tokens < 0 else 0.0
 
-    def ready(self, requests: int) -> bool:
-        """Whether :meth:`spend` would let ``requests`` in without a wait (nothing spent)."""
-        return self._refilled(time.monotonic()) >= requests
+    def take(self, requests: int) -> bool:
+        """:meth:`spend` when it would let ``requests`` in without a wait (True); False:
+        nothing spent."""
+        now = time.monotonic()
+        tokens = self._refilled(now) - requests
+        if tokens < 0:
+            return False
+        self.tokens, self.stamp = tokens, now
+        return True
+
+    def refund(self, requests: int) -> None:
+        """Undo a :meth:`take` of ``requests`` (they were not let in after all)."""
+        if self.tokens is not None:  # always, after a take
+            self.tokens += requests
 
     def _refilled(self, now: float) -> float:
         capacity = 2 * self.rate
