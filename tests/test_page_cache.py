@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker.front.node import FrontNode
-from broker.front.pages import PROBE_MARK, REFRESH_BUDGET, IndexWatch, PageCache
+from broker.front.pages import PROBE_MARK, READS_AHEAD, REFRESH_BUDGET, IndexWatch, PageCache
 from broker.protocol.jsonrpc import Request
 from broker.serve import Broker
 from broker.store.archive import DirectoryArchive
@@ -33,7 +33,7 @@ from workers.projector.worker import Projector
 
 from .conftest import make_settings
 from .support.client import wait_for
-from .support.nodes import running_front
+from .support.nodes import holding, running_front
 from .support.redis_server import restartable_redis
 
 PROBE = 0.5
@@ -127,6 +127,103 @@ async def test_a_read_in_flight_across_an_invalidation_or_a_reset_is_not_kept() 
     assert len(cache) == 2 and cache.get(("b", 1)) is None and cache.get(key) == "p1"
     cache.down()
     assert len(cache) == 0 and cache.get(key) is None and cache.begin() is None
+
+
+async def test_a_page_read_ahead_is_kept_by_the_rules_of_any_read() -> None:
+    cache = PageCache(8)
+    cache.up()
+    release = asyncio.Event()
+    asked: list[str] = []
+
+    def reading(page: str) -> Any:
+        async def read() -> tuple[str, Any]:
+            await release.wait()
+            return page, lambda: asked.append(page)
+
+        return read
+
+    cache.read_ahead(("a", 1), reading("one"))
+    cache.read_ahead(("a", 1), reading("again"))  # being read: not read twice
+    cache.read_ahead(("a", 2), reading("crossed"))
+    cache.invalidate("a")  # the tenant changed while they were read: ("a", 2) is not kept
+    token = cache.begin()
+    cache.put(("a", 1), token, "asked meanwhile")  # a client's read of it, since
+    release.set()
+    await wait_for(lambda: not cache._ahead)
+    assert cache.get(("a", 2)) is None
+    assert cache.get(("a", 1)) == "asked meanwhile"
+    cache.read_ahead(("b", 1), reading("two"))
+    await wait_for(lambda: not cache._ahead)
+    assert cache.get(("b", 1)) == "two"  # first asked for: what comes with it is done, once
+    await wait_for(lambda: asked == ["two"])
+    assert cache.get(("b", 1)) == "two"
+    await asyncio.sleep(0)  # a turn of the loop: nothing more scheduled (nothing to wait for)
+    assert asked == ["two"]
+    release.clear()
+    for n in range(READS_AHEAD + 2):  # at most READS_AHEAD at once
+        cache.read_ahead(("c", n), reading(str(n)))
+    assert len(cache._ahead) == READS_AHEAD
+    cache.read_ahead(("b", 1), reading("kept already"))
+    assert len(cache._ahead) == READS_AHEAD
+    await cache.stop_refreshing()  # cancelled, and so not kept
+    assert not cache._ahead and cache.get(("c", 0)) is None
+
+
+async def test_a_failed_read_ahead_is_logged_and_read_when_asked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = PageCache(8)
+    cache.up()
+
+    async def failing() -> tuple[str, None]:
+        raise ConnectionError("the store is away")
+
+    with caplog.at_level("WARNING", logger="broker.front.pages"):
+        cache.read_ahead(("a", 1), failing)
+        await wait_for(lambda: not cache._ahead)
+    assert cache.get(("a", 1)) is None
+    assert "the store is away" in caplog.text
+
+
+async def test_a_list_read_page_by_page_reads_only_its_first_page_on_the_ask(
+    store: Any,
+) -> None:
+    async with _front(store, list_page_size=2) as node:
+        pages = node.pages
+        assert pages is not None
+        await wait_for(lambda: pages.live)
+        created = [await _created(node.log, "default", f"s{n}") for n in range(7)]
+        for session_id in created:
+            await _project(node, "default", session_id)
+        await _heard_until_now(node)
+        misses: list[Any] = []
+        get = pages.get
+
+        def counted(key: Any) -> Any:
+            page = get(key)
+            if page is None:
+                misses.append(key)
+            return page
+
+        pages.get = counted  # type: ignore[method-assign]
+        seen: list[str | None] = []
+        params: dict[str, Any] = {}
+        for kept in range(2, 6):
+            reply = await _list(node, **params)
+            seen += _titles(reply)
+            if "nextCursor" not in reply:
+                break
+            params = {"cursor": reply["nextCursor"]}
+            await wait_for(holding(pages, kept))  # the next one, read ahead
+        assert sorted(map(str, seen)) == [f"s{n}" for n in range(7)]  # each once, ties any way
+        assert len(misses) == 1 and misses[0][3] is None  # the first page only
+        # a change drops them all: the next ask of the first page reads it, and reads ahead
+        await node.log.append("default", created[0], _title("renamed"))
+        await _project(node, "default", created[0])
+        await wait_for(holding(pages, 0))
+        assert _titles(await _list(node))[0] == "renamed"
+        await wait_for(holding(pages, 2))
+        assert len(misses) == 2
 
 
 async def test_a_dropped_page_is_read_again_within_its_budget_and_coalesced() -> None:

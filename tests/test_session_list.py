@@ -35,7 +35,7 @@ from broker.store.log import new_session_id
 
 from .conftest import make_settings
 from .support.client import RawClient, wait_for
-from .support.nodes import running_front
+from .support.nodes import holding, running_front
 
 
 async def _seed(broker: Broker, count: int, *, distinct_times: int) -> list[tuple[int, str]]:
@@ -289,6 +289,34 @@ async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
         # The same answer as the dispatched read's, byte for byte: a v2 client too.
         via_methods = await broker.methods._list_reply("default", ACP_LISTING, None, "")
         assert json.loads(via_methods)["sessions"] == first["sessions"]
+        assert not client.inbox
+        await client.close()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_only(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url, list_cache=True, list_page_size=5) as broker:
+        made = await _seed(broker, 12, distinct_times=12)
+        pages = broker.methods.pages
+        assert pages is not None
+        await wait_for(lambda: pages.live)
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+        before = _asked_of_the_cache()
+        walked: list[dict[str, Any]] = []
+        cursor = None
+        for kept in (2, 3, 3):  # the page asked for, and the one after it read ahead
+            params: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            reply = (await client.call("session/list", params))["result"]
+            walked += reply["sessions"]
+            cursor = reply.get("nextCursor")
+            await wait_for(holding(pages, kept))
+        assert cursor is None
+        after = _asked_of_the_cache()
+        assert {k: after[k] - before[k] for k in after} == {"hit": 2, "miss": 1, "bypass": 0}
+        expected = [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
+        assert [s["sessionId"] for s in walked] == expected  # each once, newest first
         assert not client.inbox
         await client.close()
 

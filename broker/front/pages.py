@@ -30,6 +30,13 @@ dropped only, once its budget is spent. A refreshed page is an ordinary read: ta
 the announcement, kept only under the rules above, so it is never older than a page a miss
 would have read then.
 
+**Read ahead.** A client paging through a list asks for the next page as soon as it has
+one. So when a page is read from Redis for a client, the page after it is read in the
+background (:meth:`PageCache.read_ahead`, at most :data:`READS_AHEAD` at once), under the
+same rules as any read. When a client first asks for a page read ahead, the page after that
+one is read ahead in turn. A list read page by page thus costs one round trip for its first
+page, and each later page is a hit.
+
 **Heard by clients too.** The watch hands each announced tenant, after the cache, to a
 listener (:class:`~.list_changes.ListChanges`: the connections told that their list
 changed), and every (re)subscription to it; it runs without a cache too.
@@ -76,9 +83,13 @@ REFRESH_PAGES = 16
 """The most pages of one tenant read again on one announcement (the most recently asked)."""
 REFRESH_TENANTS = 64
 """The most tenants whose pages are being read again at once (beyond: dropped only)."""
+READS_AHEAD = 8
+"""The most pages being read ahead at once (beyond: not read ahead)."""
 
 Reload = Callable[[], Awaitable[Any]]
 """Reads a kept page again (what a miss of its key reads)."""
+ReadAhead = Callable[[], Awaitable[tuple[Any, Callable[[], None] | None]]]
+"""Reads a page ahead: the page, and what to do when it is first asked for (None: nothing)."""
 
 
 @dataclass(slots=True)
@@ -115,6 +126,8 @@ class PageCache:
         self._reading: dict[Hashable, dict[Key, _Refreshable]] = {}  # being read
         self._refreshers: set[asyncio.Task[None]] = set()
         self.refresh_failures = FailureLog(log, "page refreshes")
+        self._ahead: dict[Key, asyncio.Task[None]] = {}  # pages being read ahead
+        self._when_asked: dict[Key, Callable[[], None]] = {}  # of pages read ahead, kept
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -139,6 +152,10 @@ class PageCache:
             again = self._reloads.get(key)
             if again is not None:
                 again.asked, again.left = time.monotonic(), REFRESH_BUDGET
+            if self._when_asked:
+                asked = self._when_asked.pop(key, None)
+                if asked is not None:  # once this ask is answered: no part of its wait
+                    asyncio.get_running_loop().call_soon(asked)
         return page
 
     def missed(self) -> None:
@@ -148,6 +165,30 @@ class PageCache:
     def begin(self) -> int | None:
         """A token for a read about to start (None while the cache is bypassed)."""
         return self._stamp if self.live else None
+
+    def read_ahead(self, key: Key, read: ReadAhead) -> None:
+        """Read the page under ``key`` in the background and keep it (as :meth:`put` keeps a
+        page: not if its tenant changes meanwhile), unless it is kept already, being read
+        ahead, or :data:`READS_AHEAD` pages are. What ``read`` gives to do when the page is
+        first asked for is done then (in :meth:`hit`). A failed read is logged, and the page
+        is read when it is asked for."""
+        if not self.live or key in self._entries or key in self._ahead:
+            return
+        if len(self._ahead) >= READS_AHEAD:
+            return
+        task = asyncio.get_running_loop().create_task(self._reading_ahead(key, self.begin(), read))
+        self._ahead[key] = task
+        task.add_done_callback(lambda _: self._ahead.pop(key, None))
+
+    async def _reading_ahead(self, key: Key, token: int | None, read: ReadAhead) -> None:
+        try:
+            page, asked = await read()
+        except Exception as exc:  # logged: nothing waits for this read, a miss reads it again
+            self.refresh_failures.failed(exc)
+            return
+        self.put(key, token, page)
+        if asked is not None and self._entries.get(key) is page:  # kept (not a newer read)
+            self._when_asked[key] = asked
 
     def put(self, key: Key, token: int | None, page: Any, reload: Reload | None = None) -> None:
         """Store ``page`` unless its tenant changed (or the cache was reset) since ``token``;
@@ -184,6 +225,7 @@ class PageCache:
         owed: dict[Key, _Refreshable] = {}
         for key in keys:
             self._entries.pop(key, None)
+            self._when_asked.pop(key, None)
             again = self._reloads.pop(key, None)
             if again is not None and again.left > 0:
                 again.left -= 1
@@ -236,8 +278,8 @@ class PageCache:
             self._reading.pop(tenant, None)
 
     async def stop_refreshing(self) -> None:
-        """Cancel the refreshes under way (and wait for them to end)."""
-        await cancel_and_wait(*self._refreshers)
+        """Cancel the refreshes and reads ahead under way (and wait for them to end)."""
+        await cancel_and_wait(*self._refreshers, *self._ahead.values())
 
     def reset(self) -> None:
         """Drop every page; no read in flight will be stored."""
@@ -247,6 +289,7 @@ class PageCache:
         self._by_tenant.clear()
         self._changed_at.clear()
         self._reloads.clear()
+        self._when_asked.clear()
 
     def up(self) -> None:
         """The watch is (again) subscribed: serve and store pages, from empty."""
@@ -265,6 +308,7 @@ class PageCache:
 
     def _forget(self, key: Key) -> None:
         self._reloads.pop(key, None)
+        self._when_asked.pop(key, None)
         keys = self._by_tenant.get(key[0])
         if keys is not None:
             keys.discard(key)

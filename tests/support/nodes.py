@@ -1,13 +1,14 @@
 """In-process front nodes (a :class:`FrontNode`, or a :class:`Broker` with its roles) run
-for the length of a block."""
+for the length of a block, and what to wait for in them."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from broker.front.node import FrontNode
+from broker.front.pages import PageCache
 
 from .client import wait_for
 
@@ -26,3 +27,8 @@ async def running_front(node: NodeT) -> AsyncIterator[NodeT]:
         yield node
     finally:
         await node.stop()
+
+
+def holding(cache: PageCache, count: int) -> Callable[[], bool]:
+    """A condition to wait for: ``cache`` holds ``count`` pages."""
+    return lambda: len(cache) == count

@@ -43,7 +43,7 @@ from ...store.quotas import check_session_quota
 from ...store.retry import retrying
 from ..fanout import FanoutHub
 from ..list_changes import ListChanges
-from ..pages import PageCache
+from ..pages import Key, PageCache
 from .access import Access, connection_limit
 from .connection import AtOnce, ClientConnection, Later, Redispatch
 from .dispatch import DEFERRED
@@ -170,11 +170,10 @@ class AcpMethods:
             return keep(page)
 
         def keep(page: Page) -> fastjson.Fragment:
-            text = self._list_text(page, mark)
-            if pages is not None and key is not None:
-                reload = functools.partial(self._list_reply, conn.tenant, listing, after, mark)
-                pages.put(key, token, text, reload)
-            return fastjson.Fragment(text)
+            if pages is None or key is None:
+                return fastjson.Fragment(self._list_text(page, mark))
+            query = _ListQuery(conn.tenant, request.params, listing, after, mark)
+            return fastjson.Fragment(self._kept(query, key, token, page))
 
         def finish(future: asyncio.Future[Any]) -> fastjson.Fragment:
             try:
@@ -472,10 +471,44 @@ class AcpMethods:
         text = pages.get(key)
         if text is None:
             token = pages.begin()
-            reload = functools.partial(self._list_reply, conn.tenant, listing, after, mark)
-            text = await reload()
-            pages.put(key, token, text, reload)
+            page = await self.index.page(conn.tenant, listing, after, self.settings.list_page_size)
+            query = _ListQuery(conn.tenant, request.params, listing, after, mark)
+            text = self._kept(query, key, token, page)
         return fastjson.Fragment(text)
+
+    def _kept(self, query: _ListQuery, key: Key, token: int | None, page: Page) -> bytes:
+        """The reply text of ``page``, read from Redis for a client's ask of ``key``: kept
+        (read again when its tenant changes), and the page after it read ahead."""
+        text = self._list_text(page, query.mark)
+        if self.pages is not None:
+            reload = functools.partial(
+                self._list_reply, query.tenant, query.listing, query.after, query.mark
+            )
+            self.pages.put(key, token, text, reload)
+            # Once the reply is written: the read ahead is no part of this answer's wait.
+            asyncio.get_running_loop().call_soon(self._read_ahead, query, page)
+        return text
+
+    def _read_ahead(self, query: _ListQuery, page: Page) -> None:
+        """Have the page after ``page`` read ahead (a client paging through asks for it
+        next); when it is first asked for, the one after it is read ahead in turn."""
+        pages, limit = self.pages, self.settings.list_page_size
+        if pages is None or not (page.has_more and page.last is not None):
+            return
+        after = page.last
+        params = {**query.params, "cursor": self.cursors.encode(after, query.mark)}
+        key = _page_key(query.tenant, params, limit)
+        if key is None:
+            return
+        following = _ListQuery(query.tenant, params, query.listing, after, query.mark)
+
+        async def read() -> tuple[bytes, Callable[[], None]]:
+            ahead = await self.index.page(query.tenant, query.listing, after, limit)
+            return self._list_text(ahead, query.mark), functools.partial(
+                self._read_ahead, following, ahead
+            )
+
+        pages.read_ahead(key, read)
 
     def _list_query(self, tenant: str, params: JsonObject) -> tuple[str, str | None, str]:
         """A ``session/list``'s listing, the position it starts after and its cursors'
@@ -675,6 +708,18 @@ def _page_key(tenant: str, params: JsonObject, limit: int) -> tuple[Any, ...] | 
     if (cwd is None or type(cwd) is str) and (cursor is None or type(cursor) is str):
         return (tenant, "acp", cwd, cursor, limit)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _ListQuery:
+    """A checked ``session/list``: whose, its params as given, the listing it reads, the
+    position it starts after and its cursors' fingerprint."""
+
+    tenant: str
+    params: JsonObject
+    listing: str
+    after: str | None
+    mark: str
 
 
 def _given(page: fastjson.Fragment, conn: ClientConnection, request: Request) -> Any:
