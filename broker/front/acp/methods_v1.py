@@ -486,16 +486,16 @@ class AcpMethods:
             )
             self.pages.put(key, token, text, reload)
             # Once the reply is written: the read ahead is no part of this answer's wait.
-            asyncio.get_running_loop().call_soon(self._read_ahead, query, page)
+            asyncio.get_running_loop().call_soon(self._read_ahead, query, _next_after(page))
         return text
 
-    def _read_ahead(self, query: _ListQuery, page: Page) -> None:
-        """Have the page after ``page`` read ahead (a client paging through asks for it
-        next); when it is first asked for, the one after it is read ahead in turn."""
+    def _read_ahead(self, query: _ListQuery, after: str | None) -> None:
+        """Have the page after position ``after`` (None: there is none) read ahead (a client
+        paging through asks for it next); when it is first asked for, the one after it is
+        read ahead in turn."""
         pages, limit = self.pages, self.settings.list_page_size
-        if pages is None or not (page.has_more and page.last is not None):
+        if pages is None or after is None:
             return
-        after = page.last
         params = {**query.params, "cursor": self.cursors.encode(after, query.mark)}
         key = _page_key(query.tenant, params, limit)
         if key is None:
@@ -504,9 +504,9 @@ class AcpMethods:
 
         async def read() -> tuple[bytes, Callable[[], None]]:
             ahead = await self.index.page(query.tenant, query.listing, after, limit)
-            return self._list_text(ahead, query.mark), functools.partial(
-                self._read_ahead, following, ahead
-            )
+            # What is kept for its first ask is where it ends, not the page (kept as text).
+            then = functools.partial(self._read_ahead, following, _next_after(ahead))
+            return self._list_text(ahead, query.mark), then
 
         pages.read_ahead(key, read)
 
@@ -708,6 +708,11 @@ def _page_key(tenant: str, params: JsonObject, limit: int) -> tuple[Any, ...] | 
     if (cwd is None or type(cwd) is str) and (cursor is None or type(cursor) is str):
         return (tenant, "acp", cwd, cursor, limit)
     return None
+
+
+def _next_after(page: Page) -> str | None:
+    """The position the page after ``page`` starts after (None: it is the last)."""
+    return page.last if page.has_more else None
 
 
 @dataclass(frozen=True, slots=True)
