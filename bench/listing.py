@@ -9,6 +9,11 @@
   filtered listing holds 100,000 sessions). The index is written straight into Redis in the
   projector's format (rows hash + lex-ordered listings), pipelined, which is what the
   projector would leave after projecting these sessions.
+  Besides the three depths, a **walk** cell: each ask is for the page after the one the ask
+  before it read, from the first page on (a client paging through the list). There a page
+  is asked for the first time, so a front answers it from memory only if it read it ahead
+  (the page cache's read ahead: the other systems' asks of the turn come between two of
+  its asks, as a client's own work would).
 * **uncached**: the same requests to a second front with ``list_cache = false``: every page
   read from Redis, what a page nobody asked for since the index last changed costs.
 * **floor**: the raw Redis read that one page needs (``ZRANGE … BYLEX LIMIT``; the ACP
@@ -185,7 +190,23 @@ async def list_calls(
                 await client.request("session/list", params)
 
             out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
+        out[f"{'cwd' if filtered else 'all'}/walk"] = _walk(client, filters)
     return out
+
+
+def _walk(client: Any, filters: dict[str, Any]) -> Callable[[], Any]:
+    """A ``walk`` cell's call: the page after the one the call before it read (from the
+    first page, and again from it after the last): a client paging through the list."""
+    params = dict(filters)
+
+    async def call() -> None:
+        nonlocal params
+        result = await client.request("session/list", params)
+        assert len(result["sessions"]) == PAGE, len(result["sessions"])
+        cursor = result.get("nextCursor")
+        params = {**filters, "cursor": cursor} if cursor else dict(filters)
+
+    return call
 
 
 async def floor_calls(store: Any, n: int) -> dict[str, Any]:
@@ -210,7 +231,25 @@ async def floor_calls(store: Any, n: int) -> dict[str, Any]:
 
             await call()
             out[f"{'cwd' if filtered else 'all'}/{depth}"] = call
+        out[f"{'cwd' if filtered else 'all'}/walk"] = _floor_walk(store, listing)
     return out
+
+
+def _floor_walk(store: Any, listing: str) -> Callable[[], Any]:
+    """:func:`_walk` as the floor reads it: each ``ZRANGE`` after the last member the one
+    before it read (its position: up to the ``SessionInfo``'s mark)."""
+    from broker.store.index import lower_bound
+
+    low = lower_bound(None)
+
+    async def call() -> None:
+        nonlocal low
+        members = await store.zrange(listing, low, "+", bylex=True, offset=0, num=PAGE + 1)
+        assert len(members) >= PAGE
+        more = len(members) > PAGE
+        low = lower_bound(members[PAGE - 1].partition("\x01")[0] if more else None)
+
+    return call
 
 
 async def index_calls(store: Any, n: int) -> dict[str, Any]:
