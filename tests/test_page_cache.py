@@ -169,6 +169,35 @@ async def test_a_page_read_ahead_is_kept_by_the_rules_of_any_read() -> None:
     assert not cache._ahead and cache.get(("c", 0)) is None
 
 
+async def test_an_ask_waits_for_a_read_ahead_until_it_lands_or_for_its_bound() -> None:
+    cache = PageCache(8)
+    cache.up()
+    release = asyncio.Event()
+
+    async def read() -> tuple[str, None]:
+        await release.wait()
+        return "page", None
+
+    assert cache.landed(("a", 1), 5.0) is None  # nothing read ahead: nothing to wait for
+    cache.read_ahead(("a", 1), read)
+    assert cache.reading_ahead(("a", 1))
+    first, second = cache.landed(("a", 1), 5.0), cache.landed(("a", 1), 5.0)
+    assert first is not None and second is not None
+    first.cancel()  # one ask gone (cancelled, its connection closed): the read goes on
+    await asyncio.sleep(0)
+    assert cache.reading_ahead(("a", 1))
+    release.set()
+    await asyncio.wait_for(second, 5.0)
+    assert cache.get(("a", 1)) == "page"
+    release.clear()
+    cache.read_ahead(("a", 2), read)
+    bounded = cache.landed(("a", 2), 0.05)
+    assert bounded is not None
+    await asyncio.wait_for(bounded, 5.0)  # a slow read: the ask is let go at its bound
+    assert cache.reading_ahead(("a", 2)) and cache.get(("a", 2)) is None
+    await cache.stop_refreshing()
+
+
 async def test_a_failed_read_ahead_is_logged_and_read_when_asked(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

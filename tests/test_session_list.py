@@ -322,6 +322,32 @@ async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_client_paging_back_to_back_waits_for_each_read_ahead_not_reading_twice(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _uncached_broker(redis_url, list_cache=True, list_page_size=5) as broker:
+        made = await _seed(broker, 23, distinct_times=23)
+        pages = broker.methods.pages
+        assert pages is not None
+        await wait_for(lambda: pages.live)
+        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+        await client.call("session/list", {"cwd": "/elsewhere"})  # the bare connection open
+        reads = _counted_reads(broker)
+        before = _asked_of_the_cache()
+        walked, count = await _walk(client, {})  # each ask as soon as the last is answered
+        after = _asked_of_the_cache()
+        assert count == 5
+        assert {k: after[k] - before[k] for k in after} == {"hit": 4, "miss": 1, "bypass": 0}
+        # each page read once: the first as asked, from the step that read it; the others
+        # read ahead (through the index's page reads, in a task of their own)
+        assert reads == {"at once": 1, "dispatched": 4}
+        expected = [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
+        assert [s["sessionId"] for s in walked] == expected
+        assert not client.inbox
+        await client.close()
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
 async def test_a_stalled_read_is_answered_through_the_client_in_bounded_time(
     redis_url: str, store_kind: str
 ) -> None:

@@ -34,8 +34,10 @@ would have read then.
 one. So when a page is read from Redis for a client, the page after it is read in the
 background (:meth:`PageCache.read_ahead`, at most :data:`READS_AHEAD` at once), under the
 same rules as any read. When a client first asks for a page read ahead, the page after that
-one is read ahead in turn. A list read page by page thus costs one round trip for its first
-page, and each later page is a hit.
+one is read ahead in turn. A client that asks for a page while it is being read ahead waits for
+that read (:meth:`PageCache.landed`) rather than making its own. A list read page by page
+thus costs one round trip for its first page, and each later page is a hit, or waits for
+what is left of its read.
 
 **Heard by clients too.** The watch hands each announced tenant, after the cache, to a
 listener (:class:`~.list_changes.ListChanges`: the connections told that their list
@@ -179,6 +181,35 @@ class PageCache:
         task = asyncio.get_running_loop().create_task(self._reading_ahead(key, self.begin(), read))
         self._ahead[key] = task
         task.add_done_callback(lambda _: self._ahead.pop(key, None))
+
+    def reading_ahead(self, key: Key) -> bool:
+        """Whether the page under ``key`` is being read ahead."""
+        return key in self._ahead
+
+    def landed(self, key: Key, within: float) -> asyncio.Future[None] | None:
+        """A future done once the page under ``key``, being read ahead, has landed (kept or
+        not), or ``within`` seconds have passed, whichever comes first; None when it is not
+        being read ahead. Cancelling the future leaves the read alone: an ask that waits for
+        it is not the only one that may."""
+        reading = self._ahead.get(key)
+        if reading is None:
+            return None
+        loop = asyncio.get_running_loop()
+        landed: asyncio.Future[None] = loop.create_future()
+
+        def done(_: object = None) -> None:
+            if not landed.done():
+                landed.set_result(None)
+
+        reading.add_done_callback(done)
+        timer = loop.call_later(within, done)
+
+        def settled(_: object) -> None:
+            timer.cancel()
+            reading.remove_done_callback(done)
+
+        landed.add_done_callback(settled)
+        return landed
 
     async def _reading_ahead(self, key: Key, token: int | None, read: ReadAhead) -> None:
         try:

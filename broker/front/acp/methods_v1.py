@@ -140,6 +140,7 @@ class AcpMethods:
         except RpcError:
             return None
         pages = self.pages
+        key = None
         if pages is not None and pages.live:
             key = _page_key(conn.tenant, request.params, self.settings.list_page_size)
             text = pages.hit(key) if key is not None else None
@@ -148,7 +149,29 @@ class AcpMethods:
         bound = self.index.page_timeout
         if bound is None or bound > self.settings.request_timeout or tracing.active():
             return None
+        if pages is not None and key is not None and pages.reading_ahead(key):
+            return functools.partial(self._list_joined, pages, key, bound)
         return self._list_later
+
+    def _list_joined(
+        self, pages: PageCache, key: Key, bound: float, conn: ClientConnection, request: Request
+    ) -> Later:
+        """``session/list`` of a page being read ahead: answered once that read has landed,
+        not read a second time (a client paging through faster than a read ahead lands).
+        Waited for at most ``bound`` seconds; a page not kept by then (its tenant changed,
+        its read failed or is slow) is read as any miss, dispatched with what is left of the
+        request's deadline."""
+        landed = pages.landed(key, bound)
+        if landed is None:  # it landed between the two looks: read as any miss
+            raise Redispatch
+
+        def finish(_: asyncio.Future[Any]) -> fastjson.Fragment:
+            text = pages.hit(key)
+            if text is None:
+                raise Redispatch
+            return fastjson.Fragment(text)
+
+        return Later(landed, finish)
 
     def _list_later(self, conn: ClientConnection, request: Request) -> Later | Any:
         """``session/list`` answered from the callback of its page's read, sent now on the
