@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from broker.front.pages import PageCache
 from broker.protocol.jsonrpc import REQUEST_CANCELLED
 from broker.serve import Broker
 from broker.store.client import connect
@@ -74,8 +75,7 @@ async def test_walking_1000_sessions_with_tied_times_lists_each_once_newest_firs
     sessions, pages = await _walk(client, {})
     ids = [s["sessionId"] for s in sessions]
     assert len(ids) == 1000 and set(ids) == {sid for _, sid in made}
-    expected = [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
-    assert ids == expected
+    assert ids == _newest_first(made)
     assert pages == 1000 // broker.settings.list_page_size
     assert all(s["updatedAt"].endswith("Z") and "T" in s["updatedAt"] for s in sessions)
     await client.close()
@@ -293,16 +293,34 @@ async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
         await client.close()
 
 
-@pytest.mark.parametrize("store_kind", ["redis"])
-async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_only(
-    redis_url: str, store_kind: str
-) -> None:
+@contextlib.asynccontextmanager
+async def _paged(
+    redis_url: str, sessions: int
+) -> AsyncIterator[tuple[Broker, PageCache, RawClient, list[str]]]:
+    """A broker with its page cache (pages of 5, subscribed) over ``sessions`` sessions, a
+    client of it, and the sessions' ids as a walk must list them: newest first."""
     async with _uncached_broker(redis_url, list_cache=True, list_page_size=5) as broker:
-        made = await _seed(broker, 12, distinct_times=12)
+        made = await _seed(broker, sessions, distinct_times=sessions)
         pages = broker.methods.pages
         assert pages is not None
         await wait_for(lambda: pages.live)
         client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+        try:
+            yield broker, pages, client, _newest_first(made)
+            assert not client.inbox
+        finally:
+            await client.close()
+
+
+def _newest_first(made: list[tuple[int, str]]) -> list[str]:
+    return [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_only(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _paged(redis_url, 12) as (_, pages, client, expected):
         before = _asked_of_the_cache()
         walked: list[dict[str, Any]] = []
         cursor = None
@@ -315,22 +333,14 @@ async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_
         assert cursor is None
         after = _asked_of_the_cache()
         assert {k: after[k] - before[k] for k in after} == {"hit": 2, "miss": 1, "bypass": 0}
-        expected = [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
         assert [s["sessionId"] for s in walked] == expected  # each once, newest first
-        assert not client.inbox
-        await client.close()
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])
 async def test_a_client_paging_back_to_back_waits_for_each_read_ahead_not_reading_twice(
     redis_url: str, store_kind: str
 ) -> None:
-    async with _uncached_broker(redis_url, list_cache=True, list_page_size=5) as broker:
-        made = await _seed(broker, 23, distinct_times=23)
-        pages = broker.methods.pages
-        assert pages is not None
-        await wait_for(lambda: pages.live)
-        client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+    async with _paged(redis_url, 23) as (broker, _, client, expected):
         await client.call("session/list", {"cwd": "/elsewhere"})  # the bare connection open
         reads = _counted_reads(broker)
         before = _asked_of_the_cache()
@@ -341,10 +351,7 @@ async def test_a_client_paging_back_to_back_waits_for_each_read_ahead_not_readin
         # each page read once: the first as asked, from the step that read it; the others
         # read ahead (through the index's page reads, in a task of their own)
         assert reads == {"at once": 1, "dispatched": 4}
-        expected = [sid for _, sid in sorted(made, key=lambda m: (-m[0], m[1]))]
         assert [s["sessionId"] for s in walked] == expected
-        assert not client.inbox
-        await client.close()
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])
