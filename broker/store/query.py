@@ -88,11 +88,13 @@ class SessionQuery:
 
 @dataclass(frozen=True, slots=True)
 class SessionPage:
-    """One page: index rows, newest first, and the cursor of the next page."""
+    """One page: index rows, newest first, and the cursor of the next page (and the
+    position it holds, for a reader of the next page that has no cursor to verify)."""
 
     rows: list[JsonObject]
     has_more: bool
     next_cursor: str | None
+    next_after: str | None = None
 
 
 # -- inputs -----------------------------------------------------------------------------
@@ -349,7 +351,7 @@ class SessionLister:
 
     def _page(self, shown: list[tuple[str, JsonObject]], position: str, mark: str) -> SessionPage:
         rows = [row for _, row in shown]
-        return SessionPage(rows, True, self.cursors.encode(position, mark))
+        return SessionPage(rows, True, self.cursors.encode(position, mark), position)
 
 
 def session_object(row: JsonObject) -> JsonObject:

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -37,7 +37,7 @@ from ...store.query import (
     SessionQuery,
     parse_query,
 )
-from ..pages import PageCache
+from ..pages import Key, PageCache
 
 log = logging.getLogger(__name__)
 
@@ -102,28 +102,46 @@ class SessionsService:
 
     async def _page(self, tenant: str, query: SessionQuery) -> SessionPage:
         """The page, from the front's cache where it holds it (pages are not changed by
-        their readers: REST and MCP render new objects from their rows)."""
+        their readers: REST and MCP render new objects from their rows), or once its read
+        ahead lands; read, then the next one read ahead, where it holds neither."""
         after = self.lister.position(tenant, query)
         pages = self.pages
         if pages is None:
             return await self.lister.page_after(tenant, query, after)
-        key = (
-            tenant,
-            "catalog",
-            query.statuses,
-            query.kind,
-            query.q,
-            query.cwd,
-            after,
-            query.limit,
-        )
-        page: SessionPage | None = pages.get(key)
+        key = _catalog_key(tenant, query, after)
+        page: SessionPage | None = pages.hit(key)
+        # Being read ahead: waited for, not read twice; for half the deadline at most, so
+        # that a read ahead stuck in a slow store leaves time for a read of its own.
+        landed = pages.landed(key, self.deadline / 2) if page is None else None
+        if landed is not None:
+            await landed
+            page = pages.hit(key)
         if page is None:
+            pages.missed()
             token = pages.begin()
             reload = functools.partial(self.lister.page_after, tenant, query, after)
             page = await reload()
             pages.put(key, token, page, reload)
+            self._read_ahead(tenant, query, page.next_after)
         return page
+
+    def _read_ahead(self, tenant: str, query: SessionQuery, after: str | None) -> None:
+        """Have the page past position ``after`` (None: there is none) read ahead; when it
+        is first asked for, the one after it is read ahead in turn."""
+        if self.pages is None or after is None:
+            return
+
+        async def read() -> tuple[SessionPage, Callable[[], None]]:
+            page = await self.lister.page_after(tenant, query, after)
+            return page, functools.partial(self._read_ahead, tenant, query, page.next_after)
+
+        self.pages.read_ahead(_catalog_key(tenant, query, after), read)
+
+
+def _catalog_key(tenant: str, query: SessionQuery, after: str | None) -> Key:
+    """The page cache's key of a REST or MCP page: everything that shapes it (the position
+    the cursor holds, not the cursor: a page read ahead has none)."""
+    return (tenant, "catalog", query.statuses, query.kind, query.q, query.cwd, after, query.limit)
 
 
 def sessions_service(
