@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import REGISTRY
 
 from broker.front.pages import PageCache
 from broker.protocol.jsonrpc import REQUEST_CANCELLED
@@ -36,7 +35,7 @@ from broker.store.log import new_session_id
 
 from .conftest import make_settings
 from .support.client import RawClient, wait_for
-from .support.nodes import holding, running_front
+from .support.nodes import asked_of_the_cache, holding, running_front
 
 
 async def _seed(broker: Broker, count: int, *, distinct_times: int) -> list[tuple[int, str]]:
@@ -321,7 +320,7 @@ async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_
     redis_url: str, store_kind: str
 ) -> None:
     async with _paged(redis_url, 12) as (_, pages, client, expected):
-        before = _asked_of_the_cache()
+        before = asked_of_the_cache()
         walked: list[dict[str, Any]] = []
         cursor = None
         for kept in (2, 3, 3):  # the page asked for, and the one after it read ahead
@@ -331,7 +330,7 @@ async def test_a_client_paging_through_a_list_waits_for_redis_on_its_first_page_
             cursor = reply.get("nextCursor")
             await wait_for(holding(pages, kept))
         assert cursor is None
-        after = _asked_of_the_cache()
+        after = asked_of_the_cache()
         assert {k: after[k] - before[k] for k in after} == {"hit": 2, "miss": 1, "bypass": 0}
         assert [s["sessionId"] for s in walked] == expected  # each once, newest first
 
@@ -343,9 +342,9 @@ async def test_a_client_paging_back_to_back_waits_for_each_read_ahead_not_readin
     async with _paged(redis_url, 23) as (broker, _, client, expected):
         await client.call("session/list", {"cwd": "/elsewhere"})  # the bare connection open
         reads = _counted_reads(broker)
-        before = _asked_of_the_cache()
+        before = asked_of_the_cache()
         walked, count = await _walk(client, {})  # each ask as soon as the last is answered
-        after = _asked_of_the_cache()
+        after = asked_of_the_cache()
         assert count == 5
         assert {k: after[k] - before[k] for k in after} == {"hit": 4, "miss": 1, "bypass": 0}
         # each page read once: the first as asked, from the step that read it; the others
@@ -375,15 +374,6 @@ async def test_a_stalled_read_is_answered_through_the_client_in_bounded_time(
         await client.close()
 
 
-def _asked_of_the_cache() -> dict[str, float]:
-    """The pages asked of the front's cache so far, by outcome (this process's metrics)."""
-    return {
-        outcome: REGISTRY.get_sample_value("acp_broker_page_cache_total", {"outcome": outcome})
-        or 0.0
-        for outcome in ("hit", "miss", "bypass")
-    }
-
-
 async def _strip_infos(broker: Broker, listing: str) -> None:
     """Rewrite the default tenant's ``listing`` as bare positions, as members were stored
     before they carried their SessionInfo (no announcement: the cache is not told)."""
@@ -403,7 +393,7 @@ async def test_a_miss_read_again_after_the_bare_read_is_counted_once(
         expected = json.loads(await broker.methods._list_reply("default", listing, None, ""))
         client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         counts = _counted_reads(broker)
-        before = _asked_of_the_cache()
+        before = asked_of_the_cache()
         assert (await client.call("session/list", {}))["result"] == expected  # read at once
         # Members of an earlier format: read again with their rows.
         await _strip_infos(broker, listing)
@@ -415,11 +405,11 @@ async def test_a_miss_read_again_after_the_bare_read_is_counted_once(
         assert (await client.call("session/list", {"cwd": "/other"}))["result"]["sessions"] == []
         assert raw.lost
         assert counts == {"dispatched": 2, "at once": 3}  # the last two read again
-        after = _asked_of_the_cache()
+        after = asked_of_the_cache()
         assert {k: after[k] - before[k] for k in after} == {"hit": 0, "miss": 3, "bypass": 0}
         # Each was kept once read again: a hit now.
         assert (await client.call("session/list", {"cwd": "/seed"}))["result"] == reply
-        assert _asked_of_the_cache()["hit"] == after["hit"] + 1
+        assert asked_of_the_cache()["hit"] == after["hit"] + 1
         assert not client.inbox
         await client.close()
 

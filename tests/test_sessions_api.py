@@ -18,7 +18,8 @@ from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import ROOT, make_settings, subprocess_env
-from .support.client import RawClient, tool_result_text
+from .support.client import RawClient, tool_result_text, wait_for
+from .support.nodes import asked_of_the_cache
 from .support.seed import BASE_MS, newest_first, seed_many, seed_session
 
 LINE = re.compile(
@@ -142,6 +143,21 @@ REST_ERRORS = [
     ("status=RUNNING&status=STOPPED", 400, "invalid_argument"),
     ("after=not-a-cursor", 400, "invalid_cursor"),
 ]
+
+
+async def test_rest_pages_after_the_first_are_read_ahead(
+    broker: Broker, http: httpx2.AsyncClient
+) -> None:
+    made = await seed_many(broker.redis, 7, lambda i: {"created_ms": BASE_MS + i * 1000})
+    pages = broker.methods.pages
+    assert pages is not None
+    await wait_for(lambda: pages.live)
+    before = asked_of_the_cache()
+    sessions = await rest_walk(http, rest_bases(broker)[0], "limit=2")  # asked back to back
+    after = asked_of_the_cache()
+    assert [s["id"] for s in sessions] == newest_first(made)
+    # the first page read as asked; the three after it read ahead (waited for, or kept)
+    assert {k: after[k] - before[k] for k in after} == {"hit": 3, "miss": 1, "bypass": 0}
 
 
 async def test_rest_errors_are_problem_documents(broker: Broker, http: httpx2.AsyncClient) -> None:

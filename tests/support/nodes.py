@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
+from prometheus_client import REGISTRY
+
 from broker.front.node import FrontNode
 from broker.front.pages import PageCache
 
@@ -32,3 +34,13 @@ async def running_front(node: NodeT) -> AsyncIterator[NodeT]:
 def holding(cache: PageCache, count: int) -> Callable[[], bool]:
     """A condition to wait for: ``cache`` holds ``count`` pages."""
     return lambda: len(cache) == count
+
+
+def asked_of_the_cache() -> dict[str, float]:
+    """The pages asked of the fronts' caches in this process so far, by outcome (its
+    metrics: ``hit``, ``miss``, ``bypass``)."""
+    return {
+        outcome: REGISTRY.get_sample_value("acp_broker_page_cache_total", {"outcome": outcome})
+        or 0.0
+        for outcome in ("hit", "miss", "bypass")
+    }
