@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -294,11 +295,11 @@ async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
 
 @contextlib.asynccontextmanager
 async def _paged(
-    redis_url: str, sessions: int
+    redis_url: str, sessions: int, timeout: float = 5.0
 ) -> AsyncIterator[tuple[Broker, PageCache, RawClient, list[str]]]:
     """A broker with its page cache (pages of 5, subscribed) over ``sessions`` sessions, a
     client of it, and the sessions' ids as a walk must list them: newest first."""
-    async with _uncached_broker(redis_url, list_cache=True, list_page_size=5) as broker:
+    async with _uncached_broker(redis_url, timeout, list_cache=True, list_page_size=5) as broker:
         made = await _seed(broker, sessions, distinct_times=sessions)
         pages = broker.methods.pages
         assert pages is not None
@@ -351,6 +352,39 @@ async def test_a_client_paging_back_to_back_waits_for_each_read_ahead_not_readin
         # read ahead (through the index's page reads, in a task of their own)
         assert reads == {"at once": 1, "dispatched": 4}
         assert [s["sessionId"] for s in walked] == expected
+
+
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_an_ask_waiting_for_a_stuck_read_ahead_reads_the_page_itself_at_its_bound(
+    redis_url: str, store_kind: str
+) -> None:
+    async with _paged(redis_url, 12, REPLY_TIMEOUT) as (broker, pages, client, expected):
+        await client.call("session/list", {"cwd": "/elsewhere"})  # the bare connection open
+        stuck, read = asyncio.Event(), broker.index.page
+        held: list[str | None] = []
+
+        async def page(tenant: str, listing: str, after: str | None, *a: Any, **kw: Any) -> Any:
+            if after is not None and not held:  # the first read ahead: a store that stalls
+                held.append(after)
+                await stuck.wait()
+            return await read(tenant, listing, after, *a, **kw)
+
+        broker.index.page = page  # type: ignore[method-assign]
+        first = (await client.call("session/list", {}))["result"]
+        await wait_for(lambda: bool(held) and pages.reading_ahead(_next_key(first)))
+        started = time.monotonic()
+        second = (await client.call("session/list", {"cursor": first["nextCursor"]}))["result"]
+        waited = time.monotonic() - started
+        assert REPLY_TIMEOUT * 0.9 <= waited < REPLY_TIMEOUT * 2 + 1.0, waited
+        ids = [s["sessionId"] for s in first["sessions"] + second["sessions"]]
+        assert ids == expected[:10]
+        stuck.set()  # the stuck read lands at last: nothing more is sent to the client
+        await wait_for(lambda: not pages.reading_ahead(_next_key(first)))
+
+
+def _next_key(page: dict[str, Any]) -> tuple[Any, ...]:
+    """The page cache's key of the page after ``page`` (default tenant, no cwd, pages of 5)."""
+    return ("default", "acp", None, page["nextCursor"], 5)
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])
