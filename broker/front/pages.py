@@ -130,6 +130,9 @@ class PageCache:
         self.refresh_failures = FailureLog(log, "page refreshes")
         self._ahead: dict[Key, asyncio.Task[None]] = {}  # pages being read ahead
         self._when_asked: dict[Key, Callable[[], None]] = {}  # of pages read ahead, kept
+        # The loop it serves, held from :meth:`up` on (pages are kept only after it): on
+        # Python 3.11 each lookup of the running loop is a getpid() system call.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -157,7 +160,7 @@ class PageCache:
             if self._when_asked:
                 asked = self._when_asked.pop(key, None)
                 if asked is not None:  # once this ask is answered: no part of its wait
-                    asyncio.get_running_loop().call_soon(asked)
+                    self.soon(asked)
         return page
 
     def missed(self) -> None:
@@ -168,17 +171,24 @@ class PageCache:
         """A token for a read about to start (None while the cache is bypassed)."""
         return self._stamp if self.live else None
 
+    def soon(self, callback: Callable[..., None], *args: Any) -> None:
+        """Have ``callback(*args)`` run once the work of this step of the event loop is done
+        (a read ahead started after the reply that asked for it is written)."""
+        if self._loop is not None:
+            self._loop.call_soon(callback, *args)
+
     def read_ahead(self, key: Key, read: ReadAhead) -> None:
         """Read the page under ``key`` in the background and keep it (as :meth:`put` keeps a
         page: not if its tenant changes meanwhile), unless it is kept already, being read
         ahead, or :data:`READS_AHEAD` pages are. What ``read`` gives to do when the page is
         first asked for is done then (in :meth:`hit`). A failed read is logged, and the page
         is read when it is asked for."""
-        if not self.live or key in self._entries or key in self._ahead:
+        loop = self._loop
+        if not self.live or loop is None or key in self._entries or key in self._ahead:
             return
         if len(self._ahead) >= READS_AHEAD:
             return
-        task = asyncio.get_running_loop().create_task(self._reading_ahead(key, self.begin(), read))
+        task = loop.create_task(self._reading_ahead(key, self.begin(), read))
         self._ahead[key] = task
         task.add_done_callback(lambda _: self._ahead.pop(key, None))
 
@@ -191,10 +201,9 @@ class PageCache:
         not), or ``within`` seconds have passed, whichever comes first; None when it is not
         being read ahead. Cancelling the future leaves the read alone: an ask that waits for
         it is not the only one that may."""
-        reading = self._ahead.get(key)
-        if reading is None:
+        reading, loop = self._ahead.get(key), self._loop
+        if reading is None or loop is None:
             return None
-        loop = asyncio.get_running_loop()
         landed: asyncio.Future[None] = loop.create_future()
 
         def done(_: object = None) -> None:
@@ -324,6 +333,7 @@ class PageCache:
 
     def up(self) -> None:
         """The watch is (again) subscribed: serve and store pages, from empty."""
+        self._loop = asyncio.get_running_loop()
         self.reset()
         if not self.live:
             metrics.PAGE_CACHE_LIVE.set(1)

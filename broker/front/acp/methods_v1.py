@@ -509,7 +509,7 @@ class AcpMethods:
             )
             self.pages.put(key, token, text, reload)
             # Once the reply is written: the read ahead is no part of this answer's wait.
-            asyncio.get_running_loop().call_soon(self._read_ahead, query, _next_after(page))
+            self.pages.soon(self._read_ahead, query, _next_after(page))
         return text
 
     def _read_ahead(self, query: _ListQuery, after: str | None) -> None:
