@@ -125,10 +125,11 @@ class AcpMethods:
 
     def _list_at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
         """The answer to a ``session/list`` the connection may give without a task: a page
-        the cache holds; a page read on the index's bare connection while one is open and
-        its reply's timeout bounds the read within the request's deadline (a missing page,
-        or no cache); None for the rest (a refusal, a bad param, a traced request, no bare
-        connection: :meth:`dispatch` answers them as ever)."""
+        the cache holds; a page being read ahead, once that read lands; a page read on the
+        index's bare connection while one is open and its reply's timeout bounds the read
+        within the request's deadline (a missing page, or no cache); None for the rest (a
+        refusal, a bad param, a traced request, no bare connection: :meth:`dispatch`
+        answers them as ever)."""
         version = conn.protocol_version
         if version is None:
             return None
