@@ -53,7 +53,8 @@ async def by_kind(redis: Any) -> dict[str, tuple[int, int]]:
                 pipe.memory_usage(key, samples=0)
             sizes = await pipe.execute()
         for key, size in zip(chunk, sizes, strict=True):
-            counts = found.setdefault(kind_of(key if isinstance(key, str) else key.decode()), [0, 0])
+            name = key if isinstance(key, str) else key.decode()
+            counts = found.setdefault(kind_of(name), [0, 0])
             counts[0] += 1
             counts[1] += int(size or 0)
     return {kind: (count, size) for kind, (count, size) in found.items()}

@@ -278,17 +278,23 @@ class Version:
     entries: dict[str, str]
 
     def encode(self) -> str:
-        """``~<seq>`` then, per distinct position, ``<GS><position><RS><names>`` (names
-        split by spaces); JSON when a listing's name could be mistaken for a separator."""
+        """``~<seq>`` (then ``:<id>`` when every position ends with ``:<id>``, the
+        session's id, left off them) then, per distinct position, ``<GS><position><RS>``
+        and the listings stored under it, split by spaces; JSON when a listing's name could
+        be mistaken for a separator."""
         grouped: dict[str, list[str]] = {}
         for name, position in self.entries.items():
             grouped.setdefault(position, []).append(name)
-        text = _VERSION_MARK + str(self.seq)
-        parts = [f"{_GROUP_SEP}{at}{_NAMES_SEP}{' '.join(names)}" for at, names in grouped.items()]
-        encoded = text + "".join(parts)
         if _SEPARATORS.search("".join(self.entries)) or _SEPARATORS.search("".join(grouped)):
             return dumps({"q": self.seq, "e": self.entries})
-        return encoded
+        suffixes = {at.partition(":")[2] for at in grouped}
+        [suffix] = suffixes if len(suffixes) == 1 else [""]
+        head = f"{_VERSION_MARK}{self.seq}:{suffix}" if suffix else f"{_VERSION_MARK}{self.seq}"
+        cut = -len(suffix) - 1 if suffix else None
+        parts = [
+            f"{_GROUP_SEP}{at[:cut]}{_NAMES_SEP}{' '.join(names)}" for at, names in grouped.items()
+        ]
+        return head + "".join(parts)
 
     @classmethod
     def decode(cls, text: str | None) -> Version | None:
@@ -306,12 +312,14 @@ class Version:
 
     @classmethod
     def _decode_compact(cls, text: str) -> Version | None:
-        seq, *groups = text[len(_VERSION_MARK) :].split(_GROUP_SEP)
+        head, *groups = text[len(_VERSION_MARK) :].split(_GROUP_SEP)
+        seq, colon, suffix = head.partition(":")
         entries: dict[str, str] = {}
         for group in groups:
             at, mark, names = group.partition(_NAMES_SEP)
             if not mark:
                 return None
+            at = f"{at}:{suffix}" if colon else at
             entries.update(dict.fromkeys(names.split(" ") if names else (), at))
         try:
             return cls(int(seq), entries)

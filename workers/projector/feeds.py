@@ -53,4 +53,3 @@ async def run_feed_trimming(redis: Store, interval: float) -> None:
             failures.succeeded()
             if removed:
                 log.debug("trimmed %d consumed change notices", removed)
-

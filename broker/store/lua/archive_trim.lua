@@ -20,6 +20,12 @@ if head[1] ~= ARGV[1] or head[2] ~= ARGV[2] then
   return -1
 end
 redis.call('HSET', snap, 'archived', ARGV[1])
+-- The fencing token the session's host (if any) holds now: renewing that lease gives it up
+-- (lease.lua); a host that takes the session back later holds a newer token, and keeps it.
+local fence = redis.call('HGET', snap, 'fence')
+if fence then
+  redis.call('HSET', snap, 'archivedFence', fence)
+end
 redis.call('HINCRBY', snap, 'gen', 1)
 -- The recent call ids go too (208 bytes): a call retried after a lost reply comes back
 -- within seconds, and a session is archived only after archive_after without appends.

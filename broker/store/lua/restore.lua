@@ -28,7 +28,7 @@ if ARGV[4] == '1' then
   if last ~= tonumber(head[1]) then
     return redis.error_reply('ERR restore ended at ' .. last .. ' of ' .. head[1])
   end
-  redis.call('HDEL', snap, 'archived')
+  redis.call('HDEL', snap, 'archived', 'archivedFence')
   redis.call('ZADD', hot, ARGV[2], ARGV[3])
 end
 return 1
