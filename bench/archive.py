@@ -85,7 +85,7 @@ async def _make_sessions(url: str, count: int, chunks: int, concurrency: int) ->
         async with acp_client(url) as client:
             for i in todo:
                 folder = f"/srv/bench/project-{i % FOLDERS}"
-                meta = {"team": f"team-{i % 7}", "ticket": f"BENCH-{i}"}
+                meta = {"team": f"team-{i % 7}"}  # 2 words: team, 0 to 6
                 params = {"cwd": folder, "mcpServers": [], "_meta": meta}
                 result = await client.request("session/new", params, timeout=120)
                 sid = str(result["sessionId"])

@@ -93,14 +93,14 @@ async def run_command_trimming(
     read_up_to: Callable[[], str | None],
     group: str,
     *,
-    interval: float = TRIM_INTERVAL,
+    interval: float | None = None,
 ) -> None:
     """Trim ``inbox`` (read up to ``read_up_to()``) and the shared queue (behind ``group``)
-    every ``interval`` seconds, until cancelled; a failed round is logged in a line
-    (summarised while it goes on) and the next one retries it."""
+    every ``interval`` seconds (None: :data:`TRIM_INTERVAL`), until cancelled; a failed
+    round is logged in a line (summarised while it goes on) and the next one retries it."""
     failures = FailureLog(log, "trimming the command streams")
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(TRIM_INTERVAL if interval is None else interval)
         try:
             removed = await trim_inbox(redis, inbox, read_up_to())
             removed += await trim_queue(redis, group)
