@@ -370,8 +370,9 @@ class HostWorker:
                 renewal = await self.leases.renew_all(self.host.held_sessions(), self.host.fences())
                 for _, session_id in renewal.lost:
                     self.host.lose(session_id)
-                for tenant, session_id in renewal.archived:  # idle: no host needs to hold it
-                    await self.host.release(tenant, session_id)
+                # Archived (idle): no host needs to hold them. Side by side, so that many at
+                # once (each closed in its agent) do not hold the next renewal back.
+                await asyncio.gather(*(self.host.release(*held) for held in renewal.archived))
                 await self._take_over()
                 metrics.LEASES_HELD.set(len(self.host.held_sessions()))
                 self.lease_failures.succeeded()
