@@ -5,6 +5,7 @@ only what their readers have not read; archiving failures are logged in one line
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -193,3 +194,24 @@ async def test_an_archiving_failure_is_one_line(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await redis.aclose()
+
+
+def test_versions_are_stored_compactly_and_read_in_either_form() -> None:
+    sid = "sess_39b2c93f25a2fdf02abf25fccde733a9"
+    updated, created = f"8203691218538:{sid}", f"8203691218566:{sid}"
+    entries = {"acp": updated, "acp:cwd:a0": updated, "c": created, "c:id:3": created}
+    version = Version(102, entries)
+    text = version.encode()
+    assert text == f"~102:{sid}\x1d8203691218538\x1eacp acp:cwd:a0\x1d8203691218566\x1ec c:id:3"
+    assert Version.decode(text) == version
+    assert Version.decode(json.dumps({"q": 102, "e": entries})) == version  # written before
+    for odd in (
+        Version(0, {}),
+        Version(3, {"a": "bare-position"}),
+        Version(3, {"a": "1:x", "b": "2:y"}),
+        Version(3, {"a": "1:x", "b": "2:x:z"}),
+        Version(3, {"a name with spaces": "1:x"}),
+    ):
+        assert Version.decode(odd.encode()) == odd
+    assert Version.decode("~not a number\x1dx\x1ey") is None
+    assert Version.decode("~3\x1dno names mark") is None
