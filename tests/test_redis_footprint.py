@@ -81,7 +81,8 @@ async def test_an_archived_session_keeps_a_compact_snapshot_and_no_lease(
     assert await redis.hget(keys.snapshot, "calls") is None
     version = Version.decode(await redis.hget(TenantKeys(TENANT).versions, session_id))
     assert version is not None and version.seq == len(hot_log)
-    assert (await SessionIndex(redis).row(TENANT, session_id))["title"] == "/notool a first prompt"
+    row = await SessionIndex(redis).row(TENANT, session_id)
+    assert row is not None and row["title"] == "/notool a first prompt"
 
     # Reopened: the log comes back whole, the next seqs follow, the epoch is the same, and
     # the host that took the session back keeps its lease.
