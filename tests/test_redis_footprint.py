@@ -79,6 +79,8 @@ async def test_an_archived_session_keeps_a_compact_snapshot_and_no_lease(
     assert keys.snapshot in await _session_keys(redis, keys)
     assert await redis.object("encoding", keys.snapshot) == "listpack"
     assert await redis.hget(keys.snapshot, "calls") is None
+    assert await redis.hmget(keys.snapshot, "tenant", "sid") == [None, None]  # the key's
+    assert (await broker.log.snapshot(TENANT, session_id)).session_id == session_id
     version = Version.decode(await redis.hget(TenantKeys(TENANT).versions, session_id))
     assert version is not None and version.seq == len(hot_log)
     row = await SessionIndex(redis).row(TENANT, session_id)

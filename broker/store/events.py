@@ -107,11 +107,20 @@ class SessionSnapshot:
     meta: JsonObject = field(default_factory=dict)
 
     @classmethod
-    def from_hashes(cls, snap: Mapping[str, str], meta: Mapping[str, str]) -> SessionSnapshot:
-        """Build a snapshot from the snapshot hash and the metadata hash."""
+    def from_hashes(
+        cls,
+        snap: Mapping[str, str],
+        meta: Mapping[str, str],
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+    ) -> SessionSnapshot:
+        """Build a snapshot from the snapshot hash and the metadata hash. ``tenant`` and
+        ``session_id`` (the key's) stand in for the hash's own ``tenant`` and ``sid``, which
+        an archived session's snapshot leaves out (``lua/archive_trim.lua``)."""
         return cls(
-            tenant=snap["tenant"],
-            session_id=snap["sid"],
+            tenant=snap.get("tenant") or _given(tenant, "tenant"),
+            session_id=snap.get("sid") or _given(session_id, "sid"),
             epoch=snap["epoch"],
             seq=int(snap["seq"]),
             created_ms=int(snap["created"]),
@@ -228,6 +237,12 @@ def apply_ops(snap: dict[str, str], meta: dict[str, str], ops: Iterable[Snapshot
             meta.pop(name, None)
         elif op == "mclear":
             meta.clear()
+
+
+def _given(value: str | None, name: str) -> str:
+    if value is None:
+        raise KeyError(name)
+    return value
 
 
 def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSnapshot | None:

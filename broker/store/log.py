@@ -543,7 +543,7 @@ class SessionLog:
             snap, meta = await pipe.execute()
         if not snap:
             raise SessionMissing(session_id)
-        return SessionSnapshot.from_hashes(snap, meta)
+        return SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
 
     async def snapshot_and_holder(
         self, tenant: str, session_id: str
@@ -576,7 +576,8 @@ class SessionLog:
         snap, meta, holder = replies
         if not snap:
             raise SessionMissing(session_id)
-        return SessionSnapshot.from_hashes(snap, meta), holder or None
+        snapshot = SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
+        return snapshot, holder or None
 
     async def snapshots(self, sessions: Sequence[tuple[str, str]]) -> list[SessionSnapshot | None]:
         """The snapshots of several sessions (``(tenant, session id)``) in one round trip;
@@ -588,8 +589,12 @@ class SessionLog:
                 pipe.hgetall(keys.meta)
             replies = await pipe.execute()
         return [
-            SessionSnapshot.from_hashes(snap, meta) if snap else None
-            for snap, meta in zip(replies[::2], replies[1::2], strict=True)
+            SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
+            if snap
+            else None
+            for (tenant, session_id), snap, meta in zip(
+                sessions, replies[::2], replies[1::2], strict=True
+            )
         ]
 
     async def set_fence(self, tenant: str, session_id: str, fence: str) -> None:

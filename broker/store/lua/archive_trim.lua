@@ -33,9 +33,17 @@ redis.call('HDEL', snap, 'calls')
 -- Written again whole, so that Redis stores it compactly: a hash turns from a listpack into
 -- a hash table once a value outgrows hash-max-listpack-value (the call ids did) and never
 -- turns back by itself. Archived sessions are most sessions; a listpack is a third the size.
+-- The tenant and session id are left out: the key names them (readers are given them).
 local fields = redis.call('HGETALL', snap)
+local kept = {}
+for i = 1, #fields, 2 do
+  if fields[i] ~= 'tenant' and fields[i] ~= 'sid' then
+    kept[#kept + 1] = fields[i]
+    kept[#kept + 1] = fields[i + 1]
+  end
+end
 redis.call('DEL', snap)
-redis.call('HSET', snap, unpack(fields))
+redis.call('HSET', snap, unpack(kept))
 redis.call('DEL', log)
 redis.call('ZREM', hot, ARGV[3])
 return 1
