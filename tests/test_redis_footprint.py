@@ -59,9 +59,10 @@ async def test_an_archived_session_keeps_a_compact_snapshot_and_no_lease(
     broker: Broker, redis: Any
 ) -> None:
     client = await acp_client(f"ws://127.0.0.1:{broker.port}/acp")
-    session_id = await client.new(cwd="/tmp/project")
+    session_id = await client.new(cwd="/tmp/project", team="payments", ticket=4711)
     await client.prompt(session_id, "/notool a first prompt")
     keys = SessionKeys(TENANT, session_id)
+    assert await redis.exists(keys.meta)
     assert await redis.get(keys.lease), "the host holds the session while it runs"
     hot_log = await broker.log.read(TENANT, session_id)
     await client.close()
@@ -75,12 +76,14 @@ async def test_an_archived_session_keeps_a_compact_snapshot_and_no_lease(
         )
 
     await wait_for(let_go, 10.0, "the host to give the archived session's lease up")
-    assert await _session_keys(redis, keys) <= {keys.snapshot, keys.meta}
-    assert keys.snapshot in await _session_keys(redis, keys)
+    # The snapshot alone: the metadata went into it (``m:<name>``).
+    assert await _session_keys(redis, keys) == {keys.snapshot}
     assert await redis.object("encoding", keys.snapshot) == "listpack"
     assert await redis.hget(keys.snapshot, "calls") is None
     assert await redis.hmget(keys.snapshot, "tenant", "sid") == [None, None]  # the key's
-    assert (await broker.log.snapshot(TENANT, session_id)).session_id == session_id
+    archived = await broker.log.snapshot(TENANT, session_id)
+    assert archived.session_id == session_id
+    assert archived.meta == {"team": "payments", "ticket": 4711}
     version = Version.decode(await redis.hget(TenantKeys(TENANT).versions, session_id))
     assert version is not None and version.seq == len(hot_log)
     row = await SessionIndex(redis).row(TENANT, session_id)
@@ -98,6 +101,9 @@ async def test_an_archived_session_keeps_a_compact_snapshot_and_no_lease(
     assert {e.epoch for e in whole} == {hot_log[0].epoch}
     assert await redis.hget(keys.snapshot, "archived") is None
     assert await redis.hget(keys.snapshot, "archivedFence") is None
+    assert await redis.hgetall(keys.meta) == {"team": '"payments"', "ticket": "4711"}
+    assert not [name for name in await redis.hkeys(keys.snapshot) if name.startswith("m:")]
+    assert (await broker.log.snapshot(TENANT, session_id)).meta["ticket"] == 4711
     assert await redis.get(keys.lease)
     await reader.close()
 
@@ -218,3 +224,16 @@ def test_versions_are_stored_compactly_and_read_in_either_form() -> None:
         assert Version.decode(odd.encode()) == odd
     assert Version.decode("~not a number\x1dx\x1ey") is None
     assert Version.decode("~3\x1dno names mark") is None
+
+
+async def test_long_metadata_keeps_its_own_hash_when_archived(broker: Broker, redis: Any) -> None:
+    client = await acp_client(f"ws://127.0.0.1:{broker.port}/acp")
+    note = "a note far longer than a listpack value may be, " * 3
+    session_id = await client.new(cwd="/tmp/project", note=note)
+    await client.prompt(session_id, "/notool a prompt")
+    await client.close()
+    await archive_now(broker, session_id)
+    keys = SessionKeys(TENANT, session_id)
+    assert await _session_keys(redis, keys) >= {keys.snapshot, keys.meta}
+    assert await redis.object("encoding", keys.snapshot) == "listpack"
+    assert (await broker.log.snapshot(TENANT, session_id)).meta == {"note": note}

@@ -117,7 +117,8 @@ class SessionSnapshot:
     ) -> SessionSnapshot:
         """Build a snapshot from the snapshot hash and the metadata hash. ``tenant`` and
         ``session_id`` (the key's) stand in for the hash's own ``tenant`` and ``sid``, which
-        an archived session's snapshot leaves out (``lua/archive_trim.lua``)."""
+        an archived session's snapshot leaves out (``lua/archive_trim.lua``); it holds the
+        metadata's fields too, as ``m:<name>``."""
         return cls(
             tenant=snap.get("tenant") or _given(tenant, "tenant"),
             session_id=snap.get("sid") or _given(session_id, "sid"),
@@ -134,7 +135,7 @@ class SessionSnapshot:
             status=snap.get("status", Status.RUNNING),
             agent_session_id=snap.get("agentSid"),
             prompt_id=snap.get("prompt"),
-            meta={key: json.loads(value) for key, value in meta.items()},
+            meta={key: json.loads(value) for key, value in _user_meta(snap, meta).items()},
         )
 
     @property
@@ -237,6 +238,12 @@ def apply_ops(snap: dict[str, str], meta: dict[str, str], ops: Iterable[Snapshot
             meta.pop(name, None)
         elif op == "mclear":
             meta.clear()
+
+
+def _user_meta(snap: Mapping[str, str], meta: Mapping[str, str]) -> Mapping[str, str]:
+    """The metadata hash, with the fields an archived snapshot holds as ``m:<name>``."""
+    folded = {key[2:]: value for key, value in snap.items() if key.startswith("m:")}
+    return {**folded, **meta} if folded else meta
 
 
 def _given(value: str | None, name: str) -> str:

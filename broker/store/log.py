@@ -493,7 +493,8 @@ class SessionLog:
             args: list[Any] = [gen or "0", now, keys.member, "1" if final else "0"]
             for seq, ts, event in chunk:
                 args += [seq, ts, event]
-            done = await self._script(self._restore, [keys.log, keys.snapshot, keys.hot], args)
+            script_keys = [keys.log, keys.snapshot, keys.hot, keys.meta]
+            done = await self._script(self._restore, script_keys, args)
             if not done:
                 return  # another restorer finished first
 
@@ -504,7 +505,9 @@ class SessionLog:
         keys = SessionKeys(tenant, session_id)
         try:
             outcome = await self._script(
-                self._trim, [keys.log, keys.snapshot, keys.hot], [seq, epoch, keys.member]
+                self._trim,
+                [keys.log, keys.snapshot, keys.hot, keys.meta],
+                [seq, epoch, keys.member],
             )
         except ResponseError as exc:
             raise _append_error(exc) from None

@@ -1,6 +1,6 @@
 -- Trim an archived log out of Redis, once its archive copy is confirmed written.
 --
--- KEYS: 1 log stream, 2 snapshot hash, 3 the partition's hot set
+-- KEYS: 1 log stream, 2 snapshot hash, 3 the partition's hot set, 4 metadata hash
 -- ARGV: 1 the seq the archive copy ends at, 2 its epoch, 3 the hot set member
 -- Returns 1 (trimmed), 0 (already archived), -1 (the log moved on since the copy was
 -- read: nothing is trimmed, the next round archives it again), or NOSESSION.
@@ -9,6 +9,8 @@
 -- reader can tell that a trim happened while it read. HSET comes first: a Redis at
 -- maxmemory refuses it before the log is touched.
 local log, snap, hot = KEYS[1], KEYS[2], KEYS[3]
+local MAX_META_FIELDS = 16  -- a snapshot has some 15 fields; a listpack holds up to 128
+local MAX_META_BYTES = 62  -- hash-max-listpack-value (64) less the ``m:`` prefix
 local head = redis.call('HMGET', snap, 'seq', 'epoch', 'archived')
 if not head[1] then
   return redis.error_reply('NOSESSION no such session')
@@ -40,6 +42,24 @@ for i = 1, #fields, 2 do
   if fields[i] ~= 'tenant' and fields[i] ~= 'sid' then
     kept[#kept + 1] = fields[i]
     kept[#kept + 1] = fields[i + 1]
+  end
+end
+-- The user metadata goes into the snapshot too, each field as ``m:<name>`` (its own key
+-- cost some 190 bytes of Redis, most of it the key), when it keeps the snapshot a listpack:
+-- a few short fields. ``lua/restore.lua`` moves it back.
+local meta = KEYS[4]
+if meta then
+  local pairs_ = redis.call('HGETALL', meta)
+  local small = #pairs_ > 0 and #pairs_ <= 2 * MAX_META_FIELDS
+  for i = 1, #pairs_ do
+    small = small and string.len(pairs_[i]) <= MAX_META_BYTES
+  end
+  if small then
+    for i = 1, #pairs_, 2 do
+      kept[#kept + 1] = 'm:' .. pairs_[i]
+      kept[#kept + 1] = pairs_[i + 1]
+    end
+    redis.call('DEL', meta)
   end
 end
 redis.call('DEL', snap)

@@ -1,6 +1,6 @@
 -- Bring part of an archived log back into Redis; the last part ends the restore.
 --
--- KEYS: 1 log stream, 2 snapshot hash, 3 the partition's hot set
+-- KEYS: 1 log stream, 2 snapshot hash, 3 the partition's hot set, 4 metadata hash
 -- ARGV: 1 the snapshot's ``gen`` the archive was read under, 2 now (ms), 3 the hot set
 --       member, 4 "1" on the last part, then (seq, ts, event JSON) triples in seq order
 -- Entries already in the stream are skipped, so two restorers racing, or one that died
@@ -27,6 +27,16 @@ end
 if ARGV[4] == '1' then
   if last ~= tonumber(head[1]) then
     return redis.error_reply('ERR restore ended at ' .. last .. ' of ' .. head[1])
+  end
+  -- The user metadata the archive moved into the snapshot (``m:<name>``) goes back.
+  if KEYS[4] then
+    local fields = redis.call('HGETALL', snap)
+    for i = 1, #fields, 2 do
+      if string.sub(fields[i], 1, 2) == 'm:' then
+        redis.call('HSET', KEYS[4], string.sub(fields[i], 3), fields[i + 1])
+        redis.call('HDEL', snap, fields[i])
+      end
+    end
   end
   redis.call('HDEL', snap, 'archived', 'archivedFence')
   redis.call('ZADD', hot, ARGV[2], ARGV[3])
