@@ -76,9 +76,9 @@ async def _used_without_stats(redis: Any) -> int:
 # -- sessions made through a front ------------------------------------------------------------
 
 
-async def _make_sessions(url: str, count: int, chunks: int, concurrency: int) -> int:
-    """``count`` sessions through the front at ``url``, each prompted once; the events the
-    prompts' turns wrote (as the agent streamed them)."""
+async def _make_sessions(url: str, count: int, chunks: int, concurrency: int) -> None:
+    """``count`` sessions through the front at ``url``, each prompted once (``/chunks``:
+    the demo agent streams that many chunks), over ``concurrency`` ACP connections."""
     todo = iter(range(count))
 
     async def worker() -> None:
@@ -95,7 +95,6 @@ async def _make_sessions(url: str, count: int, chunks: int, concurrency: int) ->
                 )
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return count
 
 
 async def _settled(redis: Any, timeout: float) -> float:
@@ -246,6 +245,7 @@ async def run(args: Any) -> None:
             else {}
         )
     n = args.sessions
+    marks = front["kinds"].get(footprint.TAKEN_MARKS, (0, 0))[1]
     rows = [
         [f"used_memory before ({n} sessions)", common.fmt(front["before"])],
         [f"used_memory after, all {n} archived, streams trimmed", common.fmt(front["after"])],
@@ -253,6 +253,10 @@ async def run(args: Any) -> None:
         [
             "the same, command statistics reset before each reading",
             common.fmt(front["per_session_bare"]),
+        ],
+        [
+            "the same, less the taken marks (they expire 10 min after their session's making)",
+            common.fmt(front["per_session_bare"] - marks / n),
         ],
         ["keys left after", common.fmt(front["keys_after"])],
         ["seconds to make the sessions", f"{front['made_s']:.1f}"],
@@ -288,6 +292,7 @@ async def run(args: Any) -> None:
         "used_memory_after": front["after"],
         "bytes_per_archived_session": front["per_session"],
         "bytes_per_archived_session_stats_reset": front["per_session_bare"],
+        "bytes_per_archived_session_marks_expired": front["per_session_bare"] - marks / n,
         "memory_stats_difference": front["stats"],
         "by_kind": {kind: {"keys": c, "bytes": s} for kind, (c, s) in front["kinds"].items()},
         "events": args.events,

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+TAKEN_MARKS = "taken marks"
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (
@@ -28,7 +29,7 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("catalog listings", r"^acpb:\{t:[^}]*\}:ix:c(:.*)?$"),
         ("host inboxes", r"^acpb:host:[^:]*:inbox$"),
         ("shared command queue", r"^acpb:hosts:queue$"),
-        ("taken marks", r"^acpb:hosts:taken:.*$"),
+        (TAKEN_MARKS, r"^acpb:hosts:taken:.*$"),
     )
 )
 OTHER = "other (tenants, capabilities, ...)"
