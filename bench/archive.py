@@ -62,6 +62,16 @@ async def _fill(log: Any, index: Any, sessions: int, events: int) -> list[str]:
 
 
 async def _used(redis: Any) -> int:
+    """``used_memory``, once the connections' buffers have shrunk back: Redis frees an idle
+    client's query buffer (20 KB, each connection that has just been busy) within a couple
+    of seconds, which moved a reading by over a megabyte."""
+    last = None
+    for _ in range(15):
+        clients = int((await redis.memory_stats())["clients.normal"])
+        if last is not None and clients >= last:
+            break
+        last = clients
+        await asyncio.sleep(1.0)
     return int((await redis.info("memory"))["used_memory"])
 
 
