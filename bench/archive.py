@@ -4,7 +4,10 @@ what archiving and reading a log back cost.
 **Redis bytes per archived session.** On a private redis-server (``noeviction``), a
 projector role (archiving on: ``archive_after`` ``--archive-after`` seconds, a round and a
 feed trim every second), an agent host role running the demo agent (a real subprocess;
-no chunk delay) and a front node are started; then ``used_memory`` is read (``before``).
+no chunk delay) and a front node are started, ``--warmup`` sessions are made (as below) and
+archived, so that what every deployment holds whatever its sessions (its connections'
+buffers, scripts, the feeds' consumer groups) is counted once; then ``used_memory`` is
+read (``before``).
 N sessions are made through the front, as users make them: ``session/new`` over ACP in one
 of 10 working folders with user metadata, then one ``session/prompt`` (``/chunks K``), so
 each session has a title, metadata, an agent, a lease while its host holds it, and about
@@ -156,6 +159,11 @@ async def _through_front(url: str, folder: str, args: Any) -> dict[str, Any]:
             log = common.LOGS / f"archive-{role}.log"
             await stack.enter_async_context(common.role_process(role, url, log, env=env))
         [front] = await stack.enter_async_context(common.fronts(url, 1, "archive", env=env))
+        empty = await _used(redis)
+        # A few sessions first, archived too: the connections, scripts, feeds' groups and
+        # listings' keys every deployment has are then in ``before``, not in the figure.
+        await _make_sessions(front.url, args.warmup, args.chunks, args.concurrency)
+        await _settled(redis, args.archive_after + 600)
         before = await _used(redis)
         bare_before = await _used_without_stats(redis)
         stats_before = await redis.memory_stats()
@@ -170,6 +178,7 @@ async def _through_front(url: str, folder: str, args: Any) -> dict[str, Any]:
         stats = await redis.memory_stats()
     await redis.aclose()
     return {
+        "empty": empty,
         "before": before,
         "after": after,
         "per_session": (after - before) / args.sessions,
@@ -257,8 +266,16 @@ async def run(args: Any) -> None:
     n = args.sessions
     marks = front["kinds"].get(footprint.TAKEN_MARKS, (0, 0))[1]
     rows = [
-        [f"used_memory before ({n} sessions)", common.fmt(front["before"])],
-        [f"used_memory after, all {n} archived, streams trimmed", common.fmt(front["after"])],
+        ["used_memory, the broker started, no session yet", common.fmt(front["empty"])],
+        [
+            f"used_memory before ({args.warmup} sessions made and archived)",
+            common.fmt(front["before"]),
+        ],
+        [f"used_memory after {n} more, archived, streams trimmed", common.fmt(front["after"])],
+        [
+            "Redis bytes per archived session, from the empty broker (used_memory)",
+            common.fmt((front["after"] - front["empty"]) / (n + args.warmup)),
+        ],
         ["Redis bytes per archived session (used_memory)", common.fmt(front["per_session"])],
         [
             "the same, command statistics reset before each reading",
@@ -298,6 +315,8 @@ async def run(args: Any) -> None:
     data = {
         "sessions": n,
         "chunks": args.chunks,
+        "used_memory_empty": front["empty"],
+        "warmup_sessions": args.warmup,
         "used_memory_before": front["before"],
         "used_memory_after": front["after"],
         "bytes_per_archived_session": front["per_session"],
@@ -324,6 +343,9 @@ def main(argv: list[str]) -> None:
     p = common.parser("archive", __doc__ or "")
     p.add_argument("--sessions", type=int, default=None, help="sessions made (default 1000)")
     p.add_argument("--chunks", type=int, default=96, help="chunks of each session's prompt")
+    p.add_argument(
+        "--warmup", type=int, default=50, help="sessions made and archived before 'before'"
+    )
     p.add_argument("--concurrency", type=int, default=16, help="ACP connections making them")
     p.add_argument("--archive-after", type=float, default=5.0, help="the projector's setting")
     p.add_argument(
