@@ -9,11 +9,14 @@ archived, so that what every deployment holds whatever its sessions (its connect
 buffers, scripts, the feeds' consumer groups) is counted once; then ``used_memory`` is
 read (``before``).
 N sessions are made through the front, as users make them: ``session/new`` over ACP in one
-of 10 working folders with user metadata, then one ``session/prompt`` (``/chunks K``), so
-each session has a title, metadata, an agent, a lease while its host holds it, and about
-K + 5 events. Once every session is archived (every partition's hot set empty) and the
+of 10 working folders with user metadata (``{"team": "team-<i mod 7>"}``: two words, each
+in a catalog listing), then one ``session/prompt`` (``/chunks K``), so each session has a
+title, metadata, an agent, a lease while its host holds it, and K + 6 events. Once every
+session is archived (every partition's hot set empty) and the
 change feeds and command streams are trimmed, ``used_memory`` is read again (``after``):
-(after - before) / N is the figure, what ``INFO memory`` shows an operator. Beside it,
+(after - before) / N is the figure, what ``INFO memory`` shows an operator (also read
+after ``CONFIG RESETSTAT``, which frees Redis 7's per-command latency histograms, and
+from the empty broker, warm-up included). Beside it,
 ``MEMORY USAGE`` of every key, summed by key kind (:mod:`bench.footprint`), before and
 after, per session: the table of ``docs/redis-memory.md``.
 
