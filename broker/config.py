@@ -35,9 +35,9 @@ KIND_META_KEY = "acpBroker/kind"
 
 SESSION_KINDS = ("browser", "shell", "combined")
 BROKER_COMMAND = "acp-broker"
+"""An agent command that starts with this runs this installation's ``acp-broker``."""
 HS256_KEY_BYTES = 32
 """The shortest ``jwt_secret`` accepted: an HS256 key as long as its hash (RFC 7518, 3.2)."""
-"""An agent command that starts with this runs this installation's ``acp-broker``."""
 
 DEFAULT_AGENT_ENV = (
     "PATH",
