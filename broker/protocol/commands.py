@@ -51,7 +51,8 @@ class Op(StrEnum):
     CANCEL = "cancel"
     CLOSE = "close"  # origin
     FORWARD = "forward"  # method, params: any other session method, passed to the agent
-    RELEASE = "release"  # stop holding the session (its last viewer left)
+    RELEASE = "release"  # stop holding the session (deleted)
+    STOP = "stop"  # stop holding the session, recorded STOPPED (a resume brings it back)
     CLIENT_REPLY = "creply"  # a front's answer to a client request (see module doc)
 
 
@@ -223,3 +224,8 @@ class AgentGateway(Protocol):
     ) -> Any: ...
 
     async def release(self, tenant: str, session_id: str) -> None: ...
+
+    async def stop(self, tenant: str, session_id: str) -> None:
+        """Have the host holding the session let its agent process go, the session
+        recorded ``STOPPED`` (its log kept whole); nothing when no host holds it."""
+        ...

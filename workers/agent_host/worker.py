@@ -319,6 +319,8 @@ class HostWorker:
             return await host.forward(tenant, sid, command["method"], command["params"])
         if op == Op.RELEASE:
             return await host.release(tenant, sid)
+        if op == Op.STOP:
+            return await host.stop_session(tenant, sid)
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
 
     async def _send(self, channel: str, message: JsonObject) -> None:
