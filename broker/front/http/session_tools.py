@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
@@ -33,10 +33,10 @@ from ...protocol.jsonrpc import (
     JsonObject,
     RpcError,
 )
+from ...store import hosts
 from ...store.client import Store
 from ...store.events import EventType, SessionSnapshot, Status
 from ...store.index import SessionIndex, row_of
-from ...store.keys import host_queue
 from ...store.log import SessionLog, SessionMissing
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import TenantFull, check_session_quota
@@ -56,8 +56,6 @@ WAIT_MAX = 600
 TOOL_ORIGIN = ""
 """The ``origin`` of what a tool does: no connection, so an agent's question during a
 tool-driven turn goes to every window where the session is active."""
-HOST_IDLE_MS = 15_000
-"""An agent host reads the shared queue at least every second: one silent this long is gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,19 +92,6 @@ def stdio_base(settings: Settings) -> str:
 def request_base(settings: Settings, url_base: str) -> str:
     """The live view's base for an HTTP request that came to ``url_base``."""
     return settings.public_url or url_base
-
-
-async def hosts_reachable(redis: Store, idle_ms: int = HOST_IDLE_MS) -> bool:
-    """Whether an agent host reads the shared command queue now (one read it lately)."""
-    try:
-        groups = await redis.xinfo_groups(host_queue())
-    except ResponseError:
-        return False  # no queue: no agent host ever started
-    for group in groups:
-        consumers = await redis.xinfo_consumers(host_queue(), group["name"])
-        if any(int(c.get("idle", idle_ms)) < idle_ms for c in consumers):
-            return True
-    return False
 
 
 def tool_access(
@@ -386,10 +371,10 @@ class SessionTools:
 
     async def _need_hosts(self) -> None:
         self._need_front()
-        if not await hosts_reachable(self.redis):
+        if not await hosts.any_alive(self.redis):
             raise ApiError(
                 ErrorCode.UNAVAILABLE,
-                "no agent host is reachable (none reads the command queue); start one "
+                "no agent host is reachable (none announced itself lately); start one "
                 "(acp-broker serve or acp-broker agent-host) and try again",
             )
 
