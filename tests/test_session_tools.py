@@ -67,6 +67,12 @@ async def ok(client: Client, name: str, arguments: dict[str, Any]) -> str:
     return text
 
 
+def id_of(text: str) -> str:
+    match = LINE.match(text.split("\n")[0])
+    assert match is not None, text
+    return match["id"]
+
+
 def status_of(text: str) -> str:
     match = LINE.match(text.split("\n")[0])
     assert match is not None, text
@@ -116,8 +122,8 @@ async def test_the_tools_are_listed_with_truthful_annotations(node: Broker) -> N
 async def test_a_tool_driven_turn_is_live_in_a_websocket_window(node: Broker) -> None:
     async with Client(mcp_url(node)) as client:
         created = await ok(client, "session_create", {"cwd": "/srv/tools", "title": "by a tool"})
-        line, live = created.split("\n")
-        session_id = LINE.match(line)["id"]  # type: ignore[index]
+        session_id = id_of(created)
+        live = created.split("\n")[1]
         assert status_of(created) == "RUNNING"
         assert live == f"live view: {base(node)}/sessions/{session_id}"
         ws = await watcher(node, session_id, "/srv/tools")
@@ -147,7 +153,7 @@ async def test_a_tool_driven_turn_is_live_in_a_websocket_window(node: Broker) ->
 
 async def test_busy_cancel_stop_resume_and_delete(node: Broker) -> None:
     async with Client(mcp_url(node)) as client:
-        session_id = LINE.match(await ok(client, "session_create", {"cwd": "/srv/b"}))["id"]  # type: ignore[index]
+        session_id = id_of(await ok(client, "session_create", {"cwd": "/srv/b"}))
         running = await ok(
             client, "session_prompt", {"id": session_id, "text": "/slow 50", "wait": 1}
         )
@@ -225,7 +231,7 @@ async def test_stdio_drives_the_agents_of_a_running_deployment(
                 client, "session_create", {"cwd": "/srv/s", "prompt": "/notool over stdio"}
             )
             lines = created.split("\n")
-            session_id = LINE.match(lines[0])["id"]  # type: ignore[index]
+            session_id = id_of(created)
             assert lines[1] == f"live view: https://broker.example/sessions/{session_id}"
             assert lines[2:] == ["You said: /notool over stdio", "stop reason: end_turn"]
         async with httpx.AsyncClient(timeout=10) as http:
@@ -323,27 +329,36 @@ async def test_a_create_with_a_first_prompt_answers_its_turn(node: Broker) -> No
 # -- Server-Sent Events ---------------------------------------------------------------------
 
 
-async def read_events(
-    response: httpx.Response, count: int, timeout: float = 20.0
-) -> list[tuple[int, dict[str, Any]]]:
-    """The next ``count`` events of an SSE response, as (id, data)."""
-    events: list[tuple[int, dict[str, Any]]] = []
-    fields: dict[str, str] = {}
+class SseReader:
+    """Reads an SSE response's events, a few at a time."""
 
-    async def read() -> None:
-        async for line in response.aiter_lines():
-            if line == "":
-                if "id" in fields:
-                    events.append((int(fields["id"]), json.loads(fields["data"])))
-                    if len(events) == count:
-                        return
-                fields.clear()
-            elif not line.startswith(":"):
-                name, _, value = line.partition(":")
-                fields[name] = value.removeprefix(" ")
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.aiter_lines()
+        self.comments: list[str] = []
 
-    await asyncio.wait_for(read(), timeout)
-    return events
+    async def events(
+        self, count: int, timeout: float = 20.0, until: str | None = None
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """The next ``count`` events (or those up to one of type ``until``), as (id, data)."""
+        events: list[tuple[int, dict[str, Any]]] = []
+        fields: dict[str, str] = {}
+
+        async def read() -> None:
+            async for line in self.lines:
+                if line == "":
+                    if "id" in fields:
+                        events.append((int(fields["id"]), json.loads(fields["data"])))
+                        if len(events) == count or fields.get("event") == until:
+                            return
+                    fields.clear()
+                elif line.startswith(":"):
+                    self.comments.append(line)
+                else:
+                    name, _, value = line.partition(":")
+                    fields[name] = value.removeprefix(" ")
+
+        await asyncio.wait_for(read(), timeout)
+        return events
 
 
 async def test_events_resume_with_last_event_id_losing_and_repeating_nothing(
@@ -354,21 +369,23 @@ async def test_events_resume_with_last_event_id_losing_and_repeating_nothing(
         url = f"/v1/sessions/{session_id}/events"
         async with http.stream("GET", url) as first:
             assert first.headers["content-type"].startswith("text/event-stream")
-            history = await read_events(first, 2)
+            reader = SseReader(first)
+            history = await reader.events(2)
             turn = asyncio.ensure_future(
                 http.post(f"/v1/sessions/{session_id}/prompt", json={"text": "/chunks 30"})
             )
-            seen = history + await read_events(first, 10)
+            seen = history + await reader.events(10)
         last = seen[-1][0]
         assert [seq for seq, _ in seen] == list(range(1, last + 1))
         assert (await turn).status_code == 200
         async with http.stream("GET", url, headers={"Last-Event-ID": str(last)}) as second:
-            rest = await read_events(second, 30 + 3 - 10 + 2)  # to the prompt's end
+            rest = await SseReader(second).events(1000, until="prompt_end")
         seqs = [seq for seq, _ in seen + rest]
         assert seqs == list(range(1, len(seqs) + 1)), seqs
         assert rest[-1][1]["event"]["type"] == "prompt_end"
         async with http.stream("GET", f"{url}?after={last}") as third:
-            assert [seq for seq, _ in await read_events(third, len(rest))] == seqs[len(seen) :]
+            again = await SseReader(third).events(len(rest))
+            assert [seq for seq, _ in again] == seqs[len(seen) :]
         bad = await http.get(url, headers={"Last-Event-ID": "x"})
         assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument"
 
