@@ -402,3 +402,68 @@ async def test_event_streams_send_heartbeats(node: Broker) -> None:
                         return
 
             await asyncio.wait_for(heartbeat(), 10)
+
+
+# -- auth on: scopes, and schemathesis over every route -------------------------------------
+
+
+async def test_scopes_and_every_route_against_the_openapi_document(
+    redis_url: str, tmp_path: Path
+) -> None:
+    import schemathesis
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hypothesis_settings
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+    from .test_security import http_base, secured, token
+
+    async with secured(redis_url, tmp_path) as node:
+        http_url = http_base(node)
+        reader = await token(redis_url, "team-a", ["read"])
+        writer = await token(redis_url, "team-a", ["read", "write"])
+        other = await token(redis_url, "team-b", ["read", "write"])
+        async with httpx.AsyncClient(base_url=http_url, timeout=30) as http:
+
+            def auth(credential: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {credential}"}
+
+            made = await http.post("/v1/sessions", json={"cwd": "/srv/a"}, headers=auth(writer))
+            assert made.status_code == 201, made.text
+            session_id = made.json()["id"]
+            assert made.json()["liveViewUrl"] == f"{http_url}/sessions/{session_id}"
+            assert (await http.post("/v1/sessions", json={"cwd": "/a"})).status_code == 401
+            refused = await http.post("/v1/sessions", json={"cwd": "/a"}, headers=auth(reader))
+            assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+            path = f"/v1/sessions/{session_id}"
+            assert (await http.get(path, headers=auth(reader))).status_code == 200
+            foreign = await http.get(path, headers=auth(other))
+            assert foreign.status_code == 404 and foreign.json()["code"] == "session_not_found"
+            stop = await http.post(f"{path}/stop", headers=auth(reader))
+            assert stop.status_code == 403
+
+        def run() -> list[int]:
+            schema = schemathesis.openapi.from_url(f"{http_url}/v1/openapi.json")
+            statuses: list[int] = []
+            operations = [result.ok() for result in schema.get_all_operations()]
+            assert len(operations) == 9
+            for operation in operations:
+
+                @given(case=operation.as_strategy())
+                @hypothesis_settings(
+                    max_examples=15, deadline=None, suppress_health_check=list(HealthCheck)
+                )
+                def check(case: Any) -> None:
+                    for credential in (None, reader, writer):
+                        headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+                        response = case.call(base_url=http_url, headers=headers, timeout=60)
+                        # A schema-valid cwd or agent may still be refused (400 says why).
+                        case.validate_response(
+                            response, headers=headers, excluded_checks=[positive_data_acceptance]
+                        )
+                        statuses.append(response.status_code)
+
+                check()
+            return statuses
+
+        statuses = await asyncio.to_thread(run)
+        assert {201, 401, 403, 404} <= set(statuses) and max(statuses) < 500, set(statuses)
