@@ -163,13 +163,18 @@ async def test_busy_cancel_stop_resume_and_delete(node: Broker) -> None:
         assert await ok(client, "session_cancel", {"id": session_id}) == "stop reason: cancelled"
         assert await ok(client, "session_cancel", {"id": session_id}) == "no turn was running"
 
+        assert node.worker.host.holds(session_id)
         stopped = await ok(client, "session_stop", {"id": session_id})
         assert status_of(stopped) == "STOPPED" and "\n" not in stopped
+        assert not node.worker.host.holds(session_id)  # its agent process let it go
+        assert await ok(client, "session_stop", {"id": session_id}) == stopped
         error, refused = await call(client, "session_prompt", {"id": session_id, "text": "x"})
         assert error and refused.startswith("session_not_running: ")
         assert "session_resume" in refused
         resumed = await ok(client, "session_resume", {"id": session_id})
         assert status_of(resumed) == "RUNNING" and resumed.endswith(f"/sessions/{session_id}")
+        assert node.worker.host.holds(session_id)
+        assert await ok(client, "session_resume", {"id": session_id}) == resumed  # a no-op
         again = await ok(client, "session_prompt", {"id": session_id, "text": "/notool back"})
         assert again.endswith("stop reason: end_turn")
 
