@@ -110,3 +110,33 @@ async def test_with_auth_on_the_live_view_asks_for_a_token_then_shows_the_sessio
         await context.close()
         await node.stop()
         await store.aclose()
+
+
+async def test_a_question_no_window_could_answer_waits_for_the_live_view(
+    redis_url: str, browser: Any
+) -> None:
+    store = connect(redis_url)
+    node = Broker(make_settings(client_reask_interval=0.5), redis=store)
+    await node.start()
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        base = f"http://127.0.0.1:{node.http_port}"
+        async with Client(f"{base}/mcp") as client:
+            created = await tool(client, "session_create", {"cwd": "/srv/ask"})
+            session_id = created.split()[0]
+            # No window has the session open: the turn waits for a person, and says where.
+            waiting = await tool(client, "session_prompt", {"id": session_id, "text": "look"})
+            live = f"{base}/sessions/{session_id}"
+            assert f"live view: {live}" in waiting and waiting.endswith("still running")
+            page = await context.new_page()
+            await page.goto(live)
+            allow = page.get_by_role("button", name="Allow")
+            await expect(allow).to_be_visible(timeout=WAIT_MS)
+            await allow.click()
+            await expect(page.locator("#session-state")).to_have_text("idle", timeout=WAIT_MS)
+            listed = await tool(client, "session_cancel", {"id": session_id})
+            assert listed == "no turn was running"  # it ended once the person answered
+    finally:
+        await context.close()
+        await node.stop()
+        await store.aclose()

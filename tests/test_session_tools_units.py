@@ -109,9 +109,9 @@ def test_inputs_are_checked() -> None:
     for bad in (-1, 601, True, "5"):
         with pytest.raises(ApiError):
             wait_of(bad)
-    for bad in ("", "sess_x", 5, None):
+    for wrong in ("", "sess_x", 5, None):
         with pytest.raises(ApiError):
-            session_id_of(bad)
+            session_id_of(wrong)
     for bad in ("", "a b", "x" * 256, "é"):
         with pytest.raises(ApiError):
             checked_key(bad)

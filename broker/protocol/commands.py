@@ -37,6 +37,13 @@ from typing import Any, Protocol
 from ..store.events import JsonObject, LogEvent, Position
 from .jsonrpc import INTERNAL_ERROR, RpcError
 
+UNATTENDED_ORIGIN = ""
+"""The ``origin`` of a command no client connection sent (a session tool, over MCP or
+REST). An agent's question during a turn of this origin has no prompting window: it goes
+to every window where the session is active and, while there is none, waits (asked again
+every re-ask interval, up to the client request timeout) for one to open, such as the
+tool's live view."""
+
 SESSION_NOT_FOUND = -32002
 """The JSON-RPC code of a session that does not exist (in the caller's tenant)."""
 

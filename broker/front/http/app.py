@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 
 from ...config import Settings
 from ...ops.health import HEALTH_PATHS, Health
@@ -86,7 +86,7 @@ class FrontHttp:
     def asgi_app(self) -> Starlette:
         """The HTTP port's app: the SDK's streamable HTTP app, the console, health, metrics and
         the REST routes."""
-        routes: list[BaseRoute] = [
+        routes: list[Route] = [
             Route(path, self._health_endpoint, methods=["GET"]) for path in HEALTH_PATHS
         ]
         if self.session_routes is not None:  # before the REST routes: they answer the rest

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 
 from ...auth.credentials import Credentials
 from ...auth.principal import Scope
@@ -71,7 +71,7 @@ class SessionRoutes:
         self.stream = stream
         self.keys = IdempotencyKeys(tools.redis, wait=tools.settings.request_timeout)
 
-    def routes(self) -> list[BaseRoute]:
+    def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
         return [
             Route(SESSIONS_PATH, self._guard(self.create), methods=["POST"]),

@@ -25,7 +25,7 @@ from ...auth.credentials import Authenticator, Credentials, bearer_access, open_
 from ...auth.principal import Scope
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
-from ...protocol.commands import AgentGateway
+from ...protocol.commands import UNATTENDED_ORIGIN, AgentGateway
 from ...protocol.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -53,9 +53,9 @@ T = TypeVar("T")
 
 WAIT_DEFAULT = 60
 WAIT_MAX = 600
-TOOL_ORIGIN = ""
+TOOL_ORIGIN = UNATTENDED_ORIGIN
 """The ``origin`` of what a tool does: no connection, so an agent's question during a
-tool-driven turn goes to every window where the session is active."""
+tool-driven turn goes to every window where the session is active (and waits for one)."""
 
 
 @dataclass(frozen=True, slots=True)
