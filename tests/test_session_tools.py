@@ -14,6 +14,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from broker.serve import Broker
 from broker.store.client import connect
@@ -446,6 +447,14 @@ async def test_scopes_and_every_route_against_the_openapi_document(
             assert foreign.status_code == 404 and foreign.json()["code"] == "session_not_found"
             stop = await http.post(f"{path}/stop", headers=auth(reader))
             assert stop.status_code == 403
+        async with (
+            httpx.AsyncClient(headers=auth(reader), timeout=30) as reading,
+            Client(streamable_http_client(f"{http_url}/mcp", http_client=reading)) as mcp,
+        ):
+            error, text = await call(mcp, "session_stop", {"id": session_id})
+            assert error and text.startswith("forbidden: ") and "write" in text
+            error, text = await call(mcp, "session_list", {})
+            assert not error and id_of(text) == session_id
 
         def run() -> list[int]:
             schema = schemathesis.openapi.from_url(f"{http_url}/v1/openapi.json")

@@ -148,8 +148,7 @@ class SessionRoutes:
     async def get(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.READ)
         session_id = session_id_of(request.path_params["id"])
-        await self.tools.snapshot(tenant, session_id)
-        view = await self.tools.view(tenant, session_id, self._base(request))
+        view = await self.tools.view(tenant, session_id, self._base(request), project=False)
         return _response(json_answer(200, session_document(view)))
 
     async def delete(self, request: Request) -> Response:

@@ -204,10 +204,14 @@ class SessionTools:
             raise not_found(session_id)
         return snapshot
 
-    async def view(self, tenant: str, session_id: str, base: str) -> SessionView:
-        """The session as it is now, listed as it is now (the index brought up to date)."""
+    async def view(
+        self, tenant: str, session_id: str, base: str, *, project: bool = True
+    ) -> SessionView:
+        """The session as it is now; ``project``: after a change, so the index lists it as
+        it is now (the caller's next list sees the change)."""
         snapshot = await self.snapshot(tenant, session_id)
-        await retrying(lambda: self.index.project(snapshot), self.settings.request_timeout)
+        if project:
+            await retrying(lambda: self.index.project(snapshot), self.settings.request_timeout)
         return SessionView(row_of(snapshot), live_view_url(base, session_id))
 
     # -- changing -----------------------------------------------------------------------------
