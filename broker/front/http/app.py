@@ -115,8 +115,9 @@ class FrontHttp:
                     "Mcp-Session-Id",
                     "Mcp-Protocol-Version",
                     "Last-Event-Id",
+                    "Idempotency-Key",
                 ],
-                expose_headers=["Link", "Mcp-Session-Id", "WWW-Authenticate"],
+                expose_headers=["Link", "Location", "Mcp-Session-Id", "WWW-Authenticate"],
             )
         return app
 
@@ -178,6 +179,8 @@ class FrontHttp:
         self._server.exit()
         with contextlib.suppress(asyncio.CancelledError, SystemExit):
             await self._task
+        if self.tools is not None:
+            await self.tools.close()
         self._server = self._task = None
 
 

@@ -9,8 +9,7 @@ Reading needs the ``read`` scope, changing the ``write`` scope.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -112,28 +111,26 @@ class SessionRoutes:
     async def create(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.WRITE)
         body = await _body(request, CREATE_INPUTS, required=True)
-        key = request.headers.get(HEADER)
-        base = self._base(request)
-        if key is None:
-            return await self._create(tenant, body, base)
-        key = checked_key(key)
-        first = await self.keys.claim(tenant, key, body)
-        if first is not None:
-            view = await self.tools.view(tenant, first, base)
-            return self._created(session_document(view))
-        try:
-            response = await self._create(tenant, body, base)
-        except BaseException:
-            await self.keys.forget(tenant, key)
-            raise
-        await self.keys.settle(tenant, key, body, _created_id(response))
-        return response
-
-    async def _create(self, tenant: str, body: Mapping[str, Any], base: str) -> Response:
         prompt = body.get("prompt")
         text = None if prompt is None else text_of(prompt, "prompt")
         wait = wait_of(body.get("wait"))
-        view = await self.tools.create(tenant, body, base)
+        base = self._base(request)
+        key = request.headers.get(HEADER)
+        if key is None:
+            view = await self.tools.create(tenant, body, base)
+        else:
+            key = checked_key(key)
+            first = await self.keys.claim(tenant, key, body)
+            if first is not None:  # a retry: the first request's session, nothing run again
+                view = await self.tools.view(tenant, first, base, project=False)
+                return self._created(session_document(view))
+            try:
+                view = await self.tools.create(tenant, body, base)
+            except BaseException:
+                await self.keys.forget(tenant, key)
+                raise
+            # Settled before the first prompt runs: a retry meanwhile gets the session.
+            await self.keys.settle(tenant, key, body, view.row["sessionId"])
         document = session_document(view)
         if text is not None:
             turn = await self.tools.prompt(tenant, document["id"], text, wait, base)
@@ -227,7 +224,3 @@ def _not_allowed(path: str, allow: str) -> Endpoint:
         return _response(problem(error, allow=allow))
 
     return refuse
-
-
-def _created_id(response: Response) -> str:
-    return str(json.loads(bytes(response.body))["id"])

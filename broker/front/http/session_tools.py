@@ -183,10 +183,15 @@ class SessionTools:
             raise api_error(exc) from None
         except TenantFull as exc:
             raise ApiError(ErrorCode.FORBIDDEN, str(exc)) from None
+        except SessionMissing as exc:  # gone between two reads (purged)
+            raise not_found(str(exc)) from None
         except (*STORE_AWAY, RedisError, TimeoutError) as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
             ) from exc
+        except Exception as exc:
+            log.exception("a session tool failed")
+            raise ApiError(ErrorCode.INTERNAL, f"the broker failed: {exc}") from exc
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -321,6 +326,13 @@ class SessionTools:
         if not report.started and turn.done() and turn.exception() is not None:
             raise turn.exception()  # type: ignore[misc]  # refused before it began
         return TurnView(report, live_view_url(base, session_id))
+
+    async def close(self) -> None:
+        """Stop waiting for the turns tools started (they run on in their agent hosts)."""
+        turns = list(self._turns)
+        for turn in turns:
+            turn.cancel()
+        await asyncio.gather(*turns, return_exceptions=True)
 
     # -- internals ----------------------------------------------------------------------------
 

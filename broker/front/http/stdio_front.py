@@ -52,6 +52,7 @@ async def stdio_tools(settings: Settings, store: Store) -> AsyncIterator[Session
     try:
         yield tools
     finally:
+        await tools.close()
         await hub.stop()
         index.close()
         session_log.close()
