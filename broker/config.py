@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     console's own origin is always allowed to open the WebSocket)."""
     console_ws_url: str | None = None
     """The WebSocket URL the web console at ``/`` opens (unset: worked out per request)."""
+    public_url: str | None = None
+    """The deployment's public base URL (``https://broker.example.com``, the load balancer's
+    address): the base of the live view URLs the session tools hand out (unset: the address
+    the request came to; over stdio, this node's HTTP port)."""
     tls_cert: str | None = None
     tls_key: str | None = None
 

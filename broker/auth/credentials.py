@@ -45,16 +45,17 @@ def forbidden(detail: str) -> ApiError:
     return ApiError(ErrorCode.FORBIDDEN, detail)
 
 
-def bearer_access(authenticator: BrokerAuthenticator) -> Authenticator:
-    """Authentication on: a bearer API token or JWT with the ``read`` scope."""
+def bearer_access(authenticator: BrokerAuthenticator, scope: Scope = Scope.READ) -> Authenticator:
+    """Authentication on: a bearer API token or JWT with ``scope`` (``read`` to read,
+    ``write`` to change)."""
 
     async def authenticate(credentials: Credentials) -> str:
         try:
             principal = await authenticator.authenticate(bearer(credentials.authorization))
         except AuthError:
             raise unauthorized("a valid bearer token is required") from None
-        if not principal.may(Scope.READ):
-            raise forbidden("the token lacks the read scope")
+        if not principal.may(scope):
+            raise forbidden(f"the token lacks the {scope} scope")
         return principal.tenant
 
     return authenticate
