@@ -237,3 +237,24 @@ async def test_long_metadata_keeps_its_own_hash_when_archived(broker: Broker, re
     assert await _session_keys(redis, keys) >= {keys.snapshot, keys.meta}
     assert await redis.object("encoding", keys.snapshot) == "listpack"
     assert (await broker.log.snapshot(TENANT, session_id)).meta == {"note": note}
+
+
+async def test_a_client_connected_through_the_archive_prompts_on(
+    broker: Broker, redis: Any
+) -> None:
+    client = await acp_client(f"ws://127.0.0.1:{broker.port}/acp")
+    session_id = await client.new(cwd="/tmp/project")
+    await client.prompt(session_id, "/notool before")
+    keys = SessionKeys(TENANT, session_id)
+    await archive_now(broker, session_id)
+
+    async def let_go() -> bool:
+        return not await redis.exists(keys.lease)
+
+    await wait_for(let_go, 10.0, "the host to give the archived session's lease up")
+    reply = await client.prompt(session_id, "/notool after")
+    assert reply.stop_reason == "end_turn"
+    assert await redis.get(keys.lease)
+    seqs = [e.seq for e in await broker.log.read(TENANT, session_id)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    await client.close()
