@@ -71,12 +71,11 @@ async def _used(redis: Any) -> int:
     """``used_memory``, once the connections' buffers have shrunk back: Redis frees an idle
     client's query buffer (20 KB, each connection that has just been busy) within a couple
     of seconds, which moved a reading by over a megabyte."""
-    last = None
-    for _ in range(15):
-        clients = int((await redis.memory_stats())["clients.normal"])
-        if last is not None and clients >= last:
+    readings: list[int] = []
+    for _ in range(30):  # until it held for 3 s (Redis looks at idle clients every 2 s)
+        readings.append(int((await redis.memory_stats())["clients.normal"]))
+        if len(readings) >= 4 and min(readings[-4:-1]) <= readings[-1]:
             break
-        last = clients
         await asyncio.sleep(1.0)
     return int((await redis.info("memory"))["used_memory"])
 
