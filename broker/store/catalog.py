@@ -57,7 +57,8 @@ def status_kind_listing(status: str, kind: str) -> str:
 
 
 def id_prefix_listing(prefix: str) -> str:
-    """The listing of sessions whose id body starts with ``prefix`` (1 to 4 characters)."""
+    """The listing of sessions whose id body starts with ``prefix`` (1 to
+    :data:`ID_PREFIX_CHARS` characters)."""
     return f"c:id:{prefix}"
 
 
