@@ -838,6 +838,20 @@ class ClientConnection:
         if session is not None:
             session.prompts.pop(prompt_id, None)
 
+    def expect_prompt_end(self, session_id: str, prompt_id: str) -> asyncio.Future[LogEvent]:
+        """A future for the ``prompt_end`` event of ``prompt_id``, once it reaches here."""
+        future: asyncio.Future[LogEvent] = self._loop.create_future()
+        session = self.active.get(session_id)
+        if session is not None:
+            session.prompt_ends = session.prompt_ends or {}
+            session.prompt_ends[prompt_id] = future
+        return future
+
+    def forget_prompt_end(self, session_id: str, prompt_id: str) -> None:
+        session = self.active.get(session_id)
+        if session is not None and session.prompt_ends is not None:
+            session.prompt_ends.pop(prompt_id, None)
+
     def release(self, session_id: str) -> None:
         """Send the events held back while a session was being activated."""
         session = self.active.get(session_id)
@@ -864,6 +878,10 @@ class ClientConnection:
             accepted = session.prompts.pop(str(event.body.get("promptId")), None)
             if accepted is not None and not accepted.done():
                 accepted.set_result(event)
+        if session.prompt_ends and event.type == EventType.PROMPT_END:
+            ended = session.prompt_ends.pop(str(event.body.get("promptId")), None)
+            if ended is not None and not ended.done():
+                ended.set_result(event)
         if session.held is not None:
             session.held.append(event)
         else:

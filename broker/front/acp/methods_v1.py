@@ -34,6 +34,7 @@ from ...protocol.jsonrpc import (
 )
 from ...protocol.render import POSITION_META, check_position
 from ...protocol.trace import trace_fields, with_trace, without_trace
+from ...protocol.turns import client_prompt_id
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normalize_cwd
@@ -411,7 +412,10 @@ class AcpMethods:
         session_id = self.active_session(conn, request.params)
         if not isinstance(request.params.get("prompt"), list):
             raise invalid_params("prompt must be a list of content blocks")
-        outcome = await self.host.prompt(conn.tenant, session_id, request.params, conn.id)
+        prompt_id = client_prompt_id(request.params)  # named: see protocol.turns
+        outcome = await self.host.prompt(
+            conn.tenant, session_id, request.params, conn.id, prompt_id
+        )
         await self.project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)
         return outcome.result

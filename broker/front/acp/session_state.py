@@ -21,6 +21,7 @@ class ActiveSession:
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
     prompts: dict[str, asyncio.Future[LogEvent]] = field(default_factory=dict)  # by promptId
+    prompt_ends: dict[str, asyncio.Future[LogEvent]] | None = None  # by promptId, when asked
 
 
 @dataclass(eq=False)
