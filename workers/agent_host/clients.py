@@ -62,12 +62,23 @@ class RemoteClients:
     """
 
     def __init__(
-        self, redis: Store, inbox: str, *, timeout: float = 600.0, reask_interval: float = 5.0
+        self,
+        redis: Store,
+        inbox: str,
+        *,
+        timeout: float = 600.0,
+        reask_interval: float = 5.0,
+        reconnect_grace: float = 0.0,
     ) -> None:
         self.redis = redis
         self.inbox = inbox
         self.timeout = timeout
         self.reask_interval = reask_interval
+        self.reconnect_grace = reconnect_grace
+        """Seconds a question whose client went away (its node stopped, its connection
+        dropped) keeps being asked while no connection can answer it: a client that
+        reconnects (the stdio bridge, the console) and resumes the session gets it again.
+        A question no connection could ever answer fails at once."""
         self._ids = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
 
@@ -79,23 +90,38 @@ class RemoteClients:
         Raises :class:`RpcError` when no connection can answer, or none did in time.
         """
         channel = SessionKeys(tenant, session_id).channel
-        for target in (prefer, None) if prefer else (None,):
-            rid = f"{self.inbox}#{next(self._ids)}"
-            message = commands.client_request(rid, self.inbox, method, params, target)
-            waiter = _Waiter(asyncio.get_running_loop().create_future())
-            self._waiting[rid] = waiter  # before publishing: the answer may come first
-            try:
-                return await self._until_answered(channel, commands.encode(message), waiter, method)
-            except NobodyAnswered:
-                continue
-            finally:
-                self._waiting.pop(rid, None)
-                await self._settled(channel, rid)
+        loop = asyncio.get_running_loop()
+        heard: list[bool] = []  # whether any connection heard it (then went away)
+        until = None
+        targets = [prefer, None] if prefer else [None]
+        while True:
+            for target in targets:
+                rid = f"{self.inbox}#{next(self._ids)}"
+                message = commands.client_request(rid, self.inbox, method, params, target)
+                waiter = _Waiter(loop.create_future())
+                self._waiting[rid] = waiter  # before publishing: the answer may come first
+                try:
+                    data = commands.encode(message)
+                    return await self._until_answered(channel, data, waiter, method, heard)
+                except NobodyAnswered:
+                    continue
+                finally:
+                    self._waiting.pop(rid, None)
+                    await self._settled(channel, rid)
+            if not heard or self.reconnect_grace <= 0:
+                break
+            until = until if until is not None else loop.time() + self.reconnect_grace
+            if loop.time() >= until:
+                break
+            targets = [None]  # whoever resumed the session now
+            await asyncio.sleep(min(self.reask_interval, until - loop.time()))
         raise RpcError(
             INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
         )
 
-    async def _until_answered(self, channel: str, data: str, waiter: _Waiter, method: str) -> Any:
+    async def _until_answered(
+        self, channel: str, data: str, waiter: _Waiter, method: str, heard: list[bool]
+    ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
@@ -108,6 +134,7 @@ class RemoteClients:
             else:
                 if not receivers and not waiter.future.done():
                     raise NobodyAnswered
+                heard.append(True)
                 waiter.receivers = receivers
                 waiter.check_declined()
             left = deadline - loop.time()
