@@ -42,6 +42,7 @@ from ...store.log import SessionLog, SessionMissing
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import check_session_quota
 from ...store.retry import retrying
+from ...store.window import with_window
 from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import Key, PageCache
@@ -373,7 +374,8 @@ class AcpMethods:
         await conn.activate(
             conn.tenant, snapshot.session_id, replay_after=reopened.after, replay_now=True
         )
-        conn.reply(request, _without_session_id(reply))
+        # Whole, however the session was held: an agent already holding it replies {}.
+        conn.reply(request, with_window(_without_session_id(reply), snapshot.window))
         conn.release(snapshot.session_id)
         return DEFERRED
 
