@@ -30,7 +30,7 @@ from enum import Enum
 from typing import Any, Final
 
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject
-from ..protocol.render import POSITION_META
+from ..protocol.render import LET_GO_META, POSITION_META
 from ..protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME
 from ..protocol.v2 import REPLAY_POSITION, V2
 
@@ -314,8 +314,10 @@ class BridgeState:
             return Routed(self._answer_to_editor(message))
         if "id" in message:
             return self._question(message)
-        if method == "session/update" and not self._fresh_update(message):
-            return Routed()
+        if method == "session/update":
+            if not self._fresh_update(message):
+                return Routed()
+            self._let_go(message["params"])
         return Routed([message])
 
     def _answer_to_editor(self, message: JsonObject) -> list[JsonObject]:
@@ -375,6 +377,14 @@ class BridgeState:
             return False
         self.positions[session_id] = (seq, epoch)
         return True
+
+    def _let_go(self, params: Any) -> None:
+        """A notice that the broker let the session go on this connection (to make room
+        for a newer one): it is no longer active here, nor resumed after a drop."""
+        update = params.get("update") if isinstance(params, dict) else None
+        meta = update.get("_meta") if isinstance(update, dict) else None
+        if isinstance(meta, dict) and meta.get(LET_GO_META):
+            self.sessions.pop(str(params.get("sessionId")), None)
 
     def _own_echo(self, session_id: str, seq: int, update: Any) -> bool:
         """Whether an update is the editor's own prompt, replayed after a drop (the broker

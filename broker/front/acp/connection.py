@@ -59,11 +59,11 @@ from .access import (
     Access,
     counted_subject,
     in_flight_limit,
-    session_limit,
     token_rate_limit,
 )
 from .dispatch import Deferred
 from .flow import Pace
+from .session_lru import make_room, used
 from .session_state import ActiveSession, BatchReplies
 
 log = logging.getLogger(__name__)
@@ -767,9 +767,9 @@ class ClientConnection:
         event after that seq, now (``replay_now``, for load) or on release.
         """
         await self.deactivate(session_id)
-        if len(self.active) >= self.settings.max_sessions_per_connection:
-            raise session_limit(self.settings)
+        await make_room(self, self.methods.log.snapshots)  # the least recently used idle go
         session = ActiveSession(tenant, session_id, held=[])
+        used(session)
         self.active[session_id] = session
         try:
             head = await self.methods.hub.join(tenant, session_id, self)
@@ -818,6 +818,14 @@ class ClientConnection:
                 return turn
             until = after
         return None
+
+    def prompting(self) -> set[str]:
+        """The sessions this client's prompt requests in flight are about."""
+        return {
+            str(request.params.get("sessionId"))
+            for request, _ in self._inflight.values()
+            if request.method == "session/prompt"
+        }
 
     def hold(self, session_id: str) -> None:
         """Hold the session's live events back until :meth:`release` (a reply goes first)."""

@@ -49,6 +49,7 @@ from ..pages import Key, PageCache
 from .access import Access, connection_limit
 from .connection import AtOnce, ClientConnection, Later, Redispatch
 from .dispatch import DEFERRED
+from .session_lru import used
 
 PROTOCOL_VERSION = 1
 REPLAY_AFTER_META = "acpBroker/replayAfter"
@@ -587,8 +588,10 @@ class AcpMethods:
     def active_session(self, conn: ClientConnection, params: JsonObject) -> str:
         """The ``sessionId`` of the params, which must be active on the connection (-32002)."""
         session_id = _session_id(params)
-        if session_id not in conn.active:
+        session = conn.active.get(session_id)
+        if session is None:
             raise session_not_found(session_id, "active session")
+        used(session)  # the least recently used idle sessions are let go first (session_lru)
         return session_id
 
     async def project(self, tenant: str, session_id: str) -> None:
