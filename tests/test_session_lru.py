@@ -17,7 +17,7 @@ from broker.serve import Broker
 from .conftest import make_settings
 from .support.client import RawClient, text
 
-NOTICES = {"session": {"notices": {}}}
+NOTICES: dict[str, Any] = {"session": {"notices": {}}}
 
 
 @pytest.fixture

@@ -260,12 +260,12 @@ class BridgeState:
 
     # -- editor -> broker -----------------------------------------------------------------
 
-    def from_editor(self, message: Any) -> JsonObject | None:
+    def from_editor(self, message: Any) -> Any:
         """Note a message of the editor on its way to the broker; returns what to send
         (None: nothing now). Only single JSON objects are followed; anything else goes as
         it is (the broker answers it)."""
         if not isinstance(message, dict):
-            return message  # type: ignore[no-any-return]
+            return message
         if "method" not in message:
             return self._answer_from_editor(message)
         method = message.get("method")
