@@ -226,6 +226,26 @@ async def test_a_node_that_keeps_restarting_is_given_up_past_the_bound() -> None
     assert "Traceback" not in stderr
 
 
+async def test_an_editor_that_leaves_during_an_outage_ends_the_bridge_at_once() -> None:
+    connections = 0
+    tried_again = asyncio.Event()
+
+    async def restart(ws: ServerConnection) -> None:
+        nonlocal connections
+        connections += 1
+        if connections >= 2:
+            tried_again.set()
+        await ws.close(1012, "restarting")
+
+    async with stub_server(restart) as url, bridge_process(url, give_up_after=60) as process:
+        async with asyncio.timeout(TIMEOUT):
+            await tried_again.wait()
+        assert process.stdin is not None
+        process.stdin.close()
+        code, stderr = await finish(process)  # within TIMEOUT, far under the 60 s bound
+    assert code == 0, stderr
+
+
 async def test_closed_port_exits_two_with_one_line() -> None:
     url = f"ws://127.0.0.1:{unused_port()}/acp"
     async with bridge_process(url) as process:

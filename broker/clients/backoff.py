@@ -27,7 +27,7 @@ class Backoff:
     give_up_after: float = 60.0
     initial: float = 0.1
     factor: float = 2.0
-    maximum: float = 5.0
+    maximum: float = 1.0
     uniform: Callable[[], float] = field(default=random.random, repr=False)
     """A number in [0, 1): the jitter (injected by tests)."""
     _attempts: int = 0

@@ -60,6 +60,8 @@ class Relay:
         self.inbox: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
         self._background: set[asyncio.Task[Any]] = set()
         self._outage: _Outage | None = None
+        self._editor_gone = asyncio.Event()
+        """Set once stdin ended (EOF, or a read error)."""
 
     async def run(self, ws: ClientConnection) -> int:
         """Relay from the connection ``ws`` (to ``ring.current``) on; return the exit code."""
@@ -72,10 +74,10 @@ class Relay:
                 code = await self._serve(link, resume=resume)
                 if code is not None:
                     return code
-                link = await self._reconnect(link)  # type: ignore[assignment]
-                if link is None:
-                    return 1
-                resume = True
+                again = await self._reconnect_unless_editor_gone(link)
+                if isinstance(again, int):
+                    return again
+                link, resume = again, True
         finally:
             for task in (feeder, *self._background):
                 task.cancel()
@@ -225,6 +227,22 @@ class Relay:
 
     # -- reconnecting -----------------------------------------------------------------------
 
+    async def _reconnect_unless_editor_gone(self, lost: Link) -> Link | int:
+        """:meth:`_reconnect`, unless the editor closes its end meanwhile (stdin's EOF: it
+        is gone, nothing it wrote can be answered any more): then exit 0 at once."""
+        reconnecting = asyncio.ensure_future(self._reconnect(lost))
+        gone = asyncio.ensure_future(self._editor_gone.wait())
+        try:
+            await asyncio.wait((reconnecting, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not reconnecting.done():
+            reconnecting.cancel()
+            await asyncio.gather(reconnecting, return_exceptions=True)
+            return 0
+        link = reconnecting.result()
+        return 1 if link is None else link
+
     async def _reconnect(self, lost: Link) -> Link | None:
         """A new connection (None: the broker stayed out of reach past the bound)."""
         self.state.lost()
@@ -306,6 +324,8 @@ class Relay:
         except (ValueError, OSError) as exc:
             await self.inbox.put(exc)
             return
+        finally:
+            self._editor_gone.set()
         await self.inbox.put(_EOF)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
