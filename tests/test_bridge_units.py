@@ -141,7 +141,7 @@ def test_requests_in_flight_are_resent_when_safe_awaited_when_prompts_else_faile
     assert by_id[3].message["method"] == PROMPT_OUTCOME
     assert by_id[3].message["params"] == {"sessionId": SID, "promptId": prompt_id}
     assert by_id[4].kind is RecoveryKind.RESEND and by_id[4].message == listing
-    assert by_id[5].kind is RecoveryKind.FAIL
+    assert by_id[5].kind is RecoveryKind.ANSWER
     assert by_id[5].message["error"]["code"] == LOST_OUTCOME
     # The prompt's answer: what the outcome request was answered.
     reply = state.prompt_settled(3, {"id": "x", "result": {"stopReason": "end_turn"}})
@@ -171,6 +171,20 @@ def test_an_answer_given_during_the_outage_answers_the_next_ask() -> None:
     state.connected()
     routed = state.from_broker({**ask, "id": 11})
     assert routed.to_editor == [] and routed.to_broker == [{**answer, "id": 11}]
+
+
+def test_an_initialize_in_flight_at_the_drop_gets_the_handshakes_answer() -> None:
+    state = BridgeState()
+    state.connected()
+    state.from_editor(_request(0, "initialize", protocolVersion=1))
+    state.lost()
+    state.connected()
+    [handshake] = state.handshake()
+    assert handshake["method"] == "initialize"
+    state.initialized = {"protocolVersion": 1}
+    [recovery] = state.recoveries()
+    assert recovery.kind is RecoveryKind.ANSWER
+    assert recovery.message == {"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1}}
 
 
 def test_the_editors_own_prompt_replayed_after_a_drop_is_not_echoed() -> None:

@@ -105,6 +105,8 @@ class Relay:
                 if failure is not None:  # LinkLost: the new connection dropped too
                     await asyncio.wait((downstream,), timeout=DRAIN_AFTER_CLOSE_SECONDS)
                     return None
+                if self.state.initialize is not None:  # else: once the broker speaks
+                    self._back(link)
             upstream = asyncio.create_task(self._pump_editor(link))
             await asyncio.wait((upstream, downstream), return_when=asyncio.FIRST_COMPLETED)
             if downstream.done():
@@ -126,7 +128,8 @@ class Relay:
                 frame = await link.ws.recv()
                 if not link.heard:
                     link.heard = True
-                    self._back(link)
+                    if self.state.initialize is None:  # nothing to resume: it carries on
+                        self._back(link)
                 await self._from_broker(link, frame)
         except ConnectionClosed:
             return
@@ -246,7 +249,7 @@ class Relay:
     async def _reconnect(self, lost: Link) -> Link | None:
         """A new connection (None: the broker stayed out of reach past the bound)."""
         self.state.lost()
-        if self._outage is None:  # the lost connection worked: a new outage
+        if self._outage is None:  # the lost connection had carried on: a new outage
             self.backoff.reset()
             self._outage = _Outage(time.monotonic(), lost.url, describe_close(lost.ws))
         else:
@@ -271,7 +274,8 @@ class Relay:
                 self.ring.failed()
 
     def _back(self, link: Link) -> None:
-        """The broker spoke on a new connection: the outage is over, one line says so."""
+        """The new connection carries on (resumed, or nothing to resume and the broker
+        spoke): the outage is over, one line says so."""
         outage, self._outage = self._outage, None
         if outage is None:
             return
@@ -284,10 +288,13 @@ class Relay:
     async def _resume(self, link: Link) -> None:
         """Make the new connection what the lost one was (see the module docstring)."""
         state = self.state
+        state.initialized = None
         for request in state.handshake():
             answer = await link.call(request)
             if "error" in answer:
                 raise _Fatal(f"the broker refused {request['method']} again: {answer['error']}")
+            if request["method"] == "initialize":
+                state.initialized = answer.get("result")
         resumes = state.resumes()
         answers = await asyncio.gather(*(link.call(r) for _, r in resumes))
         for (session_id, _), answer in zip(resumes, answers, strict=True):
@@ -297,7 +304,7 @@ class Relay:
             else:
                 state.resumed(session_id)
         for recovery in state.recoveries():
-            if recovery.kind is RecoveryKind.FAIL:
+            if recovery.kind is RecoveryKind.ANSWER:
                 await self._write(_line(recovery.message))
             elif recovery.kind is RecoveryKind.RESEND:
                 await link.send(recovery.message)

@@ -114,7 +114,7 @@ class Question:
 class RecoveryKind(Enum):
     RESEND = "resend"
     AWAIT_PROMPT = "await_prompt"
-    FAIL = "fail"
+    ANSWER = "answer"  # the bridge answers it itself (an error, or what it learned)
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,8 @@ class Recovery:
 
     kind: RecoveryKind
     message: JsonObject
-    """RESEND: the request again; AWAIT_PROMPT: the outcome request; FAIL: the editor's error."""
+    """RESEND: the request again; AWAIT_PROMPT: the outcome request; ANSWER: the editor's
+    reply."""
     editor_id: Any = None
 
 
@@ -140,6 +141,8 @@ class BridgeState:
 
     def __init__(self) -> None:
         self.initialize: JsonObject | None = None
+        self.initialized: Any = None
+        """The broker's answer to the handshake's ``initialize`` on the current connection."""
         self.authenticate: JsonObject | None = None
         self.version: int | None = None
         self.link = 0
@@ -226,6 +229,11 @@ class BridgeState:
 
     def _recovery(self, key: str, call: EditorCall) -> Recovery:
         editor_id = call.message.get("id")
+        if call.method == "initialize" and self.initialized is not None:
+            # The handshake sent it again already: its answer is the editor's.
+            del self.calls[key]
+            reply = {"jsonrpc": "2.0", "id": editor_id, "result": self.initialized}
+            return Recovery(RecoveryKind.ANSWER, reply, editor_id)
         if call.prompt_id is not None and call.params.get("sessionId") in self.sessions:
             call.link = self.link
             params = {"sessionId": call.params["sessionId"], "promptId": call.prompt_id}
@@ -235,7 +243,7 @@ class BridgeState:
             call.link = self.link
             return Recovery(RecoveryKind.RESEND, self._again(call), editor_id)
         del self.calls[key]
-        return Recovery(RecoveryKind.FAIL, lost_reply(editor_id, call.method), editor_id)
+        return Recovery(RecoveryKind.ANSWER, lost_reply(editor_id, call.method), editor_id)
 
     def _again(self, call: EditorCall) -> JsonObject:
         """A request sent again; a load resumes after what its lost replay forwarded."""
