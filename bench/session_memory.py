@@ -1,11 +1,11 @@
 """What a session active on a connection costs its front: the bound's reason.
 
-One broker in this process (embedded store). A first connection makes S sessions; a
-second one, measured, resumes every one of them (so that it follows S sessions, none
-replayed), then a third one, with the sessions' subscriptions already made, does the
-same. Reported: the front's heap growth (``tracemalloc``, after a collection) per session
-followed, for the first connection to follow them on the node (its own state, plus the
-node's subscription to each session) and for another one (its own state only).
+One broker in this process (embedded store). A first connection makes S sessions and
+closes; two more resume every one of them (each follows S sessions, none replayed). Each
+is measured by what its close gives back to the heap (``tracemalloc``, after a
+collection), per session: the one that closes last held the node's subscription to each
+session as well; the other only its own state. (The client side is in the same process:
+its socket's share, over S sessions, is in the figure too.)
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from typing import Any
 from bench import common
 
 
-async def _follow(url: str, sessions: list[str]) -> tuple[Any, int]:
-    """A connection that resumes every session; it and the heap growth it cost."""
+async def _follow(url: str, sessions: list[str]) -> Any:
+    """A connection that resumes every session (nothing replayed)."""
     from tests.support.client import RawClient
 
-    gc.collect()
-    before = tracemalloc.get_traced_memory()[0]
     client = await RawClient.initialized(url)
     for session_id in sessions:
         reply = await client.call(
@@ -31,38 +29,51 @@ async def _follow(url: str, sessions: list[str]) -> tuple[Any, int]:
         )
         assert "result" in reply, reply
     client.inbox.clear()
+    return client
+
+
+async def _heap_after_close(node: Any, client: Any, left: int) -> int:
+    """The traced heap once ``client`` closed and the front let its connection go."""
+    from tests.support.client import wait_for
+
+    await client.close()
+    await wait_for(lambda: len(node.connections) <= left, timeout=30)
     gc.collect()
-    return client, tracemalloc.get_traced_memory()[0] - before
+    return int(tracemalloc.get_traced_memory()[0])
 
 
 async def measure(sessions: int) -> dict[str, Any]:
+    """What two connections following ``sessions`` sessions hold, each measured as the
+    heap its close gives back: the other follower's (its own state), then the first's
+    (its own state and the node's subscription to each session, which go with it)."""
     from broker.serve import Broker
     from broker.store.client import connect
     from tests.conftest import make_settings
+    from tests.support.client import RawClient
 
     store = connect(None)
     node = Broker(make_settings(max_sessions_per_connection=sessions + 1), redis=store)
     await node.start()
     url = f"ws://127.0.0.1:{node.port}/acp"
     try:
-        from tests.support.client import RawClient
-
         maker = await RawClient.initialized(url)
         made = [await maker.new_session("/mem") for _ in range(sessions)]
-        await maker.close()  # its subscriptions go: the next one makes them again
+        await _heap_after_close(node, maker, 0)  # its subscriptions go with it
         tracemalloc.start()
-        first, first_bytes = await _follow(url, made)
-        other, other_bytes = await _follow(url, made)
+        first = await _follow(url, made)
+        other = await _follow(url, made)
+        gc.collect()
+        both = tracemalloc.get_traced_memory()[0]
+        one = await _heap_after_close(node, other, 1)
+        none = await _heap_after_close(node, first, 0)
         tracemalloc.stop()
-        for client in (first, other):
-            await client.close()
     finally:
         await node.stop()
         await store.aclose()
     return {
         "sessions": sessions,
-        "first_follower_bytes_per_session": first_bytes / sessions,
-        "other_follower_bytes_per_session": other_bytes / sessions,
+        "first_follower_bytes_per_session": (one - none) / sessions,
+        "other_follower_bytes_per_session": (both - one) / sessions,
     }
 
 
