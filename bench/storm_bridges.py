@@ -154,6 +154,7 @@ async def run_case(stop: str, bridges: int, tag: str) -> dict[str, Any]:
         "replacement_ready_s": ready_s,
         "next_update_p50_s": common.percentile(gaps, 50),
         "next_update_max_s": max(gaps),
+        "after_replacement_max_s": max(gaps) - ready_s,
         "exactly_once_in_order": exact,
         "prompt_real_end": ended,
     }
@@ -190,7 +191,16 @@ async def run(args: Any) -> None:
     text = common.table(
         f"Bridges storm: {bridges} editors mid-turn through acp-broker connect, their front "
         "stopped, a replacement on the same address",
-        ["stop", "bridges", "replacement up s", "next update p50 s", "max s (<5)", "once", "ended"],
+        [
+            "stop",
+            "bridges",
+            "replacement up s",
+            "next update p50 s",
+            "max s (<5)",
+            "max after up s",
+            "once",
+            "ended",
+        ],
         [
             [
                 c["stop"],
@@ -198,6 +208,7 @@ async def run(args: Any) -> None:
                 c["replacement_ready_s"],
                 c["next_update_p50_s"],
                 c["next_update_max_s"],
+                c["after_replacement_max_s"],
                 c["exactly_once_in_order"],
                 c["prompt_real_end"],
             ]

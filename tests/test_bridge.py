@@ -322,6 +322,19 @@ async def test_frames_become_single_lines_and_headers_are_sent(
     assert "dropped a multi-line frame" in capsys.readouterr().err
 
 
+async def test_of_several_urls_the_first_that_answers_is_used() -> None:
+    stdin = asyncio.StreamReader()
+    stdin.feed_data(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n')
+    sink = ListSink()
+    refused = f"ws://127.0.0.1:{unused_port()}/acp"
+    async with stub_server(StubAgent()) as url, asyncio.timeout(TIMEOUT):
+        bridge = asyncio.create_task(run_bridge([refused, url], stdin=stdin, stdout=sink))
+        await sink.wait_for_lines(1)
+        stdin.feed_eof()
+        assert await bridge == 0
+    assert json.loads(sink.lines[0])["id"] == 1
+
+
 def test_build_headers() -> None:
     headers = build_headers(["X-Trace: abc ", "X-Empty:"], token="s3cret")
     assert headers == {"X-Trace": "abc", "X-Empty": "", "Authorization": "Bearer s3cret"}

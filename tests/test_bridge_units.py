@@ -14,8 +14,15 @@ from broker.clients.resume import (
     BridgeState,
     RecoveryKind,
 )
+from broker.protocol.jsonrpc import RpcError
 from broker.protocol.render import POSITION_META
-from broker.protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME
+from broker.protocol.turns import (
+    PROMPT_ID_META,
+    PROMPT_OUTCOME,
+    client_prompt_id,
+    outcome_of,
+    outcome_query,
+)
 
 SID = "sess_0123456789abcdef0123456789abcdef"
 
@@ -200,3 +207,18 @@ def test_the_editors_own_prompt_replayed_after_a_drop_is_not_echoed() -> None:
     assert state.from_broker(_update(7)).to_editor
     # Another person's prompt, later, is shown.
     assert state.from_broker(_update(9, kind="user_message_chunk", text="hello")).to_editor
+
+
+def test_a_named_prompt_and_its_outcome() -> None:
+    assert client_prompt_id({"_meta": {PROMPT_ID_META: "abc-1"}}) == "abc-1"
+    assert client_prompt_id({}) is None
+    with pytest.raises(RpcError):
+        client_prompt_id({"_meta": {PROMPT_ID_META: "no spaces"}})
+    assert outcome_query({"sessionId": SID, "promptId": "p1"}) == (SID, "p1")
+    with pytest.raises(RpcError):
+        outcome_query({"sessionId": SID})
+    result = {"stopReason": "end_turn", "_meta": {"k": 1}}
+    assert outcome_of({"type": "prompt_end", "stopReason": "end_turn", "result": result}) == result
+    with pytest.raises(RpcError) as failed:
+        outcome_of({"type": "prompt_end", "error": {"code": -32603, "message": "agent died"}})
+    assert failed.value.code == -32603 and failed.value.message == "agent died"
