@@ -96,7 +96,7 @@ async def run(args: Any) -> None:
             for c in cells
         ],
     )
-    common.report("session-memory", [text], {"runs": cells}, args.out)
+    common.report("sessionmem", [text], {"quick": args.quick, "runs": cells}, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -215,4 +215,4 @@ async def run(args: Any) -> None:
             for c in cells
         ],
     )
-    common.report("storm-bridges", [text], {"runs": cells}, args.out)
+    common.report("storm-bridges", [text], {"quick": args.quick, "runs": cells}, args.out)
