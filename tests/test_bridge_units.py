@@ -222,3 +222,43 @@ def test_a_named_prompt_and_its_outcome() -> None:
     with pytest.raises(RpcError) as failed:
         outcome_of({"type": "prompt_end", "error": {"code": -32603, "message": "agent died"}})
     assert failed.value.code == -32603 and failed.value.message == "agent died"
+
+
+def test_an_answer_lost_with_the_connection_answers_the_broker_asking_again() -> None:
+    state = _with_session()
+    ask = _request(70, "session/request_permission", sessionId=SID, toolCall={"id": "t"})
+    state.from_broker(ask)
+    answer = {"jsonrpc": "2.0", "id": 70, "result": {"outcome": "allowed"}}
+    assert state.from_editor(answer) == answer  # sent: then the connection dropped
+    assert state.from_broker({**ask, "id": 71}).to_editor  # same link: a new question
+    state.lost()
+    state.connected()
+    routed = state.from_broker({**ask, "id": 12})
+    assert routed.to_editor == [] and routed.to_broker == [{**answer, "id": 12}]
+
+
+def test_a_withdrawn_question_is_withdrawn_under_the_editors_id() -> None:
+    state = _with_session()
+    ask = _request(70, "session/request_permission", sessionId=SID, toolCall={"id": "t"})
+    state.from_broker(ask)
+    state.lost()
+    state.connected()
+    state.from_broker({**ask, "id": 9})
+    withdraw = {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 9}}
+    [told] = state.from_broker(withdraw).to_editor
+    assert told["params"] == {"requestId": 70}
+    assert state.questions == {}
+
+
+def test_a_cancel_of_a_prompt_in_flight_is_sent_again_after_a_drop() -> None:
+    state = _with_session()
+    state.from_editor(_request(3, "session/prompt", sessionId=SID, prompt=[{"t": 1}]))
+    cancel = {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": SID}}
+    state.from_editor(cancel)
+    state.lost()
+    state.connected()
+    kinds = [(r.kind, r.message.get("method")) for r in state.recoveries()]
+    assert kinds == [
+        (RecoveryKind.RESEND, "session/cancel"),
+        (RecoveryKind.AWAIT_PROMPT, PROMPT_OUTCOME),
+    ]

@@ -209,8 +209,11 @@ class Relay:
         if error is None:
             await link.ws.close()
             await asyncio.wait((downstream,), timeout=DRAIN_AFTER_CLOSE_SECONDS)
-            if link.ws.protocol.close_rcvd_then_sent:
-                report(f"server closed the connection to {self.redact(link.url)}")
+            # The server closing first at the same moment is a failure only when it was for
+            # good: one that would have been reconnected does not matter, the editor left.
+            if link.ws.protocol.close_rcvd_then_sent and not link.should_reconnect():
+                where = self.redact(link.url)
+                report(f"server closed the connection to {where}: {describe_close(link.ws)}")
                 return 1
             return 0
         if isinstance(error, ConnectionClosed):  # a send found the connection gone

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import secrets
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -69,6 +70,8 @@ writes that set a value or end a state, which come out the same when done twice.
 _ACTIVATING: Final = frozenset({"session/new", "session/fork", "session/load", "session/resume"})
 _ENDING: Final = frozenset({"session/close", "session/delete"})
 _ECHOES_KEPT: Final = 4
+_ANSWERS_KEPT: Final = 64
+"""Answers to the agent's questions kept, for one the broker asks again after a drop."""
 
 
 @dataclass
@@ -154,6 +157,8 @@ class BridgeState:
         self._echo_seqs: set[tuple[str, int]] = set()
         self._recovering: set[str] = set()  # sessions whose replay may echo own prompts
         self._ids = itertools.count(1)
+        self._answered: OrderedDict[str, tuple[int, JsonObject]] = OrderedDict()
+        self._cancelled: set[str] = set()  # sessions whose prompt the editor cancelled
 
     # -- links ----------------------------------------------------------------------------
 
@@ -219,12 +224,21 @@ class BridgeState:
             self._recovering.discard(session_id)
 
     def recoveries(self) -> list[Recovery]:
-        """What becomes of each editor request that went out on an earlier connection."""
+        """What becomes of each editor request that went out on an earlier connection (and
+        a cancel the editor sent for a prompt still awaited: sent again, it may have been
+        lost with the connection)."""
         out = []
         for key, call in list(self.calls.items()):
             if call.link == self.link:
                 continue
-            out.append(self._recovery(key, call))
+            recovery = self._recovery(key, call)
+            session_id = str(call.params.get("sessionId"))
+            if recovery.kind is RecoveryKind.AWAIT_PROMPT and session_id in self._cancelled:
+                cancel = {"jsonrpc": "2.0", "method": "session/cancel"}
+                out.append(
+                    Recovery(RecoveryKind.RESEND, {**cancel, "params": {"sessionId": session_id}})
+                )
+            out.append(recovery)
         return out
 
     def _recovery(self, key: str, call: EditorCall) -> Recovery:
@@ -259,6 +273,7 @@ class BridgeState:
         call = self.calls.pop(_key(editor_id), None)
         if call is not None:
             self._recovering.discard(str(call.params.get("sessionId")))
+            self._cancelled.discard(str(call.params.get("sessionId")))
         out: JsonObject = {"jsonrpc": "2.0", "id": editor_id}
         if "error" in reply:
             out["error"] = reply["error"]
@@ -278,7 +293,9 @@ class BridgeState:
             return self._answer_from_editor(message)
         method = message.get("method")
         if "id" not in message:
-            return message  # a notification: nothing to follow
+            if method == "session/cancel":  # sent again after a drop while its prompt runs
+                self._cancelled.add(str((message.get("params") or {}).get("sessionId")))
+            return message
         if method == "initialize":
             self.initialize = message
             version = (message.get("params") or {}).get("protocolVersion")
@@ -301,7 +318,16 @@ class BridgeState:
             question.answer = message
             return None
         del self.questions[_key(question.editor_id)]
+        self._keep_answer(question.key, message)
         return {**message, "id": question.broker_id}
+
+    def _keep_answer(self, key: str, answer: JsonObject) -> None:
+        """Keep the editor's answer: the broker may ask again if the answer was lost with
+        the connection (sent, but not yet handed to the agent when its node went)."""
+        self._answered[key] = (self.link, answer)
+        self._answered.move_to_end(key)
+        while len(self._answered) > _ANSWERS_KEPT:
+            self._answered.popitem(last=False)
 
     def _remember_echo(self, params: JsonObject) -> None:
         prompt = params.get("prompt")
@@ -322,6 +348,8 @@ class BridgeState:
             return Routed(self._answer_to_editor(message))
         if "id" in message:
             return self._question(message)
+        if method == "$/cancel_request":
+            return Routed(self._withdrawn(message))
         if method == "session/update":
             if not self._fresh_update(message):
                 return Routed()
@@ -330,6 +358,8 @@ class BridgeState:
 
     def _answer_to_editor(self, message: JsonObject) -> list[JsonObject]:
         call = self.calls.pop(_key(message.get("id")), None)
+        if call is not None and call.method == "session/prompt":
+            self._cancelled.discard(str(call.params.get("sessionId")))
         if call is not None and "result" in message:
             self._succeeded(call, message["result"])
         return [message]
@@ -355,15 +385,33 @@ class BridgeState:
 
     def _question(self, message: JsonObject) -> Routed:
         key = _question_key(message)
+        kept = self._answered.get(key)
+        if kept is not None and kept[0] < self.link:  # answered on a lost connection
+            return Routed(to_broker=[{**kept[1], "id": message["id"]}])
         for question in self.questions.values():
             if question.key == key and question.broker_id is None:
                 question.broker_id = message["id"]
                 if question.answer is not None:  # the editor answered meanwhile
                     del self.questions[_key(question.editor_id)]
+                    self._keep_answer(key, question.answer)
                     return Routed(to_broker=[{**question.answer, "id": message["id"]}])
                 return Routed()  # the editor has it already: asked once
         self.questions[_key(message["id"])] = Question(key, message["id"], message["id"])
         return Routed([message])
+
+    def _withdrawn(self, message: JsonObject) -> list[JsonObject]:
+        """The broker withdrew a question (answered elsewhere, or its turn ended): the
+        editor is told under the id it knows the question by."""
+        params = message.get("params")
+        broker_id = params.get("requestId") if isinstance(params, dict) else None
+        for key, question in list(self.questions.items()):
+            if question.broker_id == broker_id and question.broker_id is not None:
+                del self.questions[key]
+                if question.editor_id != broker_id:
+                    params = {**params, "requestId": question.editor_id}
+                    return [{**message, "params": params}]
+                break
+        return [message]
 
     def _fresh_update(self, message: JsonObject) -> bool:
         """Whether a ``session/update`` is new to the editor (else a replay's overlap or the
