@@ -301,12 +301,13 @@ class BridgeState:
             version = (message.get("params") or {}).get("protocolVersion")
             self.version = V2 if version == V2 else 1
         call = EditorCall(message, self.link)
-        if method == "session/prompt" and self.version != V2:
+        if method == "session/prompt":
             call.prompt_id = secrets.token_hex(8)
             params = dict(call.params)
             params["_meta"] = {**(params.get("_meta") or {}), PROMPT_ID_META: call.prompt_id}
             call.message = {**message, "params": params}
-            self._remember_echo(params)
+            if self.version != V2:  # v2 shows the sender its own prompt too: no echo
+                self._remember_echo(params)
         self.calls[_key(message["id"])] = call
         return call.message
 

@@ -135,7 +135,10 @@ class FrontNode:
             self.agents,
             CursorCodec(settings.cursor_keys()),
             self.access,
-            surfaces={v2.V1: {**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome}, v2.V2: V2_HANDLERS},
+            surfaces={
+                v2.V1: {**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+                v2.V2: {**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+            },
             pages=self.pages,
             list_changes=self.list_changes,
         )

@@ -1,6 +1,6 @@
 """A prompt turn a client re-attaches to after its connection dropped: the wire contract.
 
-A v1 client may name its prompt: ``session/prompt`` with ``_meta["acpBroker/promptId"]``
+A client may name its prompt: ``session/prompt`` with ``_meta["acpBroker/promptId"]``
 (:data:`PROMPT_ID_META`) makes the broker log the turn under that id. If the connection
 that sent it drops, the turn runs on at its agent host; the client reconnects, resumes the
 session, and asks :data:`PROMPT_OUTCOME` ``{"sessionId", "promptId"}``: the broker answers
@@ -18,7 +18,7 @@ from typing import Any, Final
 from .jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
 
 PROMPT_ID_META: Final = "acpBroker/promptId"
-"""``_meta`` key of a v1 ``session/prompt``: the id the client gives its turn."""
+"""``_meta`` key of a ``session/prompt``: the id the client gives its turn."""
 PROMPT_OUTCOME: Final = "_acpBroker/prompt_outcome"
 """Extension method: the answer of a named prompt, once its turn has ended."""
 _PROMPT_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
