@@ -47,6 +47,9 @@ class _Waiter:
     future: asyncio.Future[Any]
     receivers: int | None = None
     declined: set[str] = field(default_factory=set)
+    held: bool = False
+    """Whether a client had the question (then went away): it was asked, or a node heard it
+    and neither answered nor declined within an interval."""
 
     def check_declined(self) -> None:
         heard_all = self.receivers is not None and len(self.declined) >= self.receivers
@@ -104,6 +107,8 @@ class RemoteClients:
                     data = commands.encode(message)
                     return await self._until_answered(channel, data, waiter, method, heard)
                 except NobodyAnswered:
+                    if waiter.held:
+                        heard.append(True)
                     continue
                 finally:
                     self._waiting.pop(rid, None)
@@ -134,7 +139,6 @@ class RemoteClients:
             else:
                 if not receivers and not waiter.future.done():
                     raise NobodyAnswered
-                heard.append(True)
                 waiter.receivers = receivers
                 waiter.check_declined()
             left = deadline - loop.time()
@@ -149,6 +153,9 @@ class RemoteClients:
                     asyncio.shield(waiter.future), min(self.reask_interval, left)
                 )
             except TimeoutError:
+                if waiter.receivers:  # a node has it and is asking its client
+                    waiter.held = True
+                    heard.append(True)
                 continue
 
     async def _settled(self, channel: str, rid: str) -> None:
@@ -166,6 +173,7 @@ class RemoteClients:
         if waiter is None or waiter.future.done():
             return
         if message.get("none"):
+            waiter.held = waiter.held or bool(message.get("asked"))
             waiter.declined.add(str(message.get("node")))
             waiter.check_declined()
         elif "error" in message:
