@@ -117,8 +117,9 @@ async def test_a_turn_streams_on_through_a_new_front_each_update_once(
     assert stderr.count("\n") == 1 and "reconnected" in stderr, stderr
 
 
+@STOPS
 async def test_a_question_open_at_the_drop_reaches_the_editor_once(
-    redis_url: str, tmp_path: Path
+    redis_url: str, tmp_path: Path, stop: str
 ) -> None:
     port = _free_port()
     url = f"ws://127.0.0.1:{port}/acp"
@@ -139,7 +140,7 @@ async def test_a_question_open_at_the_drop_reaches_the_editor_once(
             conn.prompt(session_id=session_id, prompt=[text_block("read the file")])
         )
         await wait_for(lambda: len(client.permission_requests) == 1, timeout=20)
-        await front.kill()
+        await _stop(front, stop)
         async with _front(redis_url, port, tmp_path / "f2.log"):
             # The editor answers during the outage: the bridge keeps the answer until the
             # broker asks again on the new connection, and answers that ask with it.
