@@ -404,7 +404,9 @@ class BridgeState:
         """The broker withdrew a question (answered elsewhere, or its turn ended): the
         editor is told under the id it knows the question by."""
         params = message.get("params")
-        broker_id = params.get("requestId") if isinstance(params, dict) else None
+        if not isinstance(params, dict):
+            return [message]
+        broker_id = params.get("requestId")
         for key, question in list(self.questions.items()):
             if question.broker_id == broker_id and question.broker_id is not None:
                 del self.questions[key]
