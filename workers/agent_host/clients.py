@@ -90,11 +90,17 @@ class RemoteClients:
     ) -> Any:
         """Ask the client (``prefer``: that connection first) and return its answer.
 
+        ``prefer`` :data:`~broker.protocol.commands.UNATTENDED_ORIGIN` (a turn a session
+        tool started): no connection can answer yet is no refusal; the request is asked
+        again every ``reask_interval`` until a window where the session is active (its live
+        view, say) answers, or ``timeout`` passes.
+
         Raises :class:`RpcError` when no connection can answer, or none did in time.
         """
         channel = SessionKeys(tenant, session_id).channel
         loop = asyncio.get_running_loop()
-        heard: list[bool] = []  # whether any connection heard it (then went away)
+        deadline = loop.time() + self.timeout
+        heard: list[bool] = []  # whether a client had it (then went away)
         until = None
         targets = [prefer, None] if prefer else [None]
         while True:
@@ -113,13 +119,20 @@ class RemoteClients:
                 finally:
                     self._waiting.pop(rid, None)
                     await self._settled(channel, rid)
-            if not heard or self.reconnect_grace <= 0:
-                break
-            until = until if until is not None else loop.time() + self.reconnect_grace
-            if loop.time() >= until:
-                break
-            targets = [None]  # whoever resumed the session now
-            await asyncio.sleep(min(self.reask_interval, until - loop.time()))
+            now = loop.time()
+            if prefer == commands.UNATTENDED_ORIGIN:  # a window may open: until the timeout
+                if now >= deadline:
+                    break
+                wait_until = deadline
+            else:  # a client that had it may come back: for the reconnect grace
+                if not heard or self.reconnect_grace <= 0:
+                    break
+                until = until if until is not None else now + self.reconnect_grace
+                if now >= until:
+                    break
+                wait_until = until
+                targets = [None]  # whoever resumed the session now
+            await asyncio.sleep(min(self.reask_interval, max(0.0, wait_until - now)))
         raise RpcError(
             INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
         )

@@ -60,12 +60,12 @@ CLIENT_CAPABILITIES: JsonObject = {
 broker takes notices: clients that do not are sent an agent message instead."""
 
 USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
+"""Agent requests that block the running prompt on a person: logged as ``state`` events."""
 APPEND_BATCH = 16
 APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
 """Seconds between attempts to log an agent's updates while the store is unreachable."""
 STORE_AWAY_PAUSE = 1.0
 """Seconds between attempts once those are spent: the updates wait, kept in order."""
-"""Agent requests that block the running prompt on a person: logged as ``state`` events."""
 
 RUNAWAY_NOTICE = (
     "This session reached its event limit (max_events_per_session): the agent's turn was "
@@ -350,6 +350,17 @@ class AgentHost(AgentEvents):
         if held.agent.supports("close"):
             with contextlib.suppress(AgentFailed, RpcError):
                 await held.agent.request("session/close", {"sessionId": held.agent_session_id})
+
+    async def stop_session(self, tenant: str, session_id: str) -> None:
+        """Let the session's agent process go, recorded ``STOPPED`` (``session_stop``): its
+        turn is cancelled, the lease given up and untracked (no host takes it over by
+        itself); its log stays whole, and a resume or a load brings it back."""
+        held = self._held.get(session_id)
+        if held is None or held.tenant != tenant:
+            return
+        await self.cancel(tenant, session_id)
+        await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
+        await self.release(tenant, session_id)
 
     async def stop(self, *, hand_over: bool = False) -> None:
         """Stop every agent. Held sessions are recorded as STOPPED, or, with ``hand_over``,
