@@ -15,16 +15,16 @@ The editor sees one agent for the bridge's whole life. So the bridge keeps:
   other is answered with a clear error, its outcome unknown;
 * the agent's questions to the editor (``session/request_permission`` ...) still open: the
   broker asks again on the new connection, under a new id; the bridge maps it to the
-  question the editor already has (the same method and params), so the editor is asked
-  once, and its answer goes back under the id the broker asks with now.
+  question the editor already has, so the editor is asked once, and its answer goes back
+  under the id the broker asks with now (:mod:`.questions`);
+* the editor's latest prompts, so that a replay after a drop does not show the editor its
+  own prompt (:mod:`.echoes`).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import secrets
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,6 +34,8 @@ from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject
 from ..protocol.render import LET_GO_META, POSITION_META
 from ..protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME
 from ..protocol.v2 import REPLAY_POSITION, V2
+from .echoes import OwnPrompts
+from .questions import Question, Questions, id_key
 
 __all__ = [
     "BRIDGE_ID_PREFIX",
@@ -69,9 +71,6 @@ RETRIED: Final = frozenset(
 writes that set a value or end a state, which come out the same when done twice."""
 _ACTIVATING: Final = frozenset({"session/new", "session/fork", "session/load", "session/resume"})
 _ENDING: Final = frozenset({"session/close", "session/delete"})
-_ECHOES_KEPT: Final = 4
-_ANSWERS_KEPT: Final = 64
-"""Answers to the agent's questions kept, for one the broker asks again after a drop."""
 
 
 @dataclass
@@ -100,18 +99,6 @@ class EditorCall:
     def params(self) -> JsonObject:
         params = self.message.get("params")
         return params if isinstance(params, dict) else {}
-
-
-@dataclass
-class Question:
-    """An agent's request to the editor, open: the id the editor knows it by, and the id
-    the broker asks it by on the current connection (None: not asked again on it yet)."""
-
-    key: str
-    editor_id: Any
-    broker_id: Any | None
-    answer: JsonObject | None = None
-    """The editor's answer, given while no connection could take it."""
 
 
 class RecoveryKind(Enum):
@@ -152,12 +139,9 @@ class BridgeState:
         self.sessions: dict[str, TrackedSession] = {}
         self.positions: dict[str, tuple[int, str]] = {}
         self.calls: dict[str, EditorCall] = {}  # by the JSON text of the id
-        self.questions: dict[str, Question] = {}  # by the JSON text of the editor's id
-        self._echoes: dict[str, list[Any]] = {}
-        self._echo_seqs: set[tuple[str, int]] = set()
-        self._recovering: set[str] = set()  # sessions whose replay may echo own prompts
+        self._questions = Questions()
+        self._own = OwnPrompts()
         self._ids = itertools.count(1)
-        self._answered: OrderedDict[str, tuple[int, JsonObject]] = OrderedDict()
         self._cancelled: set[str] = set()  # sessions whose prompt the editor cancelled
 
     # -- links ----------------------------------------------------------------------------
@@ -169,9 +153,13 @@ class BridgeState:
     def lost(self) -> None:
         """The connection dropped: questions asked on it must be asked again to be answered,
         and each session's replay after resuming may hold the editor's own prompts."""
-        for question in self.questions.values():
-            question.broker_id = None
-        self._recovering = set(self.sessions)
+        self._questions.lost()
+        self._own.recovering = set(self.sessions)
+
+    @property
+    def questions(self) -> dict[str, Question]:
+        """The agent's questions open in the editor, by the JSON text of its id."""
+        return self._questions.open
 
     def next_id(self) -> str:
         """An id for one of the bridge's own requests."""
@@ -216,12 +204,12 @@ class BridgeState:
     def resume_failed(self, session_id: str) -> None:
         """The session could not be resumed (deleted meanwhile, say): it is no longer active."""
         self.sessions.pop(session_id, None)
-        self._recovering.discard(session_id)
+        self._own.forget(session_id)
 
     def resumed(self, session_id: str) -> None:
         """The session is active on the new connection, its replay sent."""
         if not any(call.prompt_id for call in self._calls_of(session_id)):
-            self._recovering.discard(session_id)
+            self._own.recovering.discard(session_id)
 
     def recoveries(self) -> list[Recovery]:
         """What becomes of each editor request that went out on an earlier connection (and
@@ -270,9 +258,9 @@ class BridgeState:
 
     def prompt_settled(self, editor_id: Any, reply: JsonObject) -> JsonObject:
         """The editor's reply to its prompt from the answer of the outcome request."""
-        call = self.calls.pop(_key(editor_id), None)
+        call = self.calls.pop(id_key(editor_id), None)
         if call is not None:
-            self._recovering.discard(str(call.params.get("sessionId")))
+            self._own.recovering.discard(str(call.params.get("sessionId")))
             self._cancelled.discard(str(call.params.get("sessionId")))
         out: JsonObject = {"jsonrpc": "2.0", "id": editor_id}
         if "error" in reply:
@@ -307,36 +295,12 @@ class BridgeState:
             params["_meta"] = {**(params.get("_meta") or {}), PROMPT_ID_META: call.prompt_id}
             call.message = {**message, "params": params}
             if self.version != V2:  # v2 shows the sender its own prompt too: no echo
-                self._remember_echo(params)
-        self.calls[_key(message["id"])] = call
+                self._own.sent(str(params.get("sessionId")), params.get("prompt"))
+        self.calls[id_key(message["id"])] = call
         return call.message
 
     def _answer_from_editor(self, message: JsonObject) -> JsonObject | None:
-        question = self.questions.get(_key(message.get("id")))
-        if question is None:
-            return message
-        if question.broker_id is None:  # asked again on no connection yet: kept till then
-            question.answer = message
-            return None
-        del self.questions[_key(question.editor_id)]
-        self._keep_answer(question.key, message)
-        return {**message, "id": question.broker_id}
-
-    def _keep_answer(self, key: str, answer: JsonObject) -> None:
-        """Keep the editor's answer: the broker may ask again if the answer was lost with
-        the connection (sent, but not yet handed to the agent when its node went)."""
-        self._answered[key] = (self.link, answer)
-        self._answered.move_to_end(key)
-        while len(self._answered) > _ANSWERS_KEPT:
-            self._answered.popitem(last=False)
-
-    def _remember_echo(self, params: JsonObject) -> None:
-        prompt = params.get("prompt")
-        session_id = str(params.get("sessionId"))
-        if isinstance(prompt, list) and prompt:
-            echoes = self._echoes.setdefault(session_id, [])
-            echoes.append(prompt[0])
-            del echoes[:-_ECHOES_KEPT]
+        return self._questions.answered(message, self.link)
 
     # -- broker -> editor -----------------------------------------------------------------
 
@@ -350,7 +314,7 @@ class BridgeState:
         if "id" in message:
             return self._question(message)
         if method == "$/cancel_request":
-            return Routed(self._withdrawn(message))
+            return Routed([self._questions.withdrawn(message)])
         if method == "session/update":
             if not self._fresh_update(message):
                 return Routed()
@@ -358,7 +322,7 @@ class BridgeState:
         return Routed([message])
 
     def _answer_to_editor(self, message: JsonObject) -> list[JsonObject]:
-        call = self.calls.pop(_key(message.get("id")), None)
+        call = self.calls.pop(id_key(message.get("id")), None)
         if call is not None and call.method == "session/prompt":
             self._cancelled.discard(str(call.params.get("sessionId")))
         if call is not None and "result" in message:
@@ -382,39 +346,11 @@ class BridgeState:
             session_id = str(params.get("sessionId"))
             self.sessions.pop(session_id, None)
             self.positions.pop(session_id, None)
-            self._echoes.pop(session_id, None)
+            self._own.forget(session_id)
 
     def _question(self, message: JsonObject) -> Routed:
-        key = _question_key(message)
-        kept = self._answered.get(key)
-        if kept is not None and kept[0] < self.link:  # answered on a lost connection
-            return Routed(to_broker=[{**kept[1], "id": message["id"]}])
-        for question in self.questions.values():
-            if question.key == key and question.broker_id is None:
-                question.broker_id = message["id"]
-                if question.answer is not None:  # the editor answered meanwhile
-                    del self.questions[_key(question.editor_id)]
-                    self._keep_answer(key, question.answer)
-                    return Routed(to_broker=[{**question.answer, "id": message["id"]}])
-                return Routed()  # the editor has it already: asked once
-        self.questions[_key(message["id"])] = Question(key, message["id"], message["id"])
-        return Routed([message])
-
-    def _withdrawn(self, message: JsonObject) -> list[JsonObject]:
-        """The broker withdrew a question (answered elsewhere, or its turn ended): the
-        editor is told under the id it knows the question by."""
-        params = message.get("params")
-        if not isinstance(params, dict):
-            return [message]
-        broker_id = params.get("requestId")
-        for key, question in list(self.questions.items()):
-            if question.broker_id == broker_id and question.broker_id is not None:
-                del self.questions[key]
-                if question.editor_id != broker_id:
-                    params = {**params, "requestId": question.editor_id}
-                    return [{**message, "params": params}]
-                break
-        return [message]
+        to_editor, to_broker = self._questions.asked(message, self.link)
+        return Routed(to_editor, to_broker)
 
     def _fresh_update(self, message: JsonObject) -> bool:
         """Whether a ``session/update`` is new to the editor (else a replay's overlap or the
@@ -431,7 +367,7 @@ class BridgeState:
         # An event may stand for several updates (a prompt's blocks): they share its seq.
         if known is not None and known[1] == epoch and seq < known[0]:
             return False
-        if self._own_echo(session_id, seq, params.get("update")):
+        if self._own.is_echo(session_id, seq, params.get("update")):
             self.positions[session_id] = (seq, epoch)
             return False
         self.positions[session_id] = (seq, epoch)
@@ -445,25 +381,6 @@ class BridgeState:
         if isinstance(meta, dict) and meta.get(LET_GO_META):
             self.sessions.pop(str(params.get("sessionId")), None)
 
-    def _own_echo(self, session_id: str, seq: int, update: Any) -> bool:
-        """Whether an update is the editor's own prompt, replayed after a drop (the broker
-        echoes a prompt to every window but the one that sent it, and the new connection is
-        not the one that sent it)."""
-        if (session_id, seq) in self._echo_seqs:
-            return True
-        if session_id not in self._recovering or not isinstance(update, dict):
-            return False
-        if update.get("sessionUpdate") != "user_message_chunk":
-            return False
-        echoes = self._echoes.get(session_id) or []
-        content = update.get("content")
-        for index, block in enumerate(echoes):
-            if block == content:
-                del echoes[index]
-                self._echo_seqs.add((session_id, seq))
-                return True
-        return False
-
     def _calls_of(self, session_id: str) -> Iterator[EditorCall]:
         return (c for c in self.calls.values() if c.params.get("sessionId") == session_id)
 
@@ -476,19 +393,6 @@ def lost_reply(editor_id: Any, method: str) -> JsonObject:
     )
     error = {"code": LOST_OUTCOME, "message": message, "data": {"acpBroker/outcomeLost": True}}
     return {"jsonrpc": "2.0", "id": editor_id, "error": error}
-
-
-def _key(msg_id: Any) -> str:
-    return json.dumps(msg_id)
-
-
-def _question_key(message: JsonObject) -> str:
-    """What makes an agent's question the same when asked again: its method and params
-    (``_meta`` aside: trace context may differ between the two asks)."""
-    params = message.get("params")
-    if isinstance(params, dict):
-        params = {k: v for k, v in params.items() if k != "_meta"}
-    return json.dumps([message.get("method"), params], sort_keys=True)
 
 
 def _position_of(params: JsonObject) -> tuple[int, str] | None:
