@@ -239,6 +239,10 @@ class Settings(BaseSettings):
     """An agent's question to a client (a permission a person decides on, fs/*, terminal/*)."""
     client_reask_interval: float = Field(default=5.0, gt=0)
     """How often an unanswered agent question is asked again (same id: never twice a person)."""
+    client_reconnect_grace: float = Field(default=30.0, ge=0)
+    """How long an agent question whose client went away (its node stopped, its connection
+    dropped) waits for a client that resumes the session (the stdio bridge, the console)
+    before it fails; one no connection could ever answer fails at once."""
     answer_timeout: float = Field(default=30.0, gt=0)
     """How long a front keeps trying to hand a client's answer to the agent host."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -14,12 +14,13 @@ from typing import TypeVar
 
 from ..config import Settings
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
+from ..protocol.turns import PROMPT_OUTCOME
 from ..store.failures import store_unreachable
 from ..store.retry import STORE_AWAY
 
 T = TypeVar("T")
 
-LONG_METHODS = frozenset({"session/prompt"})
+LONG_METHODS = frozenset({"session/prompt", PROMPT_OUTCOME})
 """Methods bounded by ``prompt_timeout`` rather than ``request_timeout``."""
 
 

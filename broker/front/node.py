@@ -36,6 +36,7 @@ from ..ops import metrics
 from ..ops.health import Health, Unhealthy, tasks_running
 from ..ops.server import ops_response
 from ..protocol import v2
+from ..protocol.turns import PROMPT_OUTCOME
 from ..store.archive import open_archive
 from ..store.client import Store, connect, embedded_warning, is_cluster, is_single_server
 from ..store.cursors import CursorCodec
@@ -48,6 +49,7 @@ from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
+from .acp.turn_outcome import prompt_outcome
 from .agents import RemoteAgents
 from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
@@ -135,7 +137,10 @@ class FrontNode:
             self.agents,
             CursorCodec(settings.cursor_keys()),
             self.access,
-            surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
+            surfaces={
+                v2.V1: {**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+                v2.V2: {**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+            },
             pages=self.pages,
             list_changes=self.list_changes,
         )

@@ -16,6 +16,8 @@ from enum import StrEnum
 from typing import Any
 
 from .. import fastjson
+from .window import SNAPSHOT_FIELDS as WINDOW_SNAPSHOT_FIELDS
+from .window import window_of, window_ops
 
 JsonObject = dict[str, Any]
 SnapshotOp = tuple[str, str, str]
@@ -33,6 +35,7 @@ class EventType(StrEnum):
     NOTICE = "notice"  # something the broker tells the session's viewers
     STATE = "state"  # the running prompt waits on a client (requires_action) or runs again
     DELETED = "deleted"  # session/delete
+    WINDOW = "window"  # what an agent's reply said of modes, config options, models
 
 
 class Status(StrEnum):
@@ -105,6 +108,7 @@ class SessionSnapshot:
     agent_session_id: str | None = None
     prompt_id: str | None = None  # the prompt running now, if any
     meta: JsonObject = field(default_factory=dict)
+    window: JsonObject = field(default_factory=dict)  # modes, configOptions, models: window.py
 
     @classmethod
     def from_hashes(
@@ -136,6 +140,7 @@ class SessionSnapshot:
             agent_session_id=snap.get("agentSid"),
             prompt_id=snap.get("prompt"),
             meta={key: json.loads(value) for key, value in _user_meta(snap, meta).items()},
+            window=window_of(snap),
         )
 
     @property
@@ -154,7 +159,7 @@ def is_activity(body: Mapping[str, Any]) -> bool:
     return body.get("type") in _ACTIVITY
 
 
-_UNLISTED_FIELDS = frozenset({"prompt", "agentSid"})
+_UNLISTED_FIELDS = frozenset({"prompt", "agentSid", *WINDOW_SNAPSHOT_FIELDS})
 """Snapshot fields no listing shows (see ``index.row_of``)."""
 
 
@@ -179,7 +184,9 @@ def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
         update = body.get("update") or {}
         if update.get("sessionUpdate") == "session_info_update":
             return _info_ops(update)
-        return []
+        return window_ops(body)
+    if kind == EventType.WINDOW:
+        return window_ops(body)
     if kind == EventType.PROMPT:
         return [("set", "prompt", str(body["promptId"]))]
     if kind == EventType.PROMPT_END:

@@ -83,6 +83,7 @@ class HostWorker:
             self.inbox,
             timeout=settings.client_request_timeout,
             reask_interval=settings.client_reask_interval,
+            reconnect_grace=settings.client_reconnect_grace,
         )
         self.host = AgentHost(
             settings.agent_list(),

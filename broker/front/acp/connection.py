@@ -59,11 +59,11 @@ from .access import (
     Access,
     counted_subject,
     in_flight_limit,
-    session_limit,
     token_rate_limit,
 )
 from .dispatch import Deferred
 from .flow import Pace
+from .session_lru import make_room, used
 from .session_state import ActiveSession, BatchReplies
 
 log = logging.getLogger(__name__)
@@ -767,9 +767,9 @@ class ClientConnection:
         event after that seq, now (``replay_now``, for load) or on release.
         """
         await self.deactivate(session_id)
-        if len(self.active) >= self.settings.max_sessions_per_connection:
-            raise session_limit(self.settings)
+        await make_room(self, self.methods.log.snapshots)  # the least recently used idle go
         session = ActiveSession(tenant, session_id, held=[])
+        used(session)
         self.active[session_id] = session
         try:
             head = await self.methods.hub.join(tenant, session_id, self)
@@ -819,6 +819,14 @@ class ClientConnection:
             until = after
         return None
 
+    def prompting(self) -> set[str]:
+        """The sessions this client's prompt requests in flight are about."""
+        return {
+            str(request.params.get("sessionId"))
+            for request, _ in self._inflight.values()
+            if request.method == "session/prompt"
+        }
+
     def hold(self, session_id: str) -> None:
         """Hold the session's live events back until :meth:`release` (a reply goes first)."""
         session = self.active.get(session_id)
@@ -837,6 +845,20 @@ class ClientConnection:
         session = self.active.get(session_id)
         if session is not None:
             session.prompts.pop(prompt_id, None)
+
+    def expect_prompt_end(self, session_id: str, prompt_id: str) -> asyncio.Future[LogEvent]:
+        """A future for the ``prompt_end`` event of ``prompt_id``, once it reaches here."""
+        future: asyncio.Future[LogEvent] = self._loop.create_future()
+        session = self.active.get(session_id)
+        if session is not None:
+            session.prompt_ends = session.prompt_ends or {}
+            session.prompt_ends[prompt_id] = future
+        return future
+
+    def forget_prompt_end(self, session_id: str, prompt_id: str) -> None:
+        session = self.active.get(session_id)
+        if session is not None and session.prompt_ends is not None:
+            session.prompt_ends.pop(prompt_id, None)
 
     def release(self, session_id: str) -> None:
         """Send the events held back while a session was being activated."""
@@ -864,6 +886,10 @@ class ClientConnection:
             accepted = session.prompts.pop(str(event.body.get("promptId")), None)
             if accepted is not None and not accepted.done():
                 accepted.set_result(event)
+        if session.prompt_ends and event.type == EventType.PROMPT_END:
+            ended = session.prompt_ends.pop(str(event.body.get("promptId")), None)
+            if ended is not None and not ended.done():
+                ended.set_result(event)
         if session.held is not None:
             session.held.append(event)
         else:
