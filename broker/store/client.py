@@ -1,4 +1,5 @@
-"""Connecting to the store: a real Redis (single or Cluster) or the embedded one.
+"""Connecting to the store: a real Redis (one server, a Sentinel set or a Cluster) or the
+embedded one.
 
 The embedded store is fakeredis with Lua, in this process: the same commands,
 the same scripts, the same code path, but single-node and not durable.
@@ -7,13 +8,17 @@ the same scripts, the same code path, but single-node and not durable.
 from __future__ import annotations
 
 import logging
+import os
+import re
+from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,6 +29,8 @@ Store = Any
 """A ``redis.asyncio.Redis`` or ``RedisCluster`` (or a fakeredis stand-in), decoding to str."""
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+"""The Sentinel schemes, and whether each speaks TLS."""
 POOL_SIZE = 64
 """Redis connections per process. A burst of requests past it waits for a free connection
 (up to :data:`POOL_WAIT` seconds) instead of failing with "Too many connections"."""
@@ -39,14 +46,22 @@ sent again on a fresh connection, at most this many times, after a short backoff
 
 
 def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
-    """A client for ``url``, or for a new embedded store when ``url`` is None.
+    """A client for ``url``, or for a new embedded store when ``url`` is None: the one place
+    that decides the store's topology (:func:`topology` tells it afterwards).
 
-    ``redis+cluster://HOST:PORT`` (or ``rediss+cluster://``) names any node of a Redis
-    Cluster; the client discovers the rest and follows MOVED/ASK and failovers. ``timeout``
-    bounds each command and each connection attempt.
+    * ``redis://`` / ``rediss://`` (TLS) / ``unix://``: one Redis server;
+    * ``redis+cluster://HOST:PORT`` (or ``rediss+cluster://``) names any node of a Redis
+      Cluster; the client discovers the rest and follows MOVED/ASK and failovers;
+    * ``redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT…]/MASTER[/DB]`` (or
+      ``rediss+sentinel://``): the master that the Sentinels name, found again after a
+      failover (see :mod:`.sentinel`).
+
+    ``timeout`` bounds each command and each connection attempt. A TLS file the URL names
+    (``ssl_ca_certs`` …) that does not exist is refused here, by name.
     """
     if url is None:
         return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    tls_files_exist(url)
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if sep and scheme in CLUSTER_SCHEMES:
@@ -56,21 +71,41 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             health_check_interval=30,
             **bounded,
         )
-    # Only connection errors are retried: a timeout may hide a command that did run.
-    retry = Retry(
-        ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,)
-    )
+    if sep and scheme in SENTINEL_SCHEMES:
+        from .sentinel import sentinel_master
+
+        return sentinel_master(
+            url, timeout=timeout, retry=_reconnecting(), pool_size=POOL_SIZE, pool_wait=POOL_WAIT
+        )
     pool = BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         health_check_interval=30,
         max_connections=POOL_SIZE,
         timeout=POOL_WAIT,
-        retry=retry,
+        retry=_reconnecting(),
         **bounded,
     )
     pool.connection_class = packed_by_hiredis(pool.connection_class)
     return Redis.from_pool(pool)
+
+
+def _reconnecting() -> Retry:
+    """Commands tried again on a fresh connection after a connection error (only those: a
+    timeout may hide a command that did run)."""
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,))
+
+
+TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+"""URL options that name a file (or, ``ssl_ca_path``, a folder) TLS reads when it connects."""
+
+
+def tls_files_exist(url: str) -> None:
+    """Raise FileNotFoundError naming the file when an option of ``url`` names a TLS file
+    that does not exist (the TLS layer would say only "No such file or directory", later)."""
+    for name, value in parse_qsl(urlsplit(url).query):
+        if name in TLS_FILE_OPTIONS and not os.path.exists(value):
+            raise FileNotFoundError(f"the store URL's {name} names {value!r}, which does not exist")
 
 
 class _HiredisPacking(AbstractConnection):
@@ -97,28 +132,71 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
     return _PACKED[connection_class]
 
 
+_SECRET_OPTION = re.compile(r"pass|secret|token|auth", re.IGNORECASE)
+"""URL options whose values are masked: ``password``, ``sentinel_password``,
+``ssl_password`` and the like."""
+
+
 def masked_url(url: str | None) -> str:
-    """A store URL fit for a log: its password replaced by ``***`` ("embedded" for None)."""
+    """A store URL fit for a log, an error or a health answer: the password of its user
+    info and the value of every option that holds a secret (``?password=``,
+    ``sentinel_password=`` …) replaced by ``***`` ("embedded" for None). Works on the
+    Sentinel form too, whose host part lists several ``HOST:PORT``."""
     if url is None:
         return "embedded (in-process, not durable)"
-    parts = urlsplit(url)
-    if parts.password is None:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    user = f"{parts.username}:" if parts.username else ":"
-    host = parts.hostname or ""
-    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    rest, hashed, fragment = rest.partition("#")
+    rest, asked, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{hosts}" if colon else netloc
+    options = [_masked_option(item) for item in query.split("&")] if asked else []
+    return f"{scheme}://{netloc}{slash}{path}{asked}{'&'.join(options)}{hashed}{fragment}"
+
+
+def _masked_option(item: str) -> str:
+    name, equals, _ = item.partition("=")
+    return f"{name}=***" if equals and _SECRET_OPTION.search(name) else item
+
+
+class Topology(StrEnum):
+    """How the store is laid out: what :func:`connect` decided from the URL."""
+
+    EMBEDDED = "embedded"
+    """fakeredis in this process."""
+    STANDALONE = "standalone"
+    """One Redis server, reached at its own address."""
+    SENTINEL = "sentinel"
+    """The master a set of Sentinels names (it moves on a failover)."""
+    CLUSTER = "cluster"
+    """A Redis Cluster: keys of different slots live on different nodes."""
+
+
+def topology(redis: Store) -> Topology:
+    """The topology of a client :func:`connect` made."""
+    if isinstance(redis, fakeredis.FakeAsyncRedis):
+        return Topology.EMBEDDED
+    if isinstance(redis, RedisCluster):
+        return Topology.CLUSTER
+    if isinstance(redis.connection_pool, SentinelConnectionPool):
+        return Topology.SENTINEL
+    return Topology.STANDALONE
 
 
 def is_cluster(redis: Store) -> bool:
     """Whether keys of different slots must be read separately (Redis Cluster)."""
-    return isinstance(redis, RedisCluster)
+    return topology(redis) is Topology.CLUSTER
 
 
 def is_single_server(redis: Store) -> bool:
-    """Whether ``redis`` is a client of one real Redis server (not a cluster, not embedded):
-    what the front's own connections (``subscriber``, ``direct``) can talk to."""
-    return isinstance(redis, Redis) and not isinstance(redis, fakeredis.FakeAsyncRedis)
+    """Whether ``redis`` is a client of one Redis server at a fixed address (not a cluster,
+    not the master of a Sentinel set, which moves, not embedded): what the front's own
+    connections (``subscriber``, ``direct``) can talk to."""
+    return topology(redis) is Topology.STANDALONE
 
 
 def embedded_warning() -> str:
