@@ -8,11 +8,8 @@ the same scripts, the same code path, but single-node and not durable.
 from __future__ import annotations
 
 import logging
-import os
-import re
 from enum import StrEnum
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
@@ -23,14 +20,16 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .sentinel import sentinel_master
+from .urls import SENTINEL_SCHEMES, tls_files_exist
+from .urls import masked_url as masked_url  # where callers have long found it
+
 log = logging.getLogger(__name__)
 
 Store = Any
 """A ``redis.asyncio.Redis`` or ``RedisCluster`` (or a fakeredis stand-in), decoding to str."""
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
-"""The Sentinel schemes, and whether each speaks TLS."""
 POOL_SIZE = 64
 """Redis connections per process. A burst of requests past it waits for a free connection
 (up to :data:`POOL_WAIT` seconds) instead of failing with "Too many connections"."""
@@ -72,10 +71,13 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             **bounded,
         )
     if sep and scheme in SENTINEL_SCHEMES:
-        from .sentinel import sentinel_master
-
         return sentinel_master(
-            url, timeout=timeout, retry=_reconnecting(), pool_size=POOL_SIZE, pool_wait=POOL_WAIT
+            url,
+            timeout=timeout,
+            retry=_reconnecting(),
+            pool_size=POOL_SIZE,
+            pool_wait=POOL_WAIT,
+            packed=packed_by_hiredis,
         )
     pool = BlockingConnectionPool.from_url(
         url,
@@ -94,18 +96,6 @@ def _reconnecting() -> Retry:
     """Commands tried again on a fresh connection after a connection error (only those: a
     timeout may hide a command that did run)."""
     return Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,))
-
-
-TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
-"""URL options that name a file (or, ``ssl_ca_path``, a folder) TLS reads when it connects."""
-
-
-def tls_files_exist(url: str) -> None:
-    """Raise FileNotFoundError naming the file when an option of ``url`` names a TLS file
-    that does not exist (the TLS layer would say only "No such file or directory", later)."""
-    for name, value in parse_qsl(urlsplit(url).query):
-        if name in TLS_FILE_OPTIONS and not os.path.exists(value):
-            raise FileNotFoundError(f"the store URL's {name} names {value!r}, which does not exist")
 
 
 class _HiredisPacking(AbstractConnection):
@@ -130,37 +120,6 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
         name = f"Hiredis{connection_class.__name__}"
         _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
     return _PACKED[connection_class]
-
-
-_SECRET_OPTION = re.compile(r"pass|secret|token|auth", re.IGNORECASE)
-"""URL options whose values are masked: ``password``, ``sentinel_password``,
-``ssl_password`` and the like."""
-
-
-def masked_url(url: str | None) -> str:
-    """A store URL fit for a log, an error or a health answer: the password of its user
-    info and the value of every option that holds a secret (``?password=``,
-    ``sentinel_password=`` …) replaced by ``***`` ("embedded" for None). Works on the
-    Sentinel form too, whose host part lists several ``HOST:PORT``."""
-    if url is None:
-        return "embedded (in-process, not durable)"
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, hashed, fragment = rest.partition("#")
-    rest, asked, query = rest.partition("?")
-    netloc, slash, path = rest.partition("/")
-    if "@" in netloc:
-        userinfo, hosts = netloc.rsplit("@", 1)
-        user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}:***@{hosts}" if colon else netloc
-    options = [_masked_option(item) for item in query.split("&")] if asked else []
-    return f"{scheme}://{netloc}{slash}{path}{asked}{'&'.join(options)}{hashed}{fragment}"
-
-
-def _masked_option(item: str) -> str:
-    name, equals, _ = item.partition("=")
-    return f"{name}=***" if equals and _SECRET_OPTION.search(name) else item
 
 
 class Topology(StrEnum):

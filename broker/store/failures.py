@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from ..failures import describe
 from ..ops import metrics
 from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 from .archive import ArchiveCorrupt
@@ -26,7 +27,9 @@ def store_unreachable(exc: BaseException) -> RpcError:
     reach: :data:`~.retry.STORE_AWAY`), on a front or on the agent host that ran it."""
     return RpcError(
         INTERNAL_ERROR,
-        f"the session store is unreachable ({type(exc).__name__}: {exc}); try again shortly",
+        f"the session store is unreachable ({describe(exc)}): it is restarting, failing over "
+        "or stalled; try again shortly",
+        {"reason": "store_unavailable"},
     )
 
 

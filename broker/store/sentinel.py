@@ -18,11 +18,13 @@ new master. Commands are tried again on a fresh connection (the client's ``retry
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
     Sentinel,
@@ -31,7 +33,7 @@ from redis.asyncio.sentinel import (
     SentinelManagedSSLConnection,
 )
 
-from .client import SENTINEL_SCHEMES, masked_url, packed_by_hiredis
+from .urls import SENTINEL_SCHEMES, masked_url
 
 SENTINEL_TIMEOUT = 1.0
 """Seconds a Sentinel has to answer (a stalled one is skipped for the next)."""
@@ -114,9 +116,16 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 
 
 def sentinel_master(
-    url: str, *, timeout: float, retry: Retry, pool_size: int, pool_wait: float
+    url: str,
+    *,
+    timeout: float,
+    retry: Retry,
+    pool_size: int,
+    pool_wait: float,
+    packed: Callable[[type[AbstractConnection]], type[AbstractConnection]],
 ) -> Redis:
-    """A client of the master that the Sentinels of ``url`` name, decoding to str."""
+    """A client of the master that the Sentinels of ``url`` name, decoding to str; its
+    connections' class is ``packed(redis-py's)``."""
     address = parse_sentinel_url(url)
     tls: dict[str, Any] = dict(address.tls_options) if address.tls else {}
     if address.tls:
@@ -135,7 +144,7 @@ def sentinel_master(
     client: Redis = sentinels.master_for(
         address.master,
         connection_pool_class=BlockingSentinelPool,
-        connection_class=packed_by_hiredis(kind),
+        connection_class=packed(kind),
         decode_responses=True,
         db=address.db,
         username=address.username,
