@@ -20,6 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .breaker import StoreBreaker, gated
 from .sentinel import sentinel_master
 from .urls import SENTINEL_SCHEMES, tls_files_exist
 from .urls import masked_url as masked_url  # where callers have long found it
@@ -70,6 +71,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             health_check_interval=30,
             **bounded,
         )
+    breaker = StoreBreaker()  # see guard.StoreGuard: its probe opens and closes it
     if sep and scheme in SENTINEL_SCHEMES:
         return sentinel_master(
             url,
@@ -77,7 +79,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             retry=_reconnecting(),
             pool_size=POOL_SIZE,
             pool_wait=POOL_WAIT,
-            packed=packed_by_hiredis,
+            packed=lambda kind: gated(packed_by_hiredis(kind), breaker),
         )
     pool = BlockingConnectionPool.from_url(
         url,
@@ -88,7 +90,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
         retry=_reconnecting(),
         **bounded,
     )
-    pool.connection_class = packed_by_hiredis(pool.connection_class)
+    pool.connection_class = gated(packed_by_hiredis(pool.connection_class), breaker)
     return Redis.from_pool(pool)
 
 

@@ -1,5 +1,6 @@
-"""A role's watch over its store: the start-up checks, the readiness check, the warning
-about an evicting store the operator allowed.
+"""A role's watch over its store: the start-up checks, the readiness check, the probe that
+makes requests fail fast while the store is away (:mod:`.breaker`), the warning about an
+evicting store the operator allowed.
 
 Every role (a front, an agent host, a projector, ``serve`` with all three) holds one::
 
@@ -17,6 +18,7 @@ import contextlib
 
 from ..config import Settings
 from ..loops import cancel_and_wait
+from .breaker import breaker_of
 from .client import Store
 from .preflight import StoreFacts, preflight, warn_while_evicting
 from .readiness import StoreReadiness
@@ -30,7 +32,7 @@ class StoreGuard:
         self.settings = settings
         self.ready = StoreReadiness(redis, allow_evicting=settings.allow_evicting_store)
         """The ``redis`` readiness check."""
-        self._warning: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def facts(self) -> StoreFacts:
@@ -46,11 +48,14 @@ class StoreGuard:
         )
         policy = self.facts.policy
         if policy is not None and self.facts.evicting:
-            self._warning = asyncio.create_task(
-                warn_while_evicting(policy), name="evicting store warning"
-            )
+            warning = warn_while_evicting(policy)
+            self._tasks.append(asyncio.create_task(warning, name="evicting store warning"))
+        breaker = breaker_of(self.redis)
+        if breaker is not None:
+            probe = breaker.watch(self.redis)
+            self._tasks.append(asyncio.create_task(probe, name="store probe"))
 
     async def stop(self) -> None:
-        if self._warning is not None:
-            with contextlib.suppress(Exception):
-                await cancel_and_wait(self._warning)
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(*self._tasks)
+        self._tasks.clear()
