@@ -97,6 +97,7 @@ class FrontNode:
             max_events=settings.max_events_per_session,
             direct_reads=True,
         )
+        self.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.pages = PageCache(settings.list_cache_pages) if settings.list_cache else None
         if self.pages is not None:
             self.pages.refreshing = settings.list_cache_refresh

@@ -81,14 +81,16 @@ class HostWorker:
             timeout=settings.client_request_timeout,
             reask_interval=settings.client_reask_interval,
         )
+        session_log = SessionLog(
+            redis,
+            feed_maxlen=settings.feed_maxlen,
+            archive=archive,
+            max_events=settings.max_events_per_session,
+        )
+        session_log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.host = AgentHost(
             settings.agent_list(),
-            SessionLog(
-                redis,
-                feed_maxlen=settings.feed_maxlen,
-                archive=archive,
-                max_events=settings.max_events_per_session,
-            ),
+            session_log,
             self.clients,
             self.leases,
             request_timeout=settings.agent_request_timeout,
