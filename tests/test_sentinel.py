@@ -54,7 +54,7 @@ async def _attempt(node: BrokerProcess) -> tuple[float, str | None]:
         await client.close()
 
 
-async def _through(node: BrokerProcess, fault: asyncio.Future[object]) -> tuple[float, list[str]]:
+async def _through(node: BrokerProcess, fault: asyncio.Future[int]) -> tuple[float, list[str]]:
     """Attempts from the fault on until one works: (seconds after the fault, errors seen)."""
     started = time.monotonic()
     errors: list[str] = []
