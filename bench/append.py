@@ -100,7 +100,11 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 )
                 return n / (time.perf_counter() - t)
 
-            async def append_script(log: SessionLog = log) -> float:
+            # The rows with WAIT append to a session of their own (a session holds at most
+            # max_events_per_session events).
+            waited = await client.new_session(CWD) if args.wait_replicas else session
+
+            async def append_script(log: SessionLog = log, session: str = session) -> float:
                 nonlocal wanted
                 wanted = received + n
                 caught_up.clear()
@@ -111,7 +115,7 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 await asyncio.wait_for(caught_up.wait(), 60)  # the watcher got them all
                 return n / took
 
-            async def append_pipelined(log: SessionLog = log) -> float:
+            async def append_pipelined(log: SessionLog = log, session: str = session) -> float:
                 nonlocal wanted
                 wanted = received + n
                 caught_up.clear()
@@ -151,10 +155,10 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
             }
             if args.wait_replicas:
                 systems["append script, one at a time, WAIT 1"] = functools.partial(
-                    append_script, waiting
+                    append_script, waiting, waited
                 )
                 systems["append script, 64 per round trip, WAIT 1"] = functools.partial(
-                    append_pipelined, waiting
+                    append_pipelined, waiting, waited
                 )
             for fn in systems.values():  # warm-up
                 await fn()

@@ -40,7 +40,7 @@ PROBE = 0.5
 """The probe interval of the tests' watches (seconds)."""
 
 
-@pytest.fixture(params=["redis", "embedded", "cluster"])
+@pytest.fixture(params=["redis", "embedded", "cluster", "sentinel"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
