@@ -25,9 +25,9 @@ def tls_files_exist(url: str) -> None:
             raise FileNotFoundError(f"the store URL's {name} names {value!r}, which does not exist")
 
 
-_SECRET_OPTION = re.compile(r"pass|secret|token|auth", re.IGNORECASE)
+_SECRET_OPTION = re.compile(r"pas|pw|secret|token|auth|cred", re.IGNORECASE)
 """URL options whose values are masked: ``password``, ``sentinel_password``,
-``ssl_password`` and the like."""
+``ssl_password`` and the like, misspelt ones included (``pasword``, ``passwd``)."""
 
 
 def masked_url(url: str | None) -> str:

@@ -1,0 +1,127 @@
+"""Store URLs and the engine's pure decisions: masking, the Sentinel form, topology, what
+a failure means, the breaker's gate (on a real redis-server)."""
+
+from __future__ import annotations
+
+import ssl
+import time
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
+
+from broker.logs import redact
+from broker.store.breaker import StoreAway, breaker_of
+from broker.store.client import Topology, connect, masked_url, topology
+from broker.store.faults import connection_hint, missing_permission, write_problem
+from broker.store.sentinel import parse_sentinel_url
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://u:pw@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u@h:6379/0", "redis://u@h:6379/0"),
+        ("redis://h:6379/0?password=pw&db=1", "redis://h:6379/0?password=***&db=1"),
+        (
+            "rediss+sentinel://u:pw@a:1,b:2/m/0?sentinel_password=s&ssl_ca_certs=/ca.crt",
+            "rediss+sentinel://u:***@a:1,b:2/m/0?sentinel_password=***&ssl_ca_certs=/ca.crt",
+        ),
+        ("redis+cluster://:p%40ss@h:7000", "redis+cluster://:***@h:7000"),
+        (None, "embedded (in-process, not durable)"),
+    ],
+)
+def test_every_secret_of_a_store_url_is_masked(url: str | None, shown: str) -> None:
+    assert masked_url(url) == shown
+
+
+def test_a_log_line_quoting_a_store_url_is_masked() -> None:
+    line = "cannot use redis://:pw1@h:1/0 nor redis+sentinel://a:1/m?sentinel_password=pw2."
+    masked = redact(line)
+    assert "pw1" not in masked and "pw2" not in masked
+    assert "redis://:***@h:1/0" in masked and "sentinel_password=***" in masked
+
+
+def test_a_sentinel_url_names_sentinels_master_db_and_credentials() -> None:
+    found = parse_sentinel_url(
+        "rediss+sentinel://user:p%40ss@10.0.0.1:26379,[::1]:26380/mymaster/2"
+        "?sentinel_username=su&sentinel_password=sp&ssl_ca_certs=/ca.crt"
+    )
+    assert found.sentinels == [("10.0.0.1", 26379), ("::1", 26380)]
+    assert (found.master, found.db, found.username, found.password) == (
+        "mymaster",
+        2,
+        "user",
+        "p@ss",
+    )
+    assert found.tls and found.tls_options == {"ssl_ca_certs": "/ca.crt"}
+    assert found.sentinel_credentials == {"username": "su", "password": "sp"}
+    assert parse_sentinel_url("redis+sentinel://h:1/m").db == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://:pw@h:1", "ends with /MASTER_NAME"),
+        ("redis+sentinel://:pw@h/m", "HOST:PORT"),
+        ("redis+sentinel:///m", "at least one HOST:PORT"),
+        ("redis+sentinel://h:1/m/x", "ends with /MASTER_NAME"),
+        ("redis+sentinel://h:1/m?sentinel_pasword=pw", "unknown option sentinel_pasword"),
+    ],
+)
+def test_a_wrong_sentinel_url_is_told_without_its_password(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as err:
+        parse_sentinel_url(url)
+    assert ":pw@" not in str(err.value) and "=pw" not in str(err.value)
+
+
+def test_connect_decides_the_topology_once() -> None:
+    assert topology(connect(None)) is Topology.EMBEDDED
+    assert topology(connect("redis://127.0.0.1:1/0")) is Topology.STANDALONE
+    assert topology(connect("redis+sentinel://127.0.0.1:1/m")) is Topology.SENTINEL
+    assert topology(connect("redis+cluster://127.0.0.1:1")) is Topology.CLUSTER
+
+
+def test_a_missing_tls_file_is_named() -> None:
+    with pytest.raises(FileNotFoundError, match=r"ssl_certfile names '/nope/c\.crt'"):
+        connect("rediss://h:1/0?ssl_certfile=/nope/c.crt")
+
+
+def test_what_a_failure_means() -> None:
+    assert "read-only replica" in write_problem(ReadOnlyError("READONLY You can't write"))
+    assert "store full" in write_problem(
+        ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+    )
+    channels = NoPermissionError(
+        "this user has no permissions to access one of the channels used as arguments"
+    )
+    assert "'&*'" in missing_permission(channels, "SPUBLISH")
+    command = NoPermissionError("this user has no permissions to run the 'xautoclaim' command")
+    assert "'+xautoclaim'" in missing_permission(command, "XAUTOCLAIM")
+    reset = RedisConnectionError("Error while reading: (104, 'Connection reset by peer')")
+    assert "use rediss://" in connection_hint(reset, tls=False)
+    assert connection_hint(reset, tls=True) == ""
+    untrusted = RedisConnectionError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    untrusted.__cause__ = ssl.SSLCertVerificationError()
+    assert "ssl_ca_certs" in connection_hint(untrusted, tls=True)
+
+
+async def test_the_breaker_fails_commands_at_once_while_open_and_not_after(
+    redis_url: str,
+) -> None:
+    store = connect(redis_url)
+    breaker = breaker_of(store)
+    assert breaker is not None and not breaker.away
+    try:
+        assert await store.ping()
+        breaker.open(RedisConnectionError("probe failed"))
+        started = time.monotonic()
+        with pytest.raises(StoreAway, match="failing fast"):
+            await store.set("k", "v")
+        assert time.monotonic() - started < 1.0
+        breaker.close()
+        assert await store.set("k", "v")
+    finally:
+        await store.aclose()
+    assert breaker_of(connect(None)) is None
