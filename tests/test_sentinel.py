@@ -5,12 +5,14 @@ A real ``acp-broker serve`` process (front, agent host and projector) reaches th
 through ``redis+sentinel://``. While the master changes, requests fail with a clear "try
 again" error (never "internal error") within their deadline; within 10 s of the fault,
 every role serves again by itself: a new session takes a prompt (front, agent host, lease,
-appends, pub/sub), is listed (projector), and ``/readyz`` is 200.
+appends, pub/sub), is listed (projector), and ``/readyz`` is 200; the same with the
+front, the agent host and the projector as three processes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from .support.broker_process import BrokerProcess, broker_process
 from .support.client import RawClient, text
 from .support.redis_sentinel import SentinelSet, sentinel_set
+from .support.roles import role_process
 from .test_redis_faults import ENV, REQUEST_TIMEOUT, SLACK, _readyz
 
 pytestmark = pytest.mark.slow
@@ -69,8 +72,24 @@ async def _through(node: BrokerProcess, fault: asyncio.Future[int]) -> tuple[flo
     raise AssertionError(f"not served again within 30 s: {errors[-5:]}")
 
 
-async def _serves_through(sentinels: SentinelSet, tmp_path: Path, kill: bool) -> None:
-    async with broker_process(sentinels.url(), log_path=tmp_path / "broker.log", env=ENV) as node:
+async def _serves_through(
+    sentinels: SentinelSet, tmp_path: Path, kill: bool, apart: bool = False
+) -> None:
+    """``apart``: the front, the agent host and the projector as three processes."""
+    url = sentinels.url()
+    async with contextlib.AsyncExitStack() as roles:
+        if apart:
+            for role in ("agent-host", "projector"):
+                log_path = tmp_path / f"{role}.log"
+                await roles.enter_async_context(role_process(role, url, log_path, env=ENV))
+        node = await roles.enter_async_context(
+            broker_process(
+                url,
+                log_path=tmp_path / "broker.log",
+                env=ENV,
+                extra_args=["--no-workers"] if apart else [],
+            )
+        )
         _, error = await _attempt(node)
         assert error is None, error
         watcher = await RawClient.initialized(node.url)
@@ -107,3 +126,8 @@ async def test_a_sentinel_failover_is_served_through(tmp_path: Path) -> None:
 async def test_a_killed_master_is_replaced_and_served_through(tmp_path: Path) -> None:
     with sentinel_set() as sentinels:
         await _serves_through(sentinels, tmp_path, kill=True)
+
+
+async def test_roles_running_apart_serve_through_a_killed_master(tmp_path: Path) -> None:
+    with sentinel_set() as sentinels:
+        await _serves_through(sentinels, tmp_path, kill=True, apart=True)
