@@ -27,11 +27,13 @@ import redis
 
 from broker.serve import Broker
 from broker.store.client import connect
+from broker.store.faults import ACL_RULE
 from broker.store.preflight import StoreRefused, preflight
 from broker.store.readiness import StoreReadiness
 
 from .conftest import make_settings
 from .support.broker_process import ROOT, broker_env
+from .support.client import acp_client
 from .support.redis_server import free_port, redis_server
 from .support.redis_tls import tls_redis
 
@@ -65,12 +67,12 @@ def with_user(url: str, name: str) -> str:
 @pytest.fixture
 def acl_users(redis_url: str) -> Iterator[str]:
     """Users on the test's Redis: ``nochannels`` (Redis 7's default for a new user: every
-    key and command, no channel), ``leastpriv`` (the documented rule: no @dangerous)."""
+    key and command, no channel), ``leastpriv`` (the documented rule: the broker's keys and
+    channels, no @dangerous)."""
     with redis.Redis.from_url(redis_url) as admin:
         admin.execute_command("ACL", "SETUSER", "nochannels", "on", f">{PASSWORD}", "~*", "+@all")
-        admin.execute_command(
-            "ACL", "SETUSER", "leastpriv", *f"on >{PASSWORD} ~* &* +@all -@dangerous".split()
-        )
+        rule = ACL_RULE.replace("PASSWORD", PASSWORD)  # the rule docs/redis.md gives
+        admin.execute_command("ACL", "SETUSER", "leastpriv", *rule.split())
         try:
             yield redis_url
         finally:
@@ -134,6 +136,12 @@ async def test_a_user_without_dangerous_commands_starts_and_is_ready(
         assert any("could not check" in r.getMessage() for r in caplog.records)
         status, report = await get(f"http://127.0.0.1:{node.http_port}/readyz")
         assert status == 200, report
+        client = await acp_client(f"ws://127.0.0.1:{node.port}/acp")  # and it serves
+        session_id = await client.new(cwd="/least")
+        assert (await client.prompt(session_id, "/notool hi")).stop_reason == "end_turn"
+        listed = await client.conn.list_sessions()
+        assert session_id in [s.session_id for s in listed.sessions]
+        await client.close()
     finally:
         await node.stop()
 

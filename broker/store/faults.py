@@ -23,8 +23,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..failures import describe
 from .log import is_oom
 
-ACL_RULE = "on >PASSWORD ~* &* +@all -@dangerous"
-"""The least-privilege ACL rule the broker needs (``ACL SETUSER NAME <this>``)."""
+ACL_RULE = "on >PASSWORD ~acpb:* &acpb:* +@all -@dangerous"
+"""The least-privilege ACL rule the broker needs (``ACL SETUSER NAME <this>``): its keys
+and channels (all named ``acpb:…``), every command outside ``@dangerous``."""
 
 _COMMAND = re.compile(r"permissions to run the '([^']+)' command")
 
