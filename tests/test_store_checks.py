@@ -113,6 +113,23 @@ async def test_an_evicting_policy_allowed_starts_warns_and_readyz_says_so(
             await node.stop()
 
 
+async def test_an_evicting_policy_set_after_start_up_makes_readyz_503(redis_url: str) -> None:
+    node = Broker(make_settings(redis_url=redis_url))
+    await node.start()
+    try:
+        assert (await get(f"http://127.0.0.1:{node.http_port}/readyz"))[0] == 200
+        with redis.Redis.from_url(redis_url) as admin:
+            admin.config_set("maxmemory-policy", "volatile-lru")
+            try:
+                status, report = await get(f"http://127.0.0.1:{node.http_port}/readyz")
+            finally:
+                admin.config_set("maxmemory-policy", "noeviction")
+        assert status == 503, report
+        assert "maxmemory-policy is volatile-lru" in report["checks"]["redis"]["error"]
+    finally:
+        await node.stop()
+
+
 async def test_a_user_without_channel_permission_is_refused_naming_it(acl_users: str) -> None:
     store = connect(with_user(acl_users, "nochannels"))
     try:

@@ -3,6 +3,9 @@ a failure means, the breaker's gate (on a real redis-server)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import ssl
 import time
 
@@ -11,9 +14,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 
 from broker.logs import redact
+from broker.ops import metrics
 from broker.store.breaker import StoreAway, breaker_of
 from broker.store.client import Topology, connect, masked_url, topology
 from broker.store.faults import connection_hint, missing_permission, write_problem
+from broker.store.preflight import warn_while_evicting
 from broker.store.sentinel import parse_sentinel_url
 
 
@@ -116,12 +121,23 @@ async def test_the_breaker_fails_commands_at_once_while_open_and_not_after(
     try:
         assert await store.ping()
         breaker.open(RedisConnectionError("probe failed"))
+        assert metrics.STORE_AWAY._value.get() == 1
         started = time.monotonic()
         with pytest.raises(StoreAway, match="failing fast"):
             await store.set("k", "v")
         assert time.monotonic() - started < 1.0
         breaker.close()
+        assert metrics.STORE_AWAY._value.get() == 0
         assert await store.set("k", "v")
     finally:
         await store.aclose()
     assert breaker_of(connect(None)) is None
+
+
+async def test_an_allowed_evicting_store_is_warned_about_again_and_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING), contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(warn_while_evicting("allkeys-lru", interval=0.05), 0.3)
+    warnings = [r for r in caplog.records if "allkeys-lru" in r.getMessage()]
+    assert len(warnings) >= 3 and "--allow-evicting-store" in warnings[0].getMessage()

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..failures import describe
+from ..ops import metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,14 @@ class StoreBreaker:
     def open(self, exc: BaseException) -> None:
         if not self.away:
             self.away, self.since = True, time.monotonic()
+            metrics.STORE_AWAY.set(1)
             log.error("the store is away (%s): failing requests fast", describe(exc))
         self.reason = describe(exc)
 
     def close(self) -> None:
         if self.away:
             self.away = False
+            metrics.STORE_AWAY.set(0)
             log.warning("the store answers again after %.1f s", time.monotonic() - self.since)
 
     async def watch(self, redis: Any) -> None:
