@@ -131,3 +131,12 @@ async def test_a_killed_master_is_replaced_and_served_through(tmp_path: Path) ->
 async def test_roles_running_apart_serve_through_a_killed_master(tmp_path: Path) -> None:
     with sentinel_set() as sentinels:
         await _serves_through(sentinels, tmp_path, kill=True, apart=True)
+
+
+async def test_a_tls_sentinel_set_with_a_private_ca_is_served_through_a_failover(
+    tmp_path: Path,
+) -> None:
+    """``rediss+sentinel://…?ssl_ca_certs=CA``: TLS to the Sentinels and the servers."""
+    with sentinel_set(tls=True) as sentinels:
+        assert sentinels.url().startswith("rediss+sentinel://")
+        await _serves_through(sentinels, tmp_path, kill=False)

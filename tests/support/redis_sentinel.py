@@ -19,7 +19,8 @@ from pathlib import Path
 
 import redis
 
-from .redis_server import free_port, spawn_on_a_free_port, stop_redis
+from .redis_server import free_port, stop_redis
+from .redis_tls import make_certificates
 
 MASTER_NAME = "acpbmaster"
 DOWN_AFTER_MS = 1000
@@ -31,16 +32,24 @@ class SentinelSet:
     """The processes of a Sentinel set, and what a test does to them."""
 
     folder: Path
+    tls: Path | None = None
+    """The folder of the CA and certificates when every process speaks TLS only."""
     servers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     sentinels: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def url(self, scheme: str = "redis+sentinel", auth: str = "", query: str = "") -> str:
-        """The broker's URL of this set (``auth``: ``user:pass@``; ``query``: ``?…``)."""
+    def url(self, auth: str = "", query: str = "") -> str:
+        """The broker's URL of this set (``auth``: ``user:pass@``; ``query``: ``&…``)."""
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
-        return f"{scheme}://{auth}{hosts}/{MASTER_NAME}/0{query}"
+        if self.tls is None:
+            return f"redis+sentinel://{auth}{hosts}/{MASTER_NAME}/0{'?' + query if query else ''}"
+        trust = f"?ssl_ca_certs={self.tls / 'ca.crt'}{'&' + query if query else ''}"
+        return f"rediss+sentinel://{auth}{hosts}/{MASTER_NAME}/0{trust}"
+
+    def client(self, port: int, timeout: float = 2.0) -> redis.Redis:
+        return _client(port, self.tls, timeout)
 
     def sentinel(self, port: int | None = None) -> redis.Redis:
-        return redis.Redis(port=port or next(iter(self.sentinels)), socket_timeout=2)
+        return self.client(port or next(iter(self.sentinels)))
 
     def master_port(self) -> int:
         """The master's port as the Sentinels tell it now."""
@@ -49,7 +58,7 @@ class SentinelSet:
         return int(port)
 
     def master(self) -> redis.Redis:
-        return redis.Redis(port=self.master_port(), socket_timeout=2)
+        return self.client(self.master_port())
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every Sentinel knows the replica and the other Sentinels, and the replica
@@ -85,7 +94,7 @@ class SentinelSet:
             with contextlib.suppress(redis.RedisError):
                 port = self.master_port()
                 if port != old:
-                    with redis.Redis(port=port, socket_timeout=1) as client:
+                    with self.client(port, 1.0) as client:
                         if client.info("replication")["role"] == "master":
                             return port
             time.sleep(0.05)
@@ -113,61 +122,96 @@ class SentinelSet:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _sentinel_config(folder: Path, port: int, master_port: int) -> Path:
-    path = folder / f"sentinel-{port}.conf"
-    path.write_text(
-        f"port {port}\n"
-        "bind 127.0.0.1\n"
-        f"dir {folder}\n"
-        f"logfile {folder / f'sentinel-{port}.log'}\n"
-        f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n"
-        f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
-        f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
-        f"sentinel parallel-syncs {MASTER_NAME} 1\n"
+def _client(port: int, tls: Path | None, timeout: float) -> redis.Redis:
+    if tls is None:
+        return redis.Redis(port=port, socket_timeout=timeout, socket_connect_timeout=timeout)
+    return redis.Redis(
+        port=port,
+        ssl=True,
+        ssl_ca_certs=str(tls / "ca.crt"),
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
     )
-    return path
 
 
-def _spawn_sentinel(folder: Path, master_port: int) -> tuple[int, subprocess.Popen[bytes]]:
+def _tls_options(tls: Path | None) -> list[str]:
+    """A process's TLS options (``--name value`` pairs; a config file takes them as lines)."""
+    if tls is None:
+        return []
+    return [
+        "--tls-cert-file", str(tls / "server.crt"), "--tls-key-file", str(tls / "server.key"),
+        "--tls-ca-cert-file", str(tls / "ca.crt"), "--tls-auth-clients", "no",
+        "--tls-replication", "yes",
+    ]  # fmt: skip
+
+
+def _port_options(port: int, tls: Path | None) -> list[str]:
+    return ["--port", str(port)] if tls is None else ["--port", "0", "--tls-port", str(port)]
+
+
+def _spawn(
+    args: list[str], tls: Path | None, folder: Path, what: str
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """``redis-server ARGS`` plus its port options, on a free port, once it answers."""
     binary = shutil.which("redis-server")
     assert binary is not None, "redis-server is not on PATH"
     for _ in range(5):
         port = free_port()
         proc = subprocess.Popen(
-            [binary, str(_sentinel_config(folder, port, master_port)), "--sentinel"],
+            [binary, *args, *_port_options(port, tls), "--logfile", str(folder / f"{port}.log")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        client = redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.2)
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(redis.RedisError):
-                if client.ping():
-                    client.close()
-                    return port, proc
-            time.sleep(0.05)
-        client.close()
+        with _client(port, tls, 0.5) as client:
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(redis.RedisError):
+                    if client.ping():
+                        return port, proc
+                time.sleep(0.05)
         stop_redis(proc)
-    raise RuntimeError("could not start a Sentinel")
+    raise RuntimeError(f"could not start {what}")
+
+
+def _sentinel_config(folder: Path, master_port: int, tls: Path | None) -> Path:
+    path = folder / f"sentinel-{time.monotonic_ns()}.conf"
+    options = _tls_options(tls)
+    lines = [f"{options[i][2:]} {options[i + 1]}" for i in range(0, len(options), 2)]
+    path.write_text(
+        "bind 127.0.0.1\n"
+        f"dir {folder}\n"
+        f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n"
+        f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
+        f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
+        f"sentinel parallel-syncs {MASTER_NAME} 1\n" + "".join(f"{line}\n" for line in lines)
+    )
+    return path
 
 
 @contextlib.contextmanager
-def sentinel_set(*extra: str) -> Iterator[SentinelSet]:
-    """A settled Sentinel set (``extra``: options of both data servers); removed afterwards."""
+def sentinel_set(*extra: str, tls: bool = False) -> Iterator[SentinelSet]:
+    """A settled Sentinel set (``extra``: options of both data servers; ``tls``: every
+    process speaks TLS only, with a private CA); removed afterwards."""
     folder = Path(tempfile.mkdtemp(prefix="acpb-sentinel-"))
     found = SentinelSet(folder)
     try:
-        master_dir, replica_dir = folder / "master", folder / "replica"
-        master_dir.mkdir()
-        replica_dir.mkdir()
-        master_port, master = spawn_on_a_free_port(master_dir, *extra)
-        found.servers[master_port] = master
-        replica_port, replica = spawn_on_a_free_port(
-            replica_dir, "--replicaof", "127.0.0.1", str(master_port), *extra
-        )
-        found.servers[replica_port] = replica
+        if tls:
+            found.tls = folder / "tls"
+            found.tls.mkdir()
+            make_certificates(found.tls)
+        data = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        data += _tls_options(found.tls)
+        for role in ("master", "replica"):
+            (folder / role).mkdir()
+            args = [*data, "--dir", str(folder / role), *extra]
+            if role == "replica":
+                args += ["--replicaof", "127.0.0.1", str(next(iter(found.servers)))]
+            port, proc = _spawn(args, found.tls, folder / role, f"the {role}")
+            found.servers[port] = proc
+        master_port = next(iter(found.servers))
         for _ in range(3):
-            port, proc = _spawn_sentinel(folder, master_port)
+            config = _sentinel_config(folder, master_port, found.tls)
+            port, proc = _spawn([str(config), "--sentinel"], found.tls, folder, "a Sentinel")
             found.sentinels[port] = proc
         found.wait_ready()
         yield found
