@@ -90,6 +90,17 @@ async def get(url: str) -> tuple[int, dict[str, Any]]:
     return await asyncio.to_thread(fetch)
 
 
+@pytest.fixture(params=["redis", "embedded", "cluster", "sentinel"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_every_topology_passes_the_start_up_checks_and_is_ready(store: Any) -> None:
+    facts = await preflight(store, allow_evicting=False, tls=False)
+    assert facts.policy == "noeviction" and not facts.warnings
+    assert await StoreReadiness(store)() is None
+
+
 def test_an_evicting_policy_is_refused_in_one_line() -> None:
     with redis_server("--maxmemory-policy", "allkeys-lru") as url:
         line = one_error_line(acp_broker("worker", "projector", "--redis-url", url))
