@@ -13,13 +13,17 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from acp import RequestError
 
+from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.durability import NotReplicated
 from broker.store.keys import session_keys
 from broker.store.log import SessionLog
 from broker.store.retry import STORE_AWAY
 
+from .conftest import make_settings
+from .support.client import acp_client
 from .support.redis_server import redis_server
 
 CREATED = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
@@ -76,3 +80,36 @@ async def test_an_append_no_replica_acknowledged_fails_and_lands_once_when_tried
             assert await store.xlen(session_keys("t", "s").log) == 2  # once
         finally:
             await store.aclose()
+
+
+async def test_the_setting_reaches_every_append_of_a_broker(
+    master_and_replica: tuple[str, str],
+) -> None:
+    """One replica: with ``redis_wait_replicas`` 1 a prompt is served; with 2, appends are
+    not acknowledged and the client is told to try again (never "internal error")."""
+    master, _ = master_and_replica
+    for wanted, served in ((1, True), (2, False)):
+        node = Broker(
+            make_settings(
+                redis_url=master,
+                redis_wait_replicas=wanted,
+                redis_wait_timeout=0.2,
+                request_timeout=5,
+            )
+        )
+        await node.start()
+        try:
+            client = await acp_client(f"ws://127.0.0.1:{node.port}/acp")
+            try:
+                if served:
+                    session_id = await client.new(cwd="/durable")
+                    reply = await client.prompt(session_id, "/notool kept")
+                    assert reply.stop_reason == "end_turn"
+                else:
+                    with pytest.raises(RequestError) as failed:
+                        await client.new(cwd="/not-durable")
+                    assert "try again" in str(failed.value), failed.value
+            finally:
+                await client.close()
+        finally:
+            await node.stop()

@@ -81,16 +81,14 @@ class HostWorker:
             timeout=settings.client_request_timeout,
             reask_interval=settings.client_reask_interval,
         )
-        session_log = SessionLog(
-            redis,
-            feed_maxlen=settings.feed_maxlen,
-            archive=archive,
-            max_events=settings.max_events_per_session,
-        )
-        session_log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.host = AgentHost(
             settings.agent_list(),
-            session_log,
+            SessionLog(
+                redis,
+                feed_maxlen=settings.feed_maxlen,
+                archive=archive,
+                max_events=settings.max_events_per_session,
+            ),
             self.clients,
             self.leases,
             request_timeout=settings.agent_request_timeout,
@@ -99,6 +97,7 @@ class HostWorker:
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
         )
+        self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
         self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
