@@ -17,6 +17,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -220,3 +221,24 @@ def test_tls_mistakes_are_told_with_their_fix() -> None:
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result
     assert missing in result.stderr and "does not exist" in result.stderr, result.stderr
+
+
+async def test_sentinels_with_a_password_of_their_own() -> None:
+    """``?sentinel_password=``: the Sentinels' own credentials, never printed."""
+    from .support.redis_sentinel import sentinel_set
+
+    with sentinel_set(sentinel_password=PASSWORD) as sentinels:
+        store = connect(sentinels.url(query=f"sentinel_password={PASSWORD}"))
+        try:
+            await preflight(store, allow_evicting=False, tls=False)
+            assert await StoreReadiness(store)() is None
+        finally:
+            await store.aclose()
+        started = time.monotonic()
+        line = one_error_line(acp_broker("worker", "projector", "--redis-url", sentinels.url()))
+        assert "sentinel_password" in line and "redis.asyncio" not in line, line
+        assert time.monotonic() - started < 20  # every Sentinel asked, not again and again
+        result = acp_broker(
+            "worker", "projector", "--redis-url", sentinels.url(query="sentinel_password=wrong")
+        )
+        assert "wrong" not in one_error_line(result) and "sentinel_password=***" in result.stderr

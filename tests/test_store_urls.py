@@ -10,6 +10,7 @@ import ssl
 import time
 
 import pytest
+from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 
@@ -17,6 +18,7 @@ from broker.logs import redact
 from broker.ops import metrics
 from broker.store.breaker import StoreAway, breaker_of
 from broker.store.client import Topology, connect, masked_url, topology
+from broker.store.failures import store_unreachable
 from broker.store.faults import connection_hint, missing_permission, write_problem
 from broker.store.preflight import warn_while_evicting
 from broker.store.sentinel import parse_sentinel_url
@@ -91,6 +93,13 @@ def test_connect_decides_the_topology_once() -> None:
 def test_a_missing_tls_file_is_named() -> None:
     with pytest.raises(FileNotFoundError, match=r"ssl_certfile names '/nope/c\.crt'"):
         connect("rediss://h:1/0?ssl_certfile=/nope/c.crt")
+
+
+def test_a_sentinel_without_a_master_is_told_briefly() -> None:
+    lost = MasterNotFoundError("No master found for 'm' : <redis.asyncio.client.Redis(<…>)>")
+    told = store_unreachable(lost).message
+    assert "No master found for 'm')" in told and "redis.asyncio" not in told
+    assert "failing over" in write_problem(lost) and "redis.asyncio" not in write_problem(lost)
 
 
 def test_what_a_failure_means() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import ssl
 
+from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import (
     AuthenticationError,
     NoPermissionError,
@@ -66,8 +67,8 @@ def write_problem(exc: BaseException) -> str:
             "store full: Redis reached maxmemory and refuses writes until space is freed "
             "(acp-broker archive), reads keep working"
         )
-    if type(exc).__name__ in ("MasterNotFoundError", "SlaveNotFoundError"):
-        return f"the store is failing over: {describe(exc)}"
+    if isinstance(exc, MasterNotFoundError):
+        return f"the store is failing over: {no_master(exc)}"
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
         return f"Redis cannot be reached ({describe(exc)}){connection_hint(exc)}"
     return f"the store refused a write: {describe(exc)}"
@@ -98,8 +99,24 @@ def connection_hint(exc: BaseException, *, tls: bool | None = None) -> str:
     return ""
 
 
+def no_master(exc: BaseException) -> str:
+    """A Sentinel's "no master" failure without redis-py's dump of every Sentinel client."""
+    return f"{type(exc).__name__}: {str(exc).split(' : ', 1)[0]}"
+
+
+def brief(exc: BaseException) -> str:
+    """:func:`~broker.failures.describe`, short for a Sentinel's "no master" failure."""
+    return no_master(exc) if isinstance(exc, MasterNotFoundError) else describe(exc)
+
+
 def start_problem(exc: BaseException, *, tls: bool) -> str:
     """Why the store could not be used at start-up, and the fix where there is one."""
+    if isinstance(exc, MasterNotFoundError):
+        return (
+            f"cannot reach the store: {no_master(exc)}: no Sentinel answered with a master "
+            "of that name; check the name, that the Sentinels are reachable, and their "
+            f"own credentials (?sentinel_password=){connection_hint(exc, tls=tls)}"
+        )
     if isinstance(exc, AuthenticationError):
         return f"the store refused the credentials: {describe(exc)}"
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):

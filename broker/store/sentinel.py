@@ -32,6 +32,7 @@ from redis.asyncio.sentinel import (
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
 )
+from redis.backoff import NoBackoff
 
 from .urls import SENTINEL_SCHEMES, masked_url
 
@@ -136,6 +137,9 @@ def sentinel_master(
         sentinel_kwargs={
             "socket_timeout": quick,
             "socket_connect_timeout": quick,
+            # Each Sentinel asked once a discovery (the client's own retry asks again):
+            # redis-py's default retries made a wrong password fail after 30 s.
+            "retry": Retry(NoBackoff(), 0),
             **address.sentinel_credentials,
             **tls,
         },

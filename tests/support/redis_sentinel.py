@@ -34,6 +34,8 @@ class SentinelSet:
     folder: Path
     tls: Path | None = None
     """The folder of the CA and certificates when every process speaks TLS only."""
+    sentinel_password: str | None = None
+    """The Sentinels' own ``requirepass`` (the data servers keep none)."""
     servers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     sentinels: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -49,7 +51,8 @@ class SentinelSet:
         return _client(port, self.tls, timeout)
 
     def sentinel(self, port: int | None = None) -> redis.Redis:
-        return self.client(port or next(iter(self.sentinels)))
+        port = port or next(iter(self.sentinels))
+        return _client(port, self.tls, 2.0, self.sentinel_password)
 
     def master_port(self) -> int:
         """The master's port as the Sentinels tell it now."""
@@ -122,15 +125,14 @@ class SentinelSet:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _client(port: int, tls: Path | None, timeout: float) -> redis.Redis:
+def _client(
+    port: int, tls: Path | None, timeout: float, password: str | None = None
+) -> redis.Redis:
+    bounds = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if tls is None:
-        return redis.Redis(port=port, socket_timeout=timeout, socket_connect_timeout=timeout)
+        return redis.Redis(port=port, password=password, **bounds)
     return redis.Redis(
-        port=port,
-        ssl=True,
-        ssl_ca_certs=str(tls / "ca.crt"),
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
+        port=port, password=password, ssl=True, ssl_ca_certs=str(tls / "ca.crt"), **bounds
     )
 
 
@@ -150,7 +152,7 @@ def _port_options(port: int, tls: Path | None) -> list[str]:
 
 
 def _spawn(
-    args: list[str], tls: Path | None, folder: Path, what: str
+    args: list[str], tls: Path | None, folder: Path, what: str, password: str | None = None
 ) -> tuple[int, subprocess.Popen[bytes]]:
     """``redis-server ARGS`` plus its port options, on a free port, once it answers."""
     binary = shutil.which("redis-server")
@@ -163,7 +165,7 @@ def _spawn(
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        with _client(port, tls, 0.5) as client:
+        with _client(port, tls, 0.5, password) as client:
             while time.monotonic() < deadline and proc.poll() is None:
                 with contextlib.suppress(redis.RedisError):
                     if client.ping():
@@ -173,10 +175,14 @@ def _spawn(
     raise RuntimeError(f"could not start {what}")
 
 
-def _sentinel_config(folder: Path, master_port: int, tls: Path | None) -> Path:
+def _sentinel_config(
+    folder: Path, master_port: int, tls: Path | None, password: str | None
+) -> Path:
     path = folder / f"sentinel-{time.monotonic_ns()}.conf"
     options = _tls_options(tls)
     lines = [f"{options[i][2:]} {options[i + 1]}" for i in range(0, len(options), 2)]
+    if password:  # the Sentinels ask it of clients, and give it to each other
+        lines += [f"requirepass {password}", f"sentinel sentinel-pass {password}"]
     path.write_text(
         "bind 127.0.0.1\n"
         f"dir {folder}\n"
@@ -189,11 +195,14 @@ def _sentinel_config(folder: Path, master_port: int, tls: Path | None) -> Path:
 
 
 @contextlib.contextmanager
-def sentinel_set(*extra: str, tls: bool = False) -> Iterator[SentinelSet]:
+def sentinel_set(
+    *extra: str, tls: bool = False, sentinel_password: str | None = None
+) -> Iterator[SentinelSet]:
     """A settled Sentinel set (``extra``: options of both data servers; ``tls``: every
-    process speaks TLS only, with a private CA); removed afterwards."""
+    process speaks TLS only, with a private CA; ``sentinel_password``: the Sentinels
+    require it); removed afterwards."""
     folder = Path(tempfile.mkdtemp(prefix="acpb-sentinel-"))
-    found = SentinelSet(folder)
+    found = SentinelSet(folder, sentinel_password=sentinel_password)
     try:
         if tls:
             found.tls = folder / "tls"
@@ -210,8 +219,10 @@ def sentinel_set(*extra: str, tls: bool = False) -> Iterator[SentinelSet]:
             found.servers[port] = proc
         master_port = next(iter(found.servers))
         for _ in range(3):
-            config = _sentinel_config(folder, master_port, found.tls)
-            port, proc = _spawn([str(config), "--sentinel"], found.tls, folder, "a Sentinel")
+            config = _sentinel_config(folder, master_port, found.tls, sentinel_password)
+            port, proc = _spawn(
+                [str(config), "--sentinel"], found.tls, folder, "a Sentinel", sentinel_password
+            )
             found.sentinels[port] = proc
         found.wait_ready()
         yield found
