@@ -128,11 +128,13 @@ class SentinelSet:
 def _client(
     port: int, tls: Path | None, timeout: float, password: str | None = None
 ) -> redis.Redis:
-    bounds = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    if tls is None:
-        return redis.Redis(port=port, password=password, **bounds)
     return redis.Redis(
-        port=port, password=password, ssl=True, ssl_ca_certs=str(tls / "ca.crt"), **bounds
+        port=port,
+        password=password,
+        ssl=tls is not None,
+        ssl_ca_certs=str(tls / "ca.crt") if tls is not None else None,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
     )
 
 
