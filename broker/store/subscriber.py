@@ -8,9 +8,8 @@ The hub reads its subscriptions through :class:`Subscriber`, which has two engin
   through a timeout context, a retry wrapper, a health check and a push-message
   handler; on a front fanning a thousand busy sessions out, that was a third of its
   CPU time (py-spy, ``bench fanout`` S=1000/W=2).
-* :class:`RedisPySubscriber`: redis-py's ``PubSub``, for everything else (TLS, the master
-  of a Sentinel set, which moves; the embedded store). Redis Cluster keeps redis-py's
-  cluster pub/sub (see the hub).
+* :class:`RedisPySubscriber`: redis-py's ``PubSub``, for everything else (TLS, the
+  embedded store). Redis Cluster keeps redis-py's cluster pub/sub (see the hub).
 
 Both deliver the same messages: ``{"type", "channel", "data"}`` with type
 ``smessage``, ``ssubscribe`` or ``sunsubscribe``; and ``pong`` (channel None) for a
@@ -27,7 +26,6 @@ from typing import Any, Protocol
 import hiredis
 
 from ..ops import metrics
-from .client import Topology, topology
 from .raw import CONNECT_TIMEOUT, bare_options, command, handshake
 
 Message = dict[str, Any]
@@ -68,16 +66,14 @@ def open_subscriber(redis: Any) -> Subscriber:
     options = bare_options(redis)
     if options is not None:
         return BatchSubscriber(options)
-    return RedisPySubscriber(redis.pubsub(), pings=topology(redis) is not Topology.EMBEDDED)
+    return RedisPySubscriber(redis.pubsub())
 
 
 class RedisPySubscriber:
-    """redis-py's ``PubSub``, one message per read. ``pings``: whether the server answers a
-    subscribed ``PING`` as Redis does (a ``pong`` message; not the embedded store)."""
+    """redis-py's ``PubSub``, one message per read."""
 
-    def __init__(self, pubsub: Any, *, pings: bool = False) -> None:
+    def __init__(self, pubsub: Any) -> None:
         self._pubsub = pubsub
-        self._pings = pings
 
     async def ssubscribe(self, *channels: str) -> None:
         await self._pubsub.ssubscribe(*channels)
@@ -91,11 +87,8 @@ class RedisPySubscriber:
 
     async def ping(self, data: str) -> bool:
         # The embedded store answers a subscribed PING with a bare string, which redis-py
-        # takes apart as a message of another type: no pings there.
-        if not self._pings:
-            return False
-        await self._pubsub.ping(data)
-        return True
+        # takes apart as a message of another type: no pings here.
+        return False
 
     async def aclose(self) -> None:
         await self._pubsub.aclose()
