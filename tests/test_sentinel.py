@@ -140,3 +140,29 @@ async def test_a_tls_sentinel_set_with_a_private_ca_is_served_through_a_failover
     with sentinel_set(tls=True) as sentinels:
         assert sentinels.url().startswith("rediss+sentinel://")
         await _serves_through(sentinels, tmp_path, kill=False)
+
+
+async def test_a_plain_url_to_a_demoted_master_says_so_instead_of_internal_error(
+    tmp_path: Path,
+) -> None:
+    """``redis://`` at the master's own address cannot follow a failover: once that server
+    is a replica, requests are told to try again (the write did not run), never "internal
+    error", and ``/readyz`` is 503 saying the server is a read-only replica."""
+    with sentinel_set() as sentinels:
+        plain = f"redis://127.0.0.1:{sentinels.master_port()}/0"
+        async with broker_process(plain, log_path=tmp_path / "broker.log", env=ENV) as node:
+            _, error = await _attempt(node)
+            assert error is None, error
+            await asyncio.get_running_loop().run_in_executor(None, sentinels.failover)
+            deadline = time.monotonic() + 15
+            while True:  # until the demotion is seen (it takes the Sentinels a moment)
+                took, error = await _attempt(node)
+                assert took <= 2 * (REQUEST_TIMEOUT + SLACK), f"an attempt hung {took:.1f} s"
+                if error is not None:
+                    break
+                assert time.monotonic() < deadline, "the old master still took writes"
+            assert "try again" in error and "internal error" not in error, error
+            status, report = await _readyz(node)
+            assert status == 503, report
+            assert "read-only replica" in report["checks"]["redis"]["error"], report
+        assert "internal error" not in node.log_text()
