@@ -16,7 +16,7 @@ from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 
 from broker.logs import redact
 from broker.ops import metrics
-from broker.store.breaker import StoreAway, breaker_of
+from broker.store.breaker import PROBE_TIMEOUT, StoreAway, StoreBreaker, breaker_of
 from broker.store.client import Topology, connect, masked_url, topology
 from broker.store.failures import store_unreachable
 from broker.store.faults import connection_hint, missing_permission, write_problem
@@ -150,3 +150,40 @@ async def test_an_allowed_evicting_store_is_warned_about_again_and_again(
         await asyncio.wait_for(warn_while_evicting("allkeys-lru", interval=0.05), 0.3)
     warnings = [r for r in caplog.records if "allkeys-lru" in r.getMessage()]
     assert len(warnings) >= 3 and "--allow-evicting-store" in warnings[0].getMessage()
+
+
+class _SlowOnce:
+    """A store whose first PING is answered late (the loop held up), the rest at once."""
+
+    def __init__(self) -> None:
+        self.pings = 0
+
+    async def ping(self) -> bool:
+        self.pings += 1
+        if self.pings == 1:
+            await asyncio.sleep(PROBE_TIMEOUT + 0.5)
+        return True
+
+
+async def test_one_late_probe_does_not_open_the_breaker_two_do() -> None:
+    breaker, store = StoreBreaker(), _SlowOnce()
+    watching = asyncio.create_task(breaker.watch(store))
+    try:
+        deadline = time.monotonic() + 10
+        while store.pings < 3:
+            assert not breaker.away
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        watching.cancel()
+    stalled = _SlowOnce()
+    stalled.ping = lambda: asyncio.sleep(60)  # type: ignore[method-assign,assignment,return-value]
+    watching = asyncio.create_task(breaker.watch(stalled))
+    try:
+        deadline = time.monotonic() + 2 * PROBE_TIMEOUT + 2
+        while not breaker.away:
+            assert time.monotonic() < deadline, "two unanswered probes did not open it"
+            await asyncio.sleep(0.01)
+    finally:
+        watching.cancel()
+        breaker.close()

@@ -7,9 +7,11 @@ with a clear error that the client is told as "the store is unavailable, try aga
 (cached ``session/list`` pages are still served: they need no command).
 
 What the breaker knows comes from its probe (:meth:`StoreBreaker.watch`): a ``PING`` every
-:data:`INTERVAL` seconds, given :data:`PROBE_TIMEOUT` seconds. A failed or unanswered probe
-opens the breaker; while open it probes every :data:`AWAY_INTERVAL` seconds, and the first
-answer closes it, so the first request after Redis returns is served normally. The probe's
+:data:`INTERVAL` seconds, given :data:`PROBE_TIMEOUT` seconds. A failed probe (a refused or
+cut connection) opens the breaker; an unanswered one is asked again at once, and a second
+unanswered probe opens it (one late answer is more often this process's own event loop held
+up than Redis stalled). While open it probes every :data:`AWAY_INTERVAL` seconds, and the
+first answer closes it, so the first request after Redis returns is served normally. The probe's
 own commands pass the gate (a context variable marks them); nothing else does.
 
 The gate sits where every command of a client is packed (:class:`GatedConnection`), so a
@@ -38,8 +40,8 @@ INTERVAL = 0.5
 """Seconds between probes while the store answers."""
 AWAY_INTERVAL = 0.1
 """Seconds between probes while it does not."""
-PROBE_TIMEOUT = 1.5
-"""Seconds a probe waits for its answer."""
+PROBE_TIMEOUT = 1.0
+"""Seconds a probe waits for its answer (two unanswered in a row open the breaker)."""
 
 _PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("store_probe", default=False)
 
@@ -79,16 +81,21 @@ class StoreBreaker:
     async def watch(self, redis: Any) -> None:
         """Probe ``redis`` (the client this breaker gates) until cancelled."""
         _PROBING.set(True)  # this task's commands pass the gate
+        unanswered = 0
         while True:
             try:
                 await asyncio.wait_for(redis.ping(), PROBE_TIMEOUT)
-            except (RedisError, OSError, TimeoutError) as exc:
-                if isinstance(exc, TimeoutError):
-                    exc = RedisTimeoutError(f"no answer to PING within {PROBE_TIMEOUT:g} s")
+            except TimeoutError:
+                unanswered += 1
+                if unanswered >= 2 or self.away:
+                    silent = unanswered * PROBE_TIMEOUT
+                    self.open(RedisTimeoutError(f"no answer to PING for {silent:g} s"))
+            except (RedisError, OSError) as exc:
                 self.open(exc)
             else:
+                unanswered = 0
                 self.close()
-            await asyncio.sleep(AWAY_INTERVAL if self.away else INTERVAL)
+            await asyncio.sleep(AWAY_INTERVAL if self.away or unanswered else INTERVAL)
 
 
 class GatedConnection(AbstractConnection):
