@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import AbstractConnection, SSLConnection
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
     Sentinel,
@@ -162,20 +162,3 @@ def sentinel_master(
         **address.tls_options,
     )
     return client
-
-
-async def master_options(redis: Redis) -> dict[str, Any]:
-    """redis-py's connection options for the master that the Sentinels of client ``redis``
-    name now (its credentials and database, its address): what a bare connection needs.
-    Raises ``MasterNotFoundError`` (a ``ConnectionError``) while there is none."""
-    pool = redis.connection_pool
-    if not isinstance(pool, SentinelConnectionPool):
-        raise TypeError("not the client of a Sentinel master")
-    host, port = await pool.get_master_address()
-    options = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
-    return {**options, "host": host, "port": port}
-
-
-def speaks_tls(redis: Redis) -> bool:
-    """Whether client ``redis`` reaches its servers over TLS (no bare connection can)."""
-    return issubclass(redis.connection_pool.connection_class, SSLConnection)

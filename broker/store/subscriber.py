@@ -2,8 +2,7 @@
 
 The hub reads its subscriptions through :class:`Subscriber`, which has two engines:
 
-* :class:`BatchSubscriber`, for a single Redis server over TCP or a Unix socket (the
-  master of a Sentinel set too, found again on each connection): it
+* :class:`BatchSubscriber`, for a single Redis server over TCP or a Unix socket: it
   reads whatever the socket holds, parses it with hiredis in one go and hands every
   message it found to the hub as one batch. redis-py reads one message per call, each
   through a timeout context, a retry wrapper, a health check and a push-message
@@ -21,17 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import hiredis
 
 from ..ops import metrics
-from .client import Topology, topology
 from .raw import CONNECT_TIMEOUT, bare_options, command, handshake
-from .sentinel import master_options, speaks_tls
 
 Message = dict[str, Any]
 
@@ -71,9 +66,6 @@ def open_subscriber(redis: Any) -> Subscriber:
     options = bare_options(redis)
     if options is not None:
         return BatchSubscriber(options)
-    if topology(redis) is Topology.SENTINEL and not speaks_tls(redis):
-        # The master moves: it is found again on each connection.
-        return BatchSubscriber(resolve=functools.partial(master_options, redis))
     return RedisPySubscriber(redis.pubsub())
 
 
@@ -106,18 +98,11 @@ class BatchSubscriber:
     """One connection to a single Redis server, subscribed with SSUBSCRIBE, read in bulk.
 
     ``options`` are redis-py's connection keyword arguments (host and port, or path;
-    username and password); or ``resolve`` gives them afresh for each connection (a
-    Sentinel's master, which a failover moves).
+    username and password).
     """
 
-    def __init__(
-        self,
-        options: dict[str, Any] | None = None,
-        *,
-        resolve: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-    ) -> None:
-        self._options = options or {}
-        self._resolve = resolve
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = options
         self.channels: set[str] = set()
         self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._parser = hiredis.Reader(encoding="utf-8", errors="replace")
@@ -206,7 +191,7 @@ class BatchSubscriber:
                 self._send("SSUBSCRIBE", *sorted(self.channels))
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        options = self._options if self._resolve is None else await self._resolve()
+        options = self._options
         if options.get("path"):
             reader, writer = await asyncio.open_unix_connection(options["path"])
         else:
