@@ -34,6 +34,12 @@ def _common(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
         "store lives inside `serve` and no other process can reach it)",
     )
     parser.add_argument("--tenant", help="tenant to act as (default: 'default')")
+    parser.add_argument(
+        "--allow-evicting-store",
+        action="store_true",
+        default=None,
+        help="run on a Redis whose maxmemory-policy is not noeviction (it may drop sessions)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument(
         "--log-format",
@@ -185,6 +191,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
         getattr(args, "config", None),
         redis_url=getattr(args, "redis_url", None),
         tenant=getattr(args, "tenant", None),
+        allow_evicting_store=getattr(args, "allow_evicting_store", None),
         **extra,
     )
 

@@ -235,6 +235,14 @@ class Settings(BaseSettings):
     """A whole prompt turn, permission questions included."""
     redis_timeout: float = Field(default=5.0, gt=0)
     """One Redis command (a stalled Redis fails it, and it is tried again or reported)."""
+    allow_evicting_store: bool = False
+    """Run on a Redis whose ``maxmemory-policy`` is not ``noeviction`` (refused otherwise: a
+    full Redis would drop sessions' logs silently); a warning is logged every minute."""
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    """Appends wait until this many replicas acknowledged them (Redis ``WAIT``), so that an
+    acknowledged event survives the loss of the master; 0: no waiting."""
+    redis_wait_timeout: float = Field(default=1.0, gt=0)
+    """Seconds an append waits for its replicas (then it fails, as not durable)."""
     client_request_timeout: float = Field(default=600.0, gt=0)
     """An agent's question to a client (a permission a person decides on, fs/*, terminal/*)."""
     client_reask_interval: float = Field(default=5.0, gt=0)

@@ -23,7 +23,7 @@ TENANT = "acme"
 CHUNK = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}
 
 
-@pytest.fixture(params=["redis", "embedded", "cluster"])
+@pytest.fixture(params=["redis", "embedded", "cluster", "sentinel"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

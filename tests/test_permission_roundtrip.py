@@ -26,7 +26,7 @@ from .support.redis_server import redis_server
 from .test_scale_out import cluster_of
 
 
-class _Channel:
+class _ChannelFake:
     """A store stand-in whose SPUBLISH lets a test decide what the nodes do with a message."""
 
     def __init__(self, on_publish: Any) -> None:
@@ -37,6 +37,9 @@ class _Channel:
         message = json.loads(data)
         self.published.append(message)
         return int(self.on_publish(message))
+
+
+_Channel: Any = _ChannelFake  # a stand-in for the Store protocol
 
 
 async def test_an_answer_that_arrives_before_the_publish_returns_is_taken() -> None:
@@ -140,7 +143,7 @@ async def test_the_grace_is_bounded() -> None:
         )
 
 
-class _SocketErrors:
+class _SocketErrorsFake:
     """A real store whose SPUBLISH fails with a bare socket error (``OSError``, which redis-py
     does not always wrap) on the first request and on the first "settled"."""
 
@@ -154,6 +157,9 @@ class _SocketErrors:
             self.failed.add(kind)
             raise ConnectionResetError(104, "Connection reset by peer")
         return int(await self.store.spublish(channel, data))
+
+
+_SocketErrors: Any = _SocketErrorsFake  # a stand-in for the Store protocol
 
 
 async def test_a_socket_error_from_the_store_is_asked_through() -> None:

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 
-from broker.store.client import POOL_SIZE, connect, packed_by_hiredis
+from broker.store.client import POOL_SIZE, connect, packed_by_hiredis, server_client
 
 
 async def test_more_concurrent_calls_than_connections_wait_for_one(redis_url: str) -> None:
-    store = connect(redis_url)
+    store: Any = connect(redis_url)
     try:
         # Each call holds a connection for 0.2 s; more than twice the pool at once.
         calls = [store.blpop([f"empty:{i}"], timeout=0.2) for i in range(2 * POOL_SIZE + 40)]
@@ -42,5 +42,5 @@ def test_commands_are_packed_by_hiredis_to_the_bytes_redis_py_makes(
 
 
 def test_a_store_packs_its_commands_with_hiredis(redis_url: str) -> None:
-    store = connect(redis_url)
+    store = server_client(connect(redis_url))
     assert issubclass(store.connection_pool.connection_class, packed_by_hiredis(Connection))

@@ -23,6 +23,7 @@ from ..ops import metrics, tracing
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
 from .client import Store, is_cluster
 from .direct import DirectCalls, direct_calls
+from .durability import replicated
 from .events import (
     EventRow,
     EventType,
@@ -119,6 +120,14 @@ class SessionLog:
         self._append_batch = redis.register_script(
             batch_script(_script("append.lua"), _script("append_batch.lua"))
         )
+        self._wait: tuple[int, float] | None = None
+
+    def wait_for_replicas(self, replicas: int, timeout: float) -> None:
+        """Make each append wait until ``replicas`` replicas have it (see
+        :mod:`.durability`); 0: no waiting. Appends then go through the client."""
+        if replicas and not is_cluster(self.redis):
+            self._wait = (replicas, timeout)
+            self._direct_appends = None
 
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
         """Start a new log with its ``created`` event, under a fresh random epoch."""
@@ -341,6 +350,11 @@ class SessionLog:
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Call one of the log's scripts."""
         try:
+            if self._wait is not None and script in (self._append, self._append_batch):
+                replicas, timeout = self._wait
+                return await replicated(
+                    self.redis, script, keys, args, replicas=replicas, timeout=timeout
+                )
             try:
                 return await script(keys=keys, args=args)
             except NoScriptError:

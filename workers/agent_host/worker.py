@@ -101,6 +101,7 @@ class HostWorker:
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
         )
+        self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
         self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
