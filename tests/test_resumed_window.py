@@ -5,14 +5,28 @@ official schemas by :class:`RawClient`)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from broker.store.events import LogEvent, fold, snapshot_ops
-from broker.store.window import window_event, window_of, window_ops, with_window
+import pytest
 
-from .support.client import RawClient
+from broker.serve import Broker
+from broker.store import log as log_module
+from broker.store.archive import DirectoryArchive
+from broker.store.client import connect
+from broker.store.events import LogEvent, dumps, fold, snapshot_ops, window_fields
+from broker.store.keys import SessionKeys
+from broker.store.log import SessionLog, new_session_id
+from broker.store.window import window_event, window_of, window_ops, with_window
+from workers.projector.archiving import Archiver
+
+from .conftest import demo_agent, make_settings
+from .support.client import RawClient, wait_for
+from .test_archive import archive_now
 
 CWD = "/work/window"
+TENANT = "default"
 
 
 async def _window(url: str, method: str, session_id: str, **extra: Any) -> dict[str, Any]:
@@ -72,6 +86,110 @@ async def test_a_v2_window_resumes_with_the_config_options(url: str) -> None:
     assert ids == [option["id"] for option in new["configOptions"]]
 
 
+# -- archived: the window leaves the snapshot, and comes back ----------------------------------
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Any]:
+    client = connect(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=[60.0, 1.0], ids=["held", "let-go"])
+async def real_broker(
+    request: pytest.FixtureRequest, redis: Any, tmp_path: Path
+) -> AsyncIterator[Broker]:
+    """A broker on a real Redis whose agent host keeps an archived session for a while
+    (``held``: it renews its leases every 20 s) or gives it up at once (``let-go``), and
+    whose demo agent keeps its sessions' modes and options on disk, as agents that can load
+    a session do (else a restored agent states its defaults, and is believed)."""
+    agent = demo_agent(ACP_DEMO_STATE_DIR=str(tmp_path / "agent"))
+    node = Broker(make_settings(lease_ttl=request.param, agents=[agent]), redis=redis)
+    await node.start()
+    yield node
+    await node.stop()
+
+
+def _window_fields(snap: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in snap.items() if name.startswith("w:")}
+
+
+async def test_an_archived_session_reopens_with_its_window(
+    real_broker: Broker, redis: Any, request: pytest.FixtureRequest
+) -> None:
+    broker = real_broker
+    url = f"ws://127.0.0.1:{broker.port}/acp"
+    first = await RawClient.initialized(url)
+    new = (await first.call("session/new", {"cwd": CWD, "mcpServers": []}))["result"]
+    session_id = new["sessionId"]
+    await first.call("session/set_mode", {"sessionId": session_id, "modeId": "code"})
+    option = await first.call(
+        "session/set_config_option",
+        {"sessionId": session_id, "configId": "style", "value": "shouty"},
+    )
+    await first.close()
+    expected = {
+        "modes": {**new["modes"], "currentModeId": "code"},
+        "configOptions": option["result"]["configOptions"],
+    }
+    keys = SessionKeys(TENANT, session_id)
+    assert _window_fields(await redis.hgetall(keys.snapshot)), "kept while the log is hot"
+
+    await archive_now(broker, session_id)
+    # A listpack, without the window (JSON far over hash-max-listpack-value).
+    assert await redis.object("encoding", keys.snapshot) == "listpack"
+    assert not _window_fields(await redis.hgetall(keys.snapshot))
+    assert await broker.log.window(TENANT, session_id) == expected  # folded from the archive
+    if request.node.callspec.id == "let-go":
+
+        async def let_go() -> bool:
+            return not await redis.exists(keys.lease)
+
+        await wait_for(let_go, 10.0, "the host to give the archived session's lease up")
+
+    # Reopened in a new window, held by its agent (which replies {}) or restored onto one.
+    for method in ("session/load", "session/resume"):
+        reply = await _window(url, method, session_id)
+        assert reply["modes"] == expected["modes"], method
+        assert reply["configOptions"] == expected["configOptions"], method
+    await broker.log.restore(TENANT, session_id)  # where the host held it: nothing appended
+    assert (await broker.log.snapshot(TENANT, session_id)).window == expected
+
+
+async def test_a_restore_sets_the_window_the_log_folds_into(
+    redis: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(log_module, "RESTORE_CHUNK", 3)  # the window goes with the last part
+    session_log = SessionLog(redis, archive=DirectoryArchive(tmp_path))
+    session_id = new_session_id()
+    await session_log.create(TENANT, session_id, {"type": "created", "cwd": "/w"})
+    bodies = [
+        window_event({"modes": MODES, "configOptions": OPTIONS}),
+        _update("current_mode_update", currentModeId="code"),
+        *[_update("agent_message_chunk", content={"type": "text", "text": "x"})] * 5,
+        _update("config_option_update", configOptions=[{"id": "style", "currentValue": "x"}]),
+    ]
+    for body in bodies:
+        assert body is not None
+        await session_log.append(TENANT, session_id, body)
+    keys = SessionKeys(TENANT, session_id)
+    hot = _window_fields(await redis.hgetall(keys.snapshot))
+    assert set(hot) == {"w:modes", "w:currentModeId", "w:configOptions"}
+
+    archiver = Archiver(redis, DirectoryArchive(tmp_path), session_log=session_log)
+    assert await archiver.archive_session(TENANT, session_id) == len(bodies) + 1
+    assert await redis.object("encoding", keys.snapshot) == "listpack"
+    assert not _window_fields(await redis.hgetall(keys.snapshot))
+    await session_log.restore(TENANT, session_id)
+    restored = await redis.hgetall(keys.snapshot)
+    assert _window_fields(restored) == hot and "archived" not in restored
+
+
+def _update(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": "update", "update": {"sessionUpdate": kind, **fields}}
+
+
 # -- the pure part ---------------------------------------------------------------------------
 
 
@@ -126,3 +244,17 @@ def test_a_reply_keeps_what_the_agent_stated_and_gains_what_it_left_out() -> Non
     assert with_window(fresh, window) == {**fresh, "configOptions": OPTIONS}
     assert with_window({"modes": None}, window)["modes"] == MODES
     assert with_window({}, {}) == {}
+
+
+def test_the_window_fields_fold_from_the_events_texts_as_the_append_script_sets_them() -> None:
+    stated = window_event({"modes": MODES, "configOptions": OPTIONS}, mode_id="code")
+    restated = window_event({"modes": MODES})
+    texts = [dumps(body) for body in (stated, _update("agent_thought_chunk"), restated)]
+    assert window_fields(texts[:2]) == {
+        "w:modes": dumps(MODES),
+        "w:configOptions": dumps(OPTIONS),
+        "w:currentModeId": "code",
+    }
+    # A whole mode state stated later: its current mode is the current one again.
+    assert window_fields(texts) == {"w:modes": dumps(MODES), "w:configOptions": dumps(OPTIONS)}
+    assert window_fields([dumps({"type": "prompt", "promptId": "p"})]) == {}

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import fastjson
 from .window import SNAPSHOT_FIELDS as WINDOW_SNAPSHOT_FIELDS
-from .window import window_of, window_ops
+from .window import window_marked, window_of, window_ops
 
 JsonObject = dict[str, Any]
 SnapshotOp = tuple[str, str, str]
@@ -109,6 +109,7 @@ class SessionSnapshot:
     prompt_id: str | None = None  # the prompt running now, if any
     meta: JsonObject = field(default_factory=dict)
     window: JsonObject = field(default_factory=dict)  # modes, configOptions, models: window.py
+    archived: bool = False  # the log is in the archive store (and the window left out)
 
     @classmethod
     def from_hashes(
@@ -141,6 +142,7 @@ class SessionSnapshot:
             prompt_id=snap.get("prompt"),
             meta={key: json.loads(value) for key, value in _user_meta(snap, meta).items()},
             window=window_of(snap),
+            archived="archived" in snap,
         )
 
     @property
@@ -271,6 +273,16 @@ def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSna
             snap["updated"] = str(event.ts)
         apply_ops(snap, meta, snapshot_ops(event.body))
     return SessionSnapshot.from_hashes(snap, meta) if snap else None
+
+
+def window_fields(events: Iterable[str]) -> dict[str, str]:
+    """The snapshot fields (``w:*``) a log's events, JSON texts in seq order, leave the
+    window in: what the append script set, for an archived snapshot, which leaves them out."""
+    fields: dict[str, str] = {}
+    for text in events:
+        if window_marked(text):  # most events say nothing of it: not parsed
+            apply_ops(fields, {}, window_ops(fastjson.loads(text)))
+    return fields
 
 
 def dumps(value: Any) -> str:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -36,9 +36,11 @@ from .events import (
     is_activity,
     is_index_neutral,
     snapshot_ops,
+    window_fields,
 )
 from .keys import SessionKeys, partition_of, session_keys
 from .names import new_session_id as new_session_id  # where callers have long found it
+from .window import window_of
 
 
 class SessionMissing(LookupError):
@@ -499,18 +501,29 @@ class SessionLog:
             return
         found = await self._archived(tenant, session_id)
         entries = found.entries[: int(archived)]
+        window = window_fields(event for _, _, event in entries)  # the archive left it out
         now = int(time.time() * 1000)
         parts = range(0, len(entries), RESTORE_CHUNK)
         for start in parts:
             chunk = entries[start : start + RESTORE_CHUNK]
             final = start + RESTORE_CHUNK >= len(entries)
             args: list[Any] = [gen or "0", now, keys.member, "1" if final else "0"]
+            args += [len(window) if final else 0, *_flat(window.items() if final else ())]
             for seq, ts, event in chunk:
                 args += [seq, ts, event]
             script_keys = [keys.log, keys.snapshot, keys.hot, keys.meta]
             done = await self._script(self._restore, script_keys, args)
             if not done:
                 return  # another restorer finished first
+
+    async def window(self, tenant: str, session_id: str) -> JsonObject:
+        """The session's window (``window.window_of``), folded from its archived log when
+        it is archived (the archived snapshot leaves the window out)."""
+        snapshot = await self.snapshot(tenant, session_id)
+        if not snapshot.archived:
+            return snapshot.window
+        found = await self._archived(tenant, session_id)
+        return window_of(window_fields(event for _, _, event in found.entries))
 
     async def trim_archived(self, tenant: str, session_id: str, seq: int, epoch: str) -> int:
         """Remove the log from Redis now that its archive copy (events ``1 … seq`` of
@@ -631,6 +644,10 @@ def _script_keys(tenant: str, session_id: str) -> list[str]:
         keys.hot,
         keys.deleted,
     ]
+
+
+def _flat(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    return [item for pair in pairs for item in pair]
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:

@@ -7,7 +7,10 @@ and ``config_option_update`` notifications. The agent host logs what a reply sai
 ``window`` event (:func:`window_event`); those events and the agent's notifications fold
 into fields of the session's snapshot hash (:func:`window_ops`), so that any front answers
 a ``session/load`` or ``session/resume`` with the session's current window
-(:func:`window_of`), whether or not an agent process already holds the session. Pure.
+(:func:`window_of`), whether or not an agent process already holds the session. An
+archived session's snapshot leaves those fields out (they would turn its hash from a
+listpack into a hash table, ``lua/archive_trim.lua``): its window is folded again from its
+archived log (:func:`window_fields`) when the log is restored, or read. Pure.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from typing import Any, Final
 
 from .. import fastjson
 
-__all__ = ["WINDOW_FIELDS", "window_event", "window_of", "window_ops", "with_window"]
+__all__ = [
+    "WINDOW_FIELDS",
+    "window_event",
+    "window_marked",
+    "window_of",
+    "window_ops",
+    "with_window",
+]
 
 JsonObject = dict[str, Any]
 SnapshotOp = tuple[str, str, str]
@@ -34,6 +44,14 @@ SNAPSHOT_FIELDS: Final = frozenset(
     {*(_PREFIX + name for name in WINDOW_FIELDS), _PREFIX + "currentModeId"}
 )
 """The snapshot hash fields a window is kept in (no listing shows them)."""
+_MARKERS: Final = (WINDOW_TYPE, "current_mode_update", "config_option_update")
+"""Words an event's JSON holds when :func:`window_ops` has anything to say of it."""
+
+
+def window_marked(text: str) -> bool:
+    """Whether an event's JSON text may say anything of the window (False: it does not,
+    and need not be parsed to fold the window)."""
+    return any(marker in text for marker in _MARKERS)
 
 
 def window_event(reply: Any, *, mode_id: str | None = None) -> JsonObject | None:

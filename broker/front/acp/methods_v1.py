@@ -376,7 +376,10 @@ class AcpMethods:
             conn.tenant, snapshot.session_id, replay_after=reopened.after, replay_now=True
         )
         # Whole, however the session was held: an agent already holding it replies {}.
-        conn.reply(request, with_window(_without_session_id(reply), snapshot.window))
+        window = snapshot.window
+        if snapshot.archived:  # an archived snapshot leaves the window out: fold the log's
+            window = await self.log.window(conn.tenant, snapshot.session_id)
+        conn.reply(request, with_window(_without_session_id(reply), window))
         conn.release(snapshot.session_id)
         return DEFERRED
 

@@ -36,10 +36,13 @@ redis.call('HDEL', snap, 'calls')
 -- a hash table once a value outgrows hash-max-listpack-value (the call ids did) and never
 -- turns back by itself. Archived sessions are most sessions; a listpack is a third the size.
 -- The tenant and session id are left out: the key names them (readers are given them).
+-- So is the window (``w:*``: the agent's modes, config options, models, JSON far over 64
+-- bytes): it is a fold of the log's events, and ``SessionLog.restore`` folds it again.
 local fields = redis.call('HGETALL', snap)
 local kept = {}
 for i = 1, #fields, 2 do
-  if fields[i] ~= 'tenant' and fields[i] ~= 'sid' then
+  local name = fields[i]
+  if name ~= 'tenant' and name ~= 'sid' and string.sub(name, 1, 2) ~= 'w:' then
     kept[#kept + 1] = fields[i]
     kept[#kept + 1] = fields[i + 1]
   end
