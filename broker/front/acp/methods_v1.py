@@ -45,8 +45,8 @@ from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import Key, PageCache
 from .access import Access, connection_limit
-from .connection import AtOnce, ClientConnection, Later, Redispatch
-from .dispatch import DEFERRED
+from .connection import ClientConnection
+from .dispatch import DEFERRED, IN_TASK, InTask, PendingRead, StepAnswer
 
 PROTOCOL_VERSION = 1
 REPLAY_AFTER_META = "acpBroker/replayAfter"
@@ -112,7 +112,7 @@ class AcpMethods:
 
     # -- initialization ---------------------------------------------------------------------
 
-    def at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
+    def at_once(self, conn: ClientConnection, request: Request) -> StepAnswer | None:
         """What answers ``request`` without a task of its own, if it needs none (else it goes
         through :meth:`dispatch`), from the step that read it: ``initialize`` while what the
         agents advertised was read recently (a client's first request), and ``session/list``
@@ -123,7 +123,7 @@ class AcpMethods:
             return self._list_at_once(conn, request)
         return None
 
-    def _list_at_once(self, conn: ClientConnection, request: Request) -> AtOnce | None:
+    def _list_at_once(self, conn: ClientConnection, request: Request) -> StepAnswer | None:
         """The answer to a ``session/list`` the connection may give without a task: a page
         the cache holds; a page being read ahead, once that read lands; a page read on the
         index's bare connection while one is open and its reply's timeout bounds the read
@@ -156,7 +156,7 @@ class AcpMethods:
 
     def _list_joined(
         self, pages: PageCache, key: Key, bound: float, conn: ClientConnection, request: Request
-    ) -> Later:
+    ) -> PendingRead | InTask:
         """``session/list`` of a page being read ahead: answered once that read has landed,
         not read a second time (a client paging through faster than a read ahead lands).
         Waited for at most ``bound`` seconds; a page not kept by then (its tenant changed,
@@ -164,24 +164,24 @@ class AcpMethods:
         request's deadline."""
         landed = pages.landed(key, bound)
         if landed is None:  # it landed between the two looks: read as any miss
-            raise Redispatch
+            return IN_TASK
 
-        def finish(_: asyncio.Future[Any]) -> fastjson.Fragment:
+        def finish(_: asyncio.Future[Any]) -> fastjson.Fragment | InTask:
             text = pages.hit(key)
             if text is None:
-                raise Redispatch
+                return IN_TASK
             return fastjson.Fragment(text)
 
-        return Later(landed, finish)
+        return PendingRead(landed, finish)
 
-    def _list_later(self, conn: ClientConnection, request: Request) -> Later | Any:
+    def _list_later(self, conn: ClientConnection, request: Request) -> PendingRead | InTask:
         """``session/list`` answered from the callback of its page's read, sent now on the
         index's bare connection (or, none being open, dispatched)."""
         listing, after, mark = self._list_query(conn.tenant, request.params)
         limit = self.settings.list_page_size
         read = self.index.begin_page(conn.tenant, listing, after, limit)
         if read is None:
-            raise Redispatch
+            return IN_TASK
         pages, key = self.pages, _page_key(conn.tenant, request.params, limit)
         token = None
         if pages is not None and key is not None:
@@ -199,17 +199,17 @@ class AcpMethods:
             query = _ListQuery(conn.tenant, request.params, listing, after, mark)
             return fastjson.Fragment(self._kept(query, key, token, page))
 
-        def finish(future: asyncio.Future[Any]) -> fastjson.Fragment:
+        def finish(future: asyncio.Future[Any]) -> fastjson.Fragment | InTask:
             try:
                 page = self.index.read_page(read, limit)
             except RedisError:  # the client's way recovers from anything
                 # Not on the bare connection again: a stalled server would fail it as slowly.
-                raise Redispatch(functools.partial(again, False)) from None
+                return InTask(functools.partial(again, False))
             if page is None:  # members of an earlier format: they need the rows too
-                raise Redispatch(functools.partial(again, True))
+                return InTask(functools.partial(again, True))
             return keep(page)
 
-        return Later(read[1], finish, read[0].in_step)
+        return PendingRead(read[1], finish, read[0].in_step)
 
     async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
         await self.host.refresh_capabilities()
@@ -752,7 +752,7 @@ class _ListQuery:
 
 
 def _given(page: fastjson.Fragment, conn: ClientConnection, request: Request) -> Any:
-    """An :data:`AtOnce` answer known before it was asked for (a kept page)."""
+    """A :data:`StepAnswer` known before it was asked for (a kept page)."""
     return page
 
 
