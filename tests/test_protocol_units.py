@@ -234,6 +234,18 @@ def test_nesting_deeper_than_the_interpreter_can_parse_is_an_error_not_a_crash()
         assert_error_reply(result.reply, msg_id=None)
 
 
+@pytest.mark.parametrize("id_text", ["1e999", "-1e999", "1E+400", "123456789012345678901234"])
+def test_an_id_no_peer_could_echo_is_an_invalid_request_not_invalid_params(id_text: str) -> None:
+    request = f'{{"jsonrpc":"2.0","id":{id_text},"method":"session/list","params":{{}}}}'
+    parsed = parse_frame(request, strict_numbers=True)
+    assert isinstance(parsed, Invalid) and parsed.reply is not None
+    assert parsed.reply["id"] is None and parsed.reply["error"]["code"] == -32600
+    # A reply with such an id is dropped, as any reply that cannot be matched.
+    assert parse_frame(
+        f'{{"jsonrpc":"2.0","id":{id_text},"result":{{}}}}', strict_numbers=True
+    ) == (Invalid(None))
+
+
 @pytest.mark.parametrize("bad_id", [None, "missing"])
 def test_response_without_an_id_is_dropped_silently(bad_id: Any) -> None:
     message: dict[str, Any] = {"jsonrpc": "2.0", "result": 1}
