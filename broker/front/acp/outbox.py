@@ -133,6 +133,7 @@ class Outbox:
         if self.queued_bytes > self.max_queue_bytes:
             self.closing = True
             queue.clear()
+            self.queued_bytes = 0
             log.warning("connection %s is too slow; disconnecting it", self.conn_id)
             metrics.CLOSES.labels("slow_consumer").inc()
             self._spawn(self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full"))
@@ -278,6 +279,7 @@ class Outbox:
                 except ConnectionClosed:
                     self.closing = True
                     queue.clear()
+                    self.queued_bytes = 0
                     return
                 except (TypeError, ValueError):
                     log.exception("could not send a frame to %s; dropped it", self.conn_id)
