@@ -12,11 +12,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
-from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ..compat.redis import packed_by_hiredis
 
 log = logging.getLogger(__name__)
 
@@ -71,30 +71,6 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     )
     pool.connection_class = packed_by_hiredis(pool.connection_class)
     return Redis.from_pool(pool)
-
-
-class _HiredisPacking(AbstractConnection):
-    """Commands packed by hiredis, in C, as redis-py's synchronous client packs them
-    (``HiredisRespSerializer``, the same bytes); its asyncio client packs them in Python,
-    which was 45% of an agent host's time appending events (cProfile of ``append_many``)."""
-
-    _packer = HiredisRespSerializer()
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return self._packer.pack(*args)
-
-
-_PACKED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
-
-
-def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` with its commands packed by hiredis."""
-    if issubclass(connection_class, _HiredisPacking):
-        return connection_class
-    if connection_class not in _PACKED:
-        name = f"Hiredis{connection_class.__name__}"
-        _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
-    return _PACKED[connection_class]
 
 
 def masked_url(url: str | None) -> str:

@@ -34,10 +34,10 @@ import asyncio
 import logging
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
+from ...compat.websockets import HookedServerConnection
 from ...loops import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ late a Ping may come, and how much sooner than ``timeout`` an unanswered one may
 declared overdue."""
 
 
-class PingedConnection(ServerConnection):
+class PingedConnection(HookedServerConnection):
     """A server connection whose keepalive pings come from a :class:`Keepalive`: it notes
     when the Pong of the last one came (the others go to websockets, as a pong of
     :meth:`ping` does)."""
@@ -88,12 +88,12 @@ class PingedConnection(ServerConnection):
         if not held and self.ping_sent is not None:
             self.ping_sent = now
 
-    def acknowledge_pings(self, data: bytes) -> None:
-        if data == PAYLOAD:
-            self.ping_sent = None
-            self.pongs += 1
-        else:
-            super().acknowledge_pings(data)
+    def pong_received(self, data: bytes) -> bool:
+        if data != PAYLOAD:
+            return False
+        self.ping_sent = None
+        self.pongs += 1
+        return True
 
 
 def slots(interval: float) -> int:
