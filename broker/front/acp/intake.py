@@ -22,8 +22,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from redis.exceptions import RedisError
-
 from ... import fastjson
 from ...auth.principal import Principal
 from ...config import Settings
@@ -34,9 +32,10 @@ from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Re
 from ...protocol.trace import with_trace
 from ...store.failures import rpc_failure
 from ..deadlines import DeadlinePassed, deadline_for, within_deadline
-from .access import Access, counted_subject, in_flight_limit, token_rate_limit
+from .access import Access, in_flight_limit
 from .dispatch import Deferred, InTask, PendingRead, StepAnswer
 from .flow import Pace
+from .pacing import FramePacer
 from .session_state import BatchReplies
 
 if TYPE_CHECKING:
@@ -91,13 +90,12 @@ class Intake:
 
     __slots__ = (
         "_batched",
-        "_holds",
         "_lifetime",
         "_loop",
         "_methods",
         "_outbox",
         "_owner",
-        "_room",
+        "_pacer",
         "_settings",
         "inflight",
     )
@@ -118,12 +116,9 @@ class Intake:
         self._outbox = outbox
         self._lifetime = lifetime
         self._loop = loop
-        self._holds = holds
-        """Whether the connection is told when pacing holds its reading back (its
-        ``reading_held``: the keepalive does not count that time against a Pong)."""
         self.inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Future[Any]]] = {}
         self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
-        self._room: asyncio.Future[None] | None = None  # set when a request in flight ends
+        self._pacer = FramePacer(conn, methods, self.inflight, loop, holds)
 
     @property
     def _conn(self) -> Owner:
@@ -138,7 +133,7 @@ class Intake:
         message = self._receive(frame)
         if message is not None:
             # Paced here, before the next frame is read: see :mod:`.flow`.
-            refusal = await self._pace_held(message)
+            refusal = await self._pacer.pace(message)
             self._dispatch(message, refusal)
 
     def take_frame_now(self, frame: str) -> bool:
@@ -147,7 +142,7 @@ class Intake:
         message = self._receive(frame)
         if message is None:
             return True
-        if not self._paced_now(message):
+        if not self._pacer.paced_now(message):
             return False
         self._dispatch(message, None)
         return True
@@ -178,78 +173,6 @@ class Intake:
             max_entries=self._settings.max_batch_entries,
             strict_numbers=True,
         )
-
-    # -- pacing -----------------------------------------------------------------------------
-
-    def _paced_now(self, message: Message | Invalid | Batch) -> bool:
-        """:meth:`_pace` when it would not wait (True: counted in); False: nothing counted."""
-        requests = requests_in(message)
-        if not requests:
-            return True
-        if len(self.inflight) + requests > self._settings.max_requests_in_flight:
-            return False
-        pace = self._conn.pace
-        if not pace.take(requests):
-            return False
-        subject = counted_subject(self._conn.principal)
-        if subject and not self._methods.access.rates.take_leased(subject, requests):
-            pace.refund(requests)
-            return False
-        return True
-
-    async def _pace_held(self, message: Message | Invalid | Batch) -> RpcError | None:
-        """:meth:`_pace`, telling the keepalive while it holds reading back."""
-        if not self._holds or not requests_in(message):
-            return await self._pace(message)
-        conn = self._conn
-        conn.reading_held(True)
-        try:
-            return await self._pace(message)
-        finally:
-            conn.reading_held(False)
-
-    async def _pace(self, message: Message | Invalid | Batch) -> RpcError | None:
-        """Wait as long as the frame's requests need (:mod:`.flow`); the error that refuses
-        them when the credential's budget has no room within ``max_pace`` seconds."""
-        requests = requests_in(message)
-        if not requests:
-            return None
-        loop = self._loop
-        deadline = loop.time() + self._settings.max_pace
-        if len(self.inflight) + requests > self._settings.max_requests_in_flight:
-            await self._room_in_flight(requests, deadline)
-        wait = self._conn.pace.spend(requests)
-        if wait > 0:
-            await asyncio.sleep(wait)
-        subject = counted_subject(self._conn.principal)
-        if not subject:
-            return None
-        rates = self._methods.access.rates
-        while True:
-            try:
-                wait = await rates.take(subject, requests)
-            except (RedisError, OSError) as exc:  # the store away: served uncounted
-                rates.failures.failed(exc)
-                return None
-            rates.failures.succeeded()
-            if not wait:
-                return None
-            if loop.time() + wait > deadline:
-                return token_rate_limit(self._settings)
-            await asyncio.sleep(wait)
-
-    async def _room_in_flight(self, requests: int, deadline: float) -> None:
-        """Wait (until ``deadline`` at most) for room for ``requests`` more in flight; past it,
-        the ones with no room are refused by :meth:`_on_message`."""
-        limit = self._settings.max_requests_in_flight
-        loop = self._loop
-        while len(self.inflight) + min(requests, limit) > limit:
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            self._room = loop.create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room, left)
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -417,9 +340,7 @@ class Intake:
         """A request is no longer in flight: make room for the next."""
         if request.id is not None:
             self.inflight.pop(request.id, None)
-            room = self._room
-            if room is not None and not room.done():
-                room.set_result(None)
+            self._pacer.room_made()
 
     async def _answer_now(
         self,
@@ -510,15 +431,6 @@ def _refused_entry(entry: Message | Invalid, error: RpcError) -> Message | Inval
     if not isinstance(entry, Request):
         return entry
     return Invalid(jsonrpc.error_reply(entry.id, error) if entry.id is not None else None)
-
-
-def requests_in(message: Message | Invalid | Batch) -> int:
-    """How many requests a frame carries (what its pace counts)."""
-    if isinstance(message, Request):  # most frames: no entries to walk
-        return 1
-    if isinstance(message, Batch):
-        return sum(1 for entry in message.entries if isinstance(entry, Request))
-    return 0
 
 
 def observe(method: str, outcome: str, elapsed: float) -> None:

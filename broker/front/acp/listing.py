@@ -54,13 +54,14 @@ class AcpPages:
 
     index: SessionIndex
     cursors: CursorCodec
-    limit: int
+    settings: Settings  # its list_page_size, read at each ask (it may be set at run time)
 
     def key(self, tenant: str, query: ListQuery) -> Key | None:
-        return page_key(tenant, query.params, self.limit)
+        return page_key(tenant, query.params, self.settings.list_page_size)
 
     async def read(self, tenant: str, query: ListQuery) -> tuple[bytes, str | None]:
-        page = await self.index.page(tenant, query.listing, query.after, self.limit)
+        limit = self.settings.list_page_size
+        page = await self.index.page(tenant, query.listing, query.after, limit)
         return self.text(page, query.mark), next_after(page)
 
     def following(self, query: ListQuery, after: str) -> ListQuery:
@@ -91,7 +92,7 @@ class AcpListing:
         self.index = index
         self.cursors = cursors
         self.pages = pages
-        self.source = AcpPages(index, cursors, settings.list_page_size)
+        self.source = AcpPages(index, cursors, settings)
         self.listing: Listing[ListQuery, bytes] = Listing(self.source, pages)
 
     async def session_list(self, tenant: str, params: JsonObject) -> fastjson.Fragment:
