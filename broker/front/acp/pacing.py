@@ -10,16 +10,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from ...auth.principal import Principal
+from ...config import Settings
 from ...protocol import jsonrpc
 from ...protocol.jsonrpc import Batch, Invalid, Message, Request, RpcError
-from .access import counted_subject, token_rate_limit
+from .access import Access, counted_subject, token_rate_limit
+from .flow import Pace
 
-if TYPE_CHECKING:
-    from .intake import Dispatcher, Owner
+
+class Paced(Protocol):
+    """What pacing reads of a connection."""
+
+    principal: Principal | None
+    pace: Pace
+
+    def reading_held(self, held: bool) -> None:
+        """Pacing holds (True) or stops holding (False) the connection's reading back."""
+        ...
+
+
+class Budgets(Protocol):
+    """Where the limits come from: the settings, and the credentials' shared budgets."""
+
+    settings: Settings
+    access: Access
 
 
 class FramePacer:
@@ -29,8 +47,8 @@ class FramePacer:
 
     def __init__(
         self,
-        conn: Owner,
-        methods: Dispatcher,
+        conn: Paced,
+        methods: Budgets,
         inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Future[Any]]],
         loop: asyncio.AbstractEventLoop,
         holds: bool,
@@ -45,7 +63,7 @@ class FramePacer:
         self._room: asyncio.Future[None] | None = None  # set when a request in flight ends
 
     @property
-    def _conn(self) -> Owner:
+    def _conn(self) -> Paced:
         conn = self._owner()
         assert conn is not None  # the connection outlives its parts' work (cancelled at its end)
         return conn
