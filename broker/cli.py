@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from . import archive_cli, loops
 from .config import AgentSpec, Settings, load_settings
-from .failures import describe
+from .errors.failures import describe
 from .logs import configure as configure_logging
 from .logs import install_redaction
 from .store.client import masked_url

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..failures import describe
+from ..errors.failures import describe
 
 LIVE_PATH = "/livez"
 READY_PATH = "/readyz"

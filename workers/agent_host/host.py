@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
-from broker.failures import describe
+from broker.errors.failures import describe
 from broker.ops import metrics
 from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome

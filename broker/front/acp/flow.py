@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ...failures import FailureLog
+from ...errors.failures import FailureLog
 from ...store.client import Store
 from ...store.keys import PREFIX
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ... import fastjson
 from ...auth.principal import Principal
 from ...config import Settings
-from ...failures import describe
+from ...errors.failures import describe
+from ...errors.store import rpc_failure
 from ...ops import metrics, tracing
 from ...protocol import jsonrpc, v2
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.trace import with_trace
-from ...store.failures import rpc_failure
 from ..deadlines import DeadlinePassed, deadline_for, within_deadline
 from .access import Access, in_flight_limit
 from .dispatch import Deferred, InTask, PendingRead, StepAnswer
