@@ -38,7 +38,12 @@ async def test_a_connection_has_the_state_the_outbox_reads_before_writing_itself
 async def test_a_hooked_connection_hands_on_whole_data_frames_and_its_own_pongs() -> None:
     ws = HookedServerConnection(ServerProtocol(), None)  # type: ignore[arg-type]
     told: list[Frame] = []
-    ws.frame_in = lambda frame: bool(told.append(frame)) or True
+
+    def frame_in(frame: Frame) -> bool:
+        told.append(frame)
+        return True
+
+    ws.frame_in = frame_in
     ws.process_event(Frame(Opcode.TEXT, b"{}"))
     assert [f.data for f in told] == [b"{}"]
     pongs: list[bytes] = []
