@@ -432,7 +432,7 @@ async def test_lone_surrogate_in_an_echoed_id_keeps_the_connection(url: str) -> 
     """``"\\ud800"`` is a valid JSON string; answering it must not break the connection.
 
     ``jsonrpc.encode`` uses ``ensure_ascii=False``, so the -32601 reply echoing
-    the id holds a lone surrogate; ``ws.send`` in ``ClientConnection._write_loop``
+    the id holds a lone surrogate; ``ws.send`` in ``Outbox._write_queue``
     fails to UTF-8 encode it ("unexpected internal error" in websockets), the
     TCP connection is dropped without a close frame and the writer task dies.
     """

@@ -143,9 +143,9 @@ class FrontNode:
         """Pings every connection (one loop for all, not websockets' task each)."""
         self._server: Server | None = None
         self.colocated: list[Colocated] = []
+        """Roles started and stopped with this node (``serve``: agent host, projector)."""
         self.stalled_stops: list[str] = []
         """Parts whose stop was abandoned after :data:`STOP_TIMEOUT` (logged with stacks)."""
-        """Roles started and stopped with this node (``serve``: agent host, projector)."""
         self.credentials = CredentialWatch(
             self.authenticator.tokens,
             lambda: self.connections,

@@ -60,12 +60,12 @@ CLIENT_CAPABILITIES: JsonObject = {
 broker takes notices: clients that do not are sent an agent message instead."""
 
 USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
+"""Agent requests that block the running prompt on a person: logged as ``state`` events."""
 APPEND_BATCH = 16
 APPEND_RETRY_PAUSES = (0.2, 0.4, 0.8, 1.6)
 """Seconds between attempts to log an agent's updates while the store is unreachable."""
 STORE_AWAY_PAUSE = 1.0
 """Seconds between attempts once those are spent: the updates wait, kept in order."""
-"""Agent requests that block the running prompt on a person: logged as ``state`` events."""
 
 RUNAWAY_NOTICE = (
     "This session reached its event limit (max_events_per_session): the agent's turn was "
