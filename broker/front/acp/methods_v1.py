@@ -16,7 +16,6 @@ from typing import Any
 
 from ... import fastjson
 from ...config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
-from ...protocol import capabilities, v2
 from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import (
     INVALID_REQUEST,
@@ -41,6 +40,10 @@ from ..pages import PageCache
 from .access import Access, connection_limit
 from .connection import ClientConnection
 from .dispatch import DEFERRED, StepAnswer
+from .initialize import AGENTS_META as AGENTS_META
+from .initialize import PROTOCOL_VERSION as PROTOCOL_VERSION
+from .initialize import TENANT_META as TENANT_META
+from .initialize import Initializer
 from .listing import AcpListing
 from .params import MAX_PATH_CHARS as MAX_PATH_CHARS
 from .params import absolute as _absolute
@@ -49,25 +52,9 @@ from .params import json_list as _list
 from .params import json_object as _object
 from .params import session_id_of as _session_id
 
-PROTOCOL_VERSION = 1
 REPLAY_AFTER_META = "acpBroker/replayAfter"
 """``_meta`` key of ``session/resume`` (and ``session/load``): replay after this position."""
-TENANT_META = "acpBroker/tenant"
-"""``_meta`` key of the v2 ``initialize`` reply: the tenant the connection acts for."""
-AGENTS_META = "acpBroker/agents"
-"""``_meta`` key of the v2 ``initialize`` reply: the configured agents, the default first."""
-
 Handler = Callable[[ClientConnection, Request], Awaitable[Any]]
-_INITIALIZED_ENTRIES = 1024
-"""``initialize`` results kept (one per version, and per tenant for v2's)."""
-
-
-@dataclass
-class _InitializeCache:
-    """``initialize`` results as JSON text, valid for one ``agent_capabilities()`` object."""
-
-    agents: JsonObject | None = None
-    texts: dict[tuple[int, str], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,12 +74,14 @@ class AcpMethods:
     """The front's list page cache (None: every page is read from Redis)."""
     list_changes: ListChanges | None = None
     """The connections told of their tenant's list changes (those that ask, at initialize)."""
-    _initialized: _InitializeCache = field(default_factory=lambda: _InitializeCache(), repr=False)
+    initializer: Initializer = field(init=False, repr=False)
+    """``initialize``: the negotiation, and its results kept as text."""
     listing: AcpListing = field(init=False, repr=False)
     """``session/list``: the front's listing service over the index's ACP listings."""
 
     def __post_init__(self) -> None:
         self.listing = AcpListing(self.settings, self.index, self.cursors, self.pages)
+        self.initializer = Initializer(self.settings, self.host, self.access, self.list_changes)
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         if request.method == "initialize":
@@ -130,7 +119,7 @@ class AcpMethods:
         (see :meth:`~.listing.AcpListing.answer_now`), refused in the step when it is refused
         (the checks :meth:`dispatch` makes, made once)."""
         if request.method == "initialize":
-            return self._initialize_now if self.host.capabilities_fresh() else None
+            return self.initializer.initialize_now if self.host.capabilities_fresh() else None
         if request.method != "session/list":
             return None
         try:
@@ -142,57 +131,7 @@ class AcpMethods:
         return self.listing.answer_now(conn.tenant, request.params)
 
     async def initialize(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
-        await self.host.refresh_capabilities()
-        return self._initialize_now(conn, request)
-
-    def _initialize_now(self, conn: ClientConnection, request: Request) -> fastjson.Fragment:
-        if conn.protocol_version is not None:
-            raise RpcError(INVALID_REQUEST, "the connection is already initialized")
-        version = request.params.get("protocolVersion")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise invalid_params("protocolVersion must be a non-negative integer")
-        negotiated = v2.negotiate(version)
-        caps_field = "clientCapabilities" if negotiated == PROTOCOL_VERSION else "capabilities"
-        caps = request.params.get(caps_field)
-        conn.client_capabilities = caps if isinstance(caps, dict) else {}
-        conn.protocol_version = negotiated
-        if self.list_changes is not None:
-            self.list_changes.follow(conn)
-        return self._initialize_result(negotiated, conn.tenant)
-
-    def _initialize_result(self, version: int, tenant: str) -> fastjson.Fragment:
-        """The ``initialize`` result as JSON text, made once per version and tenant until
-        what the agents advertised changes: a node's clients reconnecting elsewhere at once
-        send thousands a second, all answered alike."""
-        agents = self.host.agent_capabilities()
-        cache = self._initialized
-        if cache.agents is not agents or len(cache.texts) >= _INITIALIZED_ENTRIES:
-            cache.agents, cache.texts = agents, {}
-        key = (version, tenant if version == v2.V2 else "")
-        text = cache.texts.get(key)
-        if text is None:
-            text = cache.texts[key] = fastjson.dumps(self._fresh_initialize_result(version, tenant))
-        return fastjson.Fragment(text)
-
-    def _fresh_initialize_result(self, version: int, tenant: str) -> JsonObject:
-        agents = self.host.agent_capabilities()
-        if version == v2.V2:
-            result = v2.initialize_result(agents)
-            result["authMethods"] = self.access.auth_methods(v2.V2)
-            result["_meta"] = self._broker_meta(tenant)
-            return result
-        return {
-            "protocolVersion": PROTOCOL_VERSION,
-            "agentCapabilities": capabilities.v1_agent_capabilities(agents),
-            "authMethods": self.access.auth_methods(PROTOCOL_VERSION),
-            "agentInfo": dict(v2.BROKER_INFO),
-        }
-
-    def _broker_meta(self, tenant: str) -> JsonObject:
-        """What a v2 client learns of this deployment at ``initialize``: the tenant it acts
-        for, and the agents it may start sessions on (the default first)."""
-        agents = [{"name": a.name, "kind": a.kind} for a in self.settings.agent_list()]
-        return {TENANT_META: tenant, AGENTS_META: agents}
+        return await self.initializer.initialize(conn, request)
 
     # -- authentication ---------------------------------------------------------------------
 
