@@ -311,7 +311,7 @@ def fmt(value: Any) -> str:
 
 
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table (it reads in a terminal and pastes into the README)."""
+    """A Markdown table (it reads in a terminal and pastes into docs/performance.md)."""
     cells = [[fmt(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     lines = [f"### {title}", ""]

@@ -35,9 +35,9 @@ KIND_META_KEY = "acpBroker/kind"
 
 SESSION_KINDS = ("browser", "shell", "combined")
 BROKER_COMMAND = "acp-broker"
+"""An agent command that starts with this runs this installation's ``acp-broker``."""
 HS256_KEY_BYTES = 32
 """The shortest ``jwt_secret`` accepted: an HS256 key as long as its hash (RFC 7518, 3.2)."""
-"""An agent command that starts with this runs this installation's ``acp-broker``."""
 
 DEFAULT_AGENT_ENV = (
     "PATH",
@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     console's own origin is always allowed to open the WebSocket)."""
     console_ws_url: str | None = None
     """The WebSocket URL the web console at ``/`` opens (unset: worked out per request)."""
+    public_url: str | None = None
+    """The deployment's public base URL (``https://broker.example.com``, the load balancer's
+    address): the base of the live view URLs the session tools hand out (unset: the address
+    the request came to; over stdio, this node's HTTP port)."""
     tls_cert: str | None = None
     tls_key: str | None = None
 

@@ -46,6 +46,7 @@ XDIST_GROUPS = {
     "test_scale_out": "faults",
     "test_archive_postgres": "postgres",
     "test_console": "console",
+    "test_live_view": "console",
     "test_fuzz": "fuzz",
     "test_trace_context": "trace",
     "test_ts_sdk": "ts",

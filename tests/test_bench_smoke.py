@@ -1,7 +1,7 @@
 """The benchmarks run: each one, ``--quick``, prints its table and writes its JSON.
 
 Timing is not checked here (this machine is shared and noisy); the figures are in the
-README's Performance section, made with the full sizes.
+table in docs/performance.md, made with the full sizes.
 """
 
 from __future__ import annotations

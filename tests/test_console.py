@@ -50,7 +50,7 @@ WAIT_MS = 15_000
 LIST_PUSH_MS = 5_000
 """How long a change made elsewhere may take to show in a list (the fallback poll: 30 s)."""
 SCREENSHOT = ROOT / "docs" / "console.png"
-"""Where the rich-session test leaves its screenshot for the README when
+"""Where the rich-session test leaves its screenshot for docs/console.md when
 ``UPDATE_SCREENSHOT=1`` (otherwise in the test's own folder: a test run changes no file of
 the tree)."""
 CONSOLE_AGENT = [sys.executable, str(AGENTS / "console_agent.py")]

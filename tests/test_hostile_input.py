@@ -431,10 +431,10 @@ async def test_cancel_request_with_an_unhashable_request_id_keeps_the_connection
 async def test_lone_surrogate_in_an_echoed_id_keeps_the_connection(url: str) -> None:
     """``"\\ud800"`` is a valid JSON string; answering it must not break the connection.
 
-    ``jsonrpc.encode`` uses ``ensure_ascii=False``, so the -32601 reply echoing
-    the id holds a lone surrogate; ``ws.send`` in ``Outbox._write_queue``
-    fails to UTF-8 encode it ("unexpected internal error" in websockets), the
-    TCP connection is dropped without a close frame and the writer task dies.
+    ``jsonrpc.encode`` writes text with ``ensure_ascii=False``, so the -32601 reply
+    echoing the id holds a lone surrogate, which no text frame can carry (it cannot be
+    encoded as UTF-8): the connection's writer must send that frame some other way or
+    refuse it, and never drop the TCP connection without a close frame.
     """
     client = await ready_client(url)
     await client.send('{"jsonrpc":"2.0","id":"\\ud800","method":"no/such_method"}')

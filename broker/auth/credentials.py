@@ -2,11 +2,12 @@
 
 Every REST request and MCP tool call passes its :class:`Credentials` to an
 :data:`Authenticator`, which answers with the caller's tenant or raises
-:func:`unauthorized`. Today authentication is off: :func:`open_access` gives every
-caller the configured tenant. A token layer replaces it with an authenticator that
-checks ``credentials.authorization`` and calls :func:`unauthorized` when it must refuse
-(REST then answers ``401`` with a problem document, MCP a result marked ``isError``
-whose text starts with ``unauthorized:``).
+:func:`unauthorized` (or :func:`forbidden`). Where authentication is on (the ``auth``
+setting; by default whenever the broker listens beyond loopback) that is
+:func:`bearer_access`: a bearer API token or JWT with the ``read`` scope (REST answers
+``401`` or ``403`` with a problem document, MCP a result marked ``isError`` whose text
+starts with ``unauthorized:`` or ``forbidden:``). Where it is off, and for ``acp-broker
+mcp`` over stdio, :func:`open_access` gives every caller the configured tenant.
 """
 
 from __future__ import annotations
@@ -44,16 +45,17 @@ def forbidden(detail: str) -> ApiError:
     return ApiError(ErrorCode.FORBIDDEN, detail)
 
 
-def bearer_access(authenticator: BrokerAuthenticator) -> Authenticator:
-    """Authentication on: a bearer API token or JWT with the ``read`` scope."""
+def bearer_access(authenticator: BrokerAuthenticator, scope: Scope = Scope.READ) -> Authenticator:
+    """Authentication on: a bearer API token or JWT with ``scope`` (``read`` to read,
+    ``write`` to change)."""
 
     async def authenticate(credentials: Credentials) -> str:
         try:
             principal = await authenticator.authenticate(bearer(credentials.authorization))
         except AuthError:
             raise unauthorized("a valid bearer token is required") from None
-        if not principal.may(Scope.READ):
-            raise forbidden("the token lacks the read scope")
+        if not principal.may(scope):
+            raise forbidden(f"the token lacks the {scope} scope")
         return principal.tenant
 
     return authenticate

@@ -133,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--cursor-secret", help="secret that signs list cursors")
 
     mcp = sub.add_parser(
-        "mcp", help="serve the MCP tools (session_list) over stdio, reading the index in Redis"
+        "mcp",
+        help="serve the MCP session tools over stdio, on the broker's Redis (session_list "
+        "reads the index; the others run agents on the deployment's agent hosts)",
     )
     _common(mcp)
     mcp.add_argument("--cursor-secret", help="secret that signs list cursors")

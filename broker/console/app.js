@@ -201,6 +201,13 @@ async function cwdOf(id, given) {
   if (given) return given;
   const row = state.list.rows.get(id);
   if (row?.info.cwd) return row.info.cwd;
+  try {
+    // A live view link names a session this page has not listed: ask for it by id.
+    const session = await fetchRest(`v1/sessions/${encodeURIComponent(id)}`);
+    if (session.cwd) return session.cwd;
+  } catch (error) {
+    if (error.status !== 404) throw error;
+  }
   // The index may lag a just-created session by a moment: look a few times, then give up.
   for (let attempt = 0; attempt < CWD_LOOKUPS; attempt++) {
     const page = await fetchRest(`v1/sessions?q=${encodeURIComponent(id)}&limit=5`);

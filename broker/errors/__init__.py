@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     INVALID_ARGUMENT = "invalid_argument"  # an input is missing, malformed or out of range
     INVALID_CURSOR = "invalid_cursor"  # a forged, truncated, foreign or mismatched cursor
     SESSION_NOT_RUNNING = "session_not_running"  # a session tool needs a RUNNING session
+    SESSION_NOT_FOUND = "session_not_found"  # no such session (or another tenant's)
+    SESSION_BUSY = "session_busy"  # a turn is already running in the session
     NOT_FOUND = "not_found"  # no such endpoint or session
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNAVAILABLE = "unavailable"  # the store cannot be reached; retry later
@@ -40,6 +42,8 @@ HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
     ErrorCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
     ErrorCode.INVALID_CURSOR: HTTPStatus.BAD_REQUEST,
     ErrorCode.SESSION_NOT_RUNNING: HTTPStatus.CONFLICT,
+    ErrorCode.SESSION_NOT_FOUND: HTTPStatus.NOT_FOUND,
+    ErrorCode.SESSION_BUSY: HTTPStatus.CONFLICT,
     ErrorCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
     ErrorCode.METHOD_NOT_ALLOWED: HTTPStatus.METHOD_NOT_ALLOWED,
     ErrorCode.UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,

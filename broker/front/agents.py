@@ -208,6 +208,9 @@ class RemoteAgents(AgentGateway):
     async def release(self, tenant: str, session_id: str) -> None:
         await self._answered(Op.RELEASE, tenant, session_id, {}, holder_only=True)
 
+    async def stop(self, tenant: str, session_id: str) -> None:
+        await self._answered(Op.STOP, tenant, session_id, {}, holder_only=True)
+
     # -- events from the hub ------------------------------------------------------------------
 
     def on_reply(self, message: JsonObject) -> None:

@@ -52,6 +52,8 @@ from .agents import RemoteAgents
 from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
 from .http.console import Console, same_origin_console
+from .http.event_stream import EventStream
+from .http.session_tools import SessionTools, tool_access
 from .http.sessions import sessions_service
 from .list_changes import ListChanges
 from .pages import IndexWatch, PageCache
@@ -159,11 +161,22 @@ class FrontNode:
         self.health.add("fanout loops", tasks_running(self.hub.loops))
         self.health.add("index watch loops", tasks_running(self.index_watch.loops))
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
+        self.tools = SessionTools(
+            settings,
+            self.log,
+            self.index,
+            self.hub,
+            self.agents,
+            tool_access(settings, self.authenticator),
+        )
+        """The session tools' operations (MCP and REST), on the ACP methods' command path."""
         self.http = FrontHttp(
             settings,
             sessions_service(settings, self.redis, self.authenticator, self.pages),
             console,
             self.health,
+            self.tools,
+            EventStream(self.log, self.hub),
         )
         self.http.websocket_port = lambda: self.port
 

@@ -37,6 +37,13 @@ from typing import Any, Protocol
 from ..store.events import JsonObject, LogEvent, Position
 from .jsonrpc import INTERNAL_ERROR, RpcError
 
+UNATTENDED_ORIGIN = ""
+"""The ``origin`` of a command no client connection sent (a session tool, over MCP or
+REST). An agent's question during a turn of this origin has no prompting window: it goes
+to every window where the session is active and, while there is none, waits (asked again
+every re-ask interval, up to the client request timeout) for one to open, such as the
+tool's live view."""
+
 SESSION_NOT_FOUND = -32002
 """The JSON-RPC code of a session that does not exist (in the caller's tenant)."""
 
@@ -51,7 +58,8 @@ class Op(StrEnum):
     CANCEL = "cancel"
     CLOSE = "close"  # origin
     FORWARD = "forward"  # method, params: any other session method, passed to the agent
-    RELEASE = "release"  # stop holding the session (its last viewer left)
+    RELEASE = "release"  # stop holding the session (deleted)
+    STOP = "stop"  # stop holding the session, recorded STOPPED (a resume brings it back)
     CLIENT_REPLY = "creply"  # a front's answer to a client request (see module doc)
 
 
@@ -223,3 +231,8 @@ class AgentGateway(Protocol):
     ) -> Any: ...
 
     async def release(self, tenant: str, session_id: str) -> None: ...
+
+    async def stop(self, tenant: str, session_id: str) -> None:
+        """Have the host holding the session let its agent process go, the session
+        recorded ``STOPPED`` (its log kept whole); nothing when no host holds it."""
+        ...

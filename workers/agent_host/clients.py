@@ -76,21 +76,34 @@ class RemoteClients:
     ) -> Any:
         """Ask the client (``prefer``: that connection first) and return its answer.
 
+        ``prefer`` :data:`~broker.protocol.commands.UNATTENDED_ORIGIN` (a turn a session
+        tool started): no connection can answer yet is no refusal; the request is asked
+        again every ``reask_interval`` until a window where the session is active (its live
+        view, say) answers, or ``timeout`` passes.
+
         Raises :class:`RpcError` when no connection can answer, or none did in time.
         """
         channel = SessionKeys(tenant, session_id).channel
-        for target in (prefer, None) if prefer else (None,):
-            rid = f"{self.inbox}#{next(self._ids)}"
-            message = commands.client_request(rid, self.inbox, method, params, target)
-            waiter = _Waiter(asyncio.get_running_loop().create_future())
-            self._waiting[rid] = waiter  # before publishing: the answer may come first
-            try:
-                return await self._until_answered(channel, commands.encode(message), waiter, method)
-            except NobodyAnswered:
-                continue
-            finally:
-                self._waiting.pop(rid, None)
-                await self._settled(channel, rid)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            for target in (prefer, None) if prefer else (None,):
+                rid = f"{self.inbox}#{next(self._ids)}"
+                message = commands.client_request(rid, self.inbox, method, params, target)
+                waiter = _Waiter(loop.create_future())
+                self._waiting[rid] = waiter  # before publishing: the answer may come first
+                try:
+                    return await self._until_answered(
+                        channel, commands.encode(message), waiter, method
+                    )
+                except NobodyAnswered:
+                    continue
+                finally:
+                    self._waiting.pop(rid, None)
+                    await self._settled(channel, rid)
+            if prefer != commands.UNATTENDED_ORIGIN or loop.time() >= deadline:
+                break
+            await asyncio.sleep(min(self.reask_interval, max(0.0, deadline - loop.time())))
         raise RpcError(
             INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
         )

@@ -346,6 +346,17 @@ class AgentHost(AgentEvents):
             with contextlib.suppress(AgentFailed, RpcError):
                 await held.agent.request("session/close", {"sessionId": held.agent_session_id})
 
+    async def stop_session(self, tenant: str, session_id: str) -> None:
+        """Let the session's agent process go, recorded ``STOPPED`` (``session_stop``): its
+        turn is cancelled, the lease given up and untracked (no host takes it over by
+        itself); its log stays whole, and a resume or a load brings it back."""
+        held = self._held.get(session_id)
+        if held is None or held.tenant != tenant:
+            return
+        await self.cancel(tenant, session_id)
+        await self._append(held, {"type": EventType.STATUS, "status": Status.STOPPED})
+        await self.release(tenant, session_id)
+
     async def stop(self, *, hand_over: bool = False) -> None:
         """Stop every agent. Held sessions are recorded as STOPPED, or, with ``hand_over``,
         left RUNNING for another agent host to take over at once."""

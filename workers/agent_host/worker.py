@@ -17,6 +17,7 @@ the others are told the request is settled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -39,6 +40,7 @@ from broker.protocol.jsonrpc import (
     RpcError,
     session_not_found,
 )
+from broker.store import hosts
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.keys import CAPABILITIES_KEY, command_taken_key, host_inbox, host_queue
@@ -105,6 +107,7 @@ class HostWorker:
 
     async def start(self) -> None:
         await self._create_group("$")  # commands queued before this deployment are stale
+        await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
         self._loops = [
             asyncio.create_task(self._read_inbox(), name="host-inbox"),
             asyncio.create_task(self._read_queue(), name="host-queue"),
@@ -119,6 +122,8 @@ class HostWorker:
 
     async def stop(self, *, hand_over: bool = False) -> None:
         await cancel_and_wait(*self._loops, *self._tasks)
+        with contextlib.suppress(RedisError, OSError):  # it lapses by itself within lease_ttl
+            await hosts.withdraw(self.redis, self.host_id)
         await self.host.stop(hand_over=hand_over)
 
     async def run(self) -> None:
@@ -319,6 +324,8 @@ class HostWorker:
             return await host.forward(tenant, sid, command["method"], command["params"])
         if op == Op.RELEASE:
             return await host.release(tenant, sid)
+        if op == Op.STOP:
+            return await host.stop_session(tenant, sid)
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
 
     async def _send(self, channel: str, message: JsonObject) -> None:
@@ -357,6 +364,7 @@ class HostWorker:
         while True:
             await asyncio.sleep(interval)
             try:
+                await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
                 for tenant, session_id in await self.leases.renew(
                     self.host.held_sessions(), self.host.fences()
                 ):

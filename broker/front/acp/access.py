@@ -4,7 +4,7 @@ The principal comes from the upgrade's credentials, or in-band from ACP
 ``authenticate`` (v1) / ``auth/login`` (v2) with the token in
 ``_meta["acpBroker/token"]``. Until then every method but ``initialize`` and
 those answers -32000. Every other method needs a scope (:func:`needed_scope`: the
-README has the table): ``read`` to list and watch, ``write`` to change; a credential
+docs/security.md has the table): ``read`` to list and watch, ``write`` to change; a credential
 without it gets -32000 ``forbidden``. Requests are paced per connection and per
 credential (:mod:`.flow`), and a connection may have a bounded number of sessions
 active.

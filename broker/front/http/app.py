@@ -33,8 +33,12 @@ from ...ops.health import HEALTH_PATHS, Health
 from ...ops.metrics import METRICS_PATH, exposition
 from ..acp import websocket_only
 from .console import Console
+from .event_stream import EventStream
+from .mcp import http_base as mcp_http_base
 from .mcp import mcp_server
 from .rest import PATHS, RestApi
+from .session_routes import SessionRoutes
+from .session_tools import SessionTools, request_base
 from .sessions import SessionsService
 
 log = logging.getLogger(__name__)
@@ -53,12 +57,20 @@ class FrontHttp:
         sessions: SessionsService,
         console: Console | None = None,
         health: Health | None = None,
+        tools: SessionTools | None = None,
+        stream: EventStream | None = None,
     ) -> None:
         self.settings = settings
         self.console = console
         self.health = health or Health()
-        self.rest = RestApi(sessions)
-        self.mcp = mcp_server(sessions)
+        self.rest = RestApi(sessions, creates=tools is not None)
+        self.tools = tools
+        self.session_routes = (
+            SessionRoutes(tools, stream) if tools is not None and stream is not None else None
+        )
+        self.mcp = mcp_server(
+            sessions, tools, lambda ctx: request_base(settings, mcp_http_base(ctx))
+        )
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._port: int | None = None
@@ -74,7 +86,11 @@ class FrontHttp:
     def asgi_app(self) -> Starlette:
         """The HTTP port's app: the SDK's streamable HTTP app, the console, health, metrics and
         the REST routes."""
-        routes = [Route(path, self._health_endpoint, methods=["GET"]) for path in HEALTH_PATHS]
+        routes: list[Route] = [
+            Route(path, self._health_endpoint, methods=["GET"]) for path in HEALTH_PATHS
+        ]
+        if self.session_routes is not None:  # before the REST routes: they answer the rest
+            routes += self.session_routes.routes()
         routes.append(Route(METRICS_PATH, _metrics_endpoint, methods=["GET"]))
         routes += [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
         routes.append(Route(self.settings.path, self._acp_endpoint, methods=_ALL_METHODS))
@@ -99,8 +115,9 @@ class FrontHttp:
                     "Mcp-Session-Id",
                     "Mcp-Protocol-Version",
                     "Last-Event-Id",
+                    "Idempotency-Key",
                 ],
-                expose_headers=["Link", "Mcp-Session-Id", "WWW-Authenticate"],
+                expose_headers=["Link", "Location", "Mcp-Session-Id", "WWW-Authenticate"],
             )
         return app
 
@@ -162,6 +179,8 @@ class FrontHttp:
         self._server.exit()
         with contextlib.suppress(asyncio.CancelledError, SystemExit):
             await self._task
+        if self.tools is not None:
+            await self.tools.close()
         self._server = self._task = None
 
 

@@ -1,4 +1,5 @@
-"""The web console: a page at ``/`` of the HTTP port, and its static files under ``/console/``.
+"""The web console: a page at ``/`` of the HTTP port, its static files under ``/console/``,
+and each session's live view at ``/sessions/ID`` (the page, opened on that session).
 
 The page is plain HTML, CSS and ES modules shipped in the package (``broker/console/``,
 with Markdown and sanitizing from vendored ``marked`` and ``DOMPurify``); it talks ACP v2
@@ -26,13 +27,17 @@ import mimetypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ...config import Settings
+from ...store.names import is_session_id
+
+LIVE_VIEW_PATH = "/sessions/"
+"""Where a session's live view is: ``/sessions/ID`` (the console, on that session)."""
 
 ASSETS = Path(__file__).resolve().parents[2] / "console"
 """The console's files, shipped as package data."""
@@ -140,6 +145,17 @@ def _read_assets(root: Path) -> dict[str, _Asset]:
     return assets
 
 
+async def live_view(request: Request) -> Response:
+    """A session's live view URL (``/sessions/ID``, handed out by the session tools): the
+    console, opened on that session (its ``#session=`` link: the page's files are
+    addressed relative to ``/``, so the page is not served at this path itself)."""
+    session_id = request.path_params["id"]
+    if not is_session_id(session_id):
+        return Response("not a session id\n", 404, media_type="text/plain")
+    location = f"../#session={quote(session_id)}"
+    return Response(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
+
+
 class Console:
     """The console's routes for the HTTP port's app.
 
@@ -158,6 +174,7 @@ class Console:
         """``/`` (the page) and ``/console/…`` (its modules, styles, vendored libraries)."""
         return [
             Route("/", self.page, methods=["GET", "HEAD"]),
+            Route(LIVE_VIEW_PATH + "{id}", live_view, methods=["GET", "HEAD"]),
             Route(ASSETS_PATH + "/{path:path}", self.asset, methods=["GET", "HEAD"]),
         ]
 

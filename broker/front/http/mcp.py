@@ -11,6 +11,7 @@ HTTP port (:mod:`.app`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from importlib import metadata
 
 import mcp_types as types
@@ -22,7 +23,10 @@ from ...auth.credentials import Credentials
 from ...config import Settings
 from ...errors import ApiError
 from ...store.client import connect
+from ...store.events import JsonObject
 from ...store.query import SessionPage
+from .mcp_tools import SessionTool, check_arguments, tool_set
+from .session_tools import SessionTools, stdio_base
 from .sessions import TOOL_DESCRIPTION, SessionsService, input_properties, sessions_service
 
 log = logging.getLogger(__name__)
@@ -54,10 +58,10 @@ def session_list_tool() -> types.Tool:
     )
 
 
-def render_page(page: SessionPage) -> str:
-    """One line per session, ``ID  STATUS  KIND  CREATED``, then ``after "…"`` if more remain."""
-    width = max((len(str(row["sessionId"])) for row in page.rows), default=0)
-    lines = [
+def session_lines(rows: list[JsonObject]) -> list[str]:
+    """One line per session, ``ID  STATUS  KIND  CREATED``, the ids padded to one width."""
+    width = max((len(str(row["sessionId"])) for row in rows), default=0)
+    return [
         "  ".join(
             (
                 str(row["sessionId"]).ljust(width),
@@ -66,8 +70,13 @@ def render_page(page: SessionPage) -> str:
                 str(row.get("createdAt") or "-"),
             )
         )
-        for row in page.rows
+        for row in rows
     ]
+
+
+def render_page(page: SessionPage) -> str:
+    """One line per session, ``ID  STATUS  KIND  CREATED``, then ``after "…"`` if more remain."""
+    lines = session_lines(page.rows)
     if page.next_cursor is not None:
         lines.append(f'after "{page.next_cursor}"')
     return "\n".join(lines) if lines else NO_SESSIONS
@@ -79,8 +88,15 @@ def error_result(error: ApiError) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
-def mcp_server(sessions: SessionsService) -> Server:
-    """A low-level MCP server with the ``session_list`` tool, answered by ``sessions``."""
+def mcp_server(
+    sessions: SessionsService,
+    tools: SessionTools | None = None,
+    base: Callable[[ServerRequestContext], str] | None = None,
+) -> Server:
+    """A low-level MCP server with the ``session_list`` tool, answered by ``sessions``, and
+    the other session tools, answered by ``tools`` (``base``: the live view URL's base for
+    a call)."""
+    others = tool_set(session_lines) if tools is not None else {}
 
     async def list_tools(
         ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
@@ -91,11 +107,15 @@ def mcp_server(sessions: SessionsService) -> Server:
             await sessions.authenticate(_credentials(ctx))
         except ApiError as error:
             raise MCPError(UNAUTHORIZED, f"{error.code}: {error.message}") from None
-        return types.ListToolsResult(tools=[session_list_tool()])
+        listed = [session_list_tool(), *(entry.tool for entry in others.values())]
+        return types.ListToolsResult(tools=listed)
 
     async def call_tool(
         ctx: ServerRequestContext, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        entry = others.get(params.name)
+        if entry is not None and tools is not None:
+            return await _call_session_tool(tools, entry, ctx, params, base)
         if params.name != TOOL_NAME:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         try:
@@ -109,10 +129,42 @@ def mcp_server(sessions: SessionsService) -> Server:
         "acp-broker",
         version=_version(),
         title="ACP Broker",
-        instructions="Use session_list to find the sessions of this broker again.",
+        instructions="Use session_list to find the sessions of this broker again"
+        + (
+            "; session_create, session_prompt and the other session tools to start, drive "
+            "and stop them (each gives a live view URL a person can open)."
+            if others
+            else "."
+        ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+async def _call_session_tool(
+    tools: SessionTools,
+    entry: SessionTool,
+    ctx: ServerRequestContext,
+    params: types.CallToolRequestParams,
+    base: Callable[[ServerRequestContext], str] | None,
+) -> types.CallToolResult:
+    """One session tool's call: authorized for its scope, inputs checked, run."""
+    arguments = params.arguments or {}
+    try:
+        tenant = await tools.authorize(_credentials(ctx), entry.scope)
+        check_arguments(arguments, entry.tool.input_schema)
+        where = base(ctx) if base is not None else stdio_base(tools.settings)
+        text = await tools.guarded(entry.handler(tools, tenant, arguments, where))
+    except ApiError as error:
+        return error_result(error)
+    return types.CallToolResult(content=[types.TextContent(text=text)])
+
+
+def http_base(ctx: ServerRequestContext) -> str:
+    """The address an MCP request over HTTP came to (scheme, host and port)."""
+    request = ctx.request
+    url = getattr(request, "base_url", None)
+    return str(url).rstrip("/") if url is not None else ""
 
 
 def _credentials(ctx: ServerRequestContext) -> Credentials:
@@ -131,11 +183,15 @@ def _version() -> str:
 
 
 async def serve_stdio(settings: Settings) -> None:
-    """``acp-broker mcp``: the MCP server on stdin/stdout, reading the index in Redis."""
+    """``acp-broker mcp``: the MCP server on stdin/stdout, on the broker's Redis: the index
+    for ``session_list``, the agent hosts for the other tools (:mod:`.stdio_front`)."""
+    from .stdio_front import stdio_tools  # the front's parts, only where they run
+
     store = connect(settings.redis_url, timeout=settings.redis_timeout)
     try:
-        server = mcp_server(sessions_service(settings, store))
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        async with stdio_tools(settings, store) as tools:
+            server = mcp_server(sessions_service(settings, store), tools)
+            async with stdio_server() as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
     finally:
         await store.aclose()

@@ -7,6 +7,7 @@ from functools import cache
 from ...errors import ErrorCode
 from ...store.events import JsonObject
 from ...store.query import KIND_VALUES, STATUS_VALUES
+from . import openapi_tools as tool_paths
 from .sessions import AFTER_REST, TOOL_DESCRIPTION, input_properties
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
@@ -23,7 +24,10 @@ def openapi_document() -> JsonObject:
             "description": "The REST API of acp-broker, a broker for the Agent Client Protocol.",
         },
         "servers": [{"url": "/"}],
-        "paths": {"/v1/sessions": {"get": _list_operation()}},
+        "paths": {
+            "/v1/sessions": {"get": _list_operation(), "post": tool_paths.create_operation()},
+            **tool_paths.session_paths(),
+        },
         "security": [{"bearer": []}],
         "components": {
             "securitySchemes": {
@@ -31,13 +35,15 @@ def openapi_document() -> JsonObject:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "An API token (`acpb_…`, from `acp-broker token create`) or "
-                    "a JWT, with the `read` scope. Not needed when authentication is off.",
+                    "a JWT, with the `read` scope to read and the `write` scope to change. Not "
+                    "needed when authentication is off.",
                 }
             },
             "schemas": {
                 "Session": _session_schema(),
                 "SessionList": _list_schema(),
                 "Problem": _problem_schema(),
+                **tool_paths.schemas(),
             },
         },
     }
@@ -72,15 +78,15 @@ def _list_operation() -> JsonObject:
                     "application/json": {"schema": {"$ref": "#/components/schemas/SessionList"}}
                 },
             },
-            "400": _problem_response("`invalid_argument` or `invalid_cursor`."),
-            "401": _problem_response("`unauthorized`: no credential, or not a good one."),
-            "403": _problem_response("`forbidden`: the credential lacks the `read` scope."),
-            "503": _problem_response("`unavailable`: the session store cannot be reached."),
+            "400": problem_response("`invalid_argument` or `invalid_cursor`."),
+            "401": problem_response("`unauthorized`: no credential, or not a good one."),
+            "403": problem_response("`forbidden`: the credential lacks the `read` scope."),
+            "503": problem_response("`unavailable`: the session store cannot be reached."),
         },
     }
 
 
-def _problem_response(description: str) -> JsonObject:
+def problem_response(description: str) -> JsonObject:
     content = {"application/problem+json": {"schema": _PROBLEM_REF}}
     return {"description": description, "content": content}
 

@@ -41,8 +41,8 @@ def json_answer(status: int, document: object, *, media_type: str = JSON) -> Htt
     return HttpAnswer(status, headers, body)
 
 
-def problem(error: ApiError) -> HttpAnswer:
-    """``error`` as an RFC 9457 problem document."""
+def problem(error: ApiError, *, allow: str = "GET") -> HttpAnswer:
+    """``error`` as an RFC 9457 problem document (``allow``: the ``Allow`` header of a 405)."""
     status = error.status
     document = {
         "type": "about:blank",
@@ -55,15 +55,17 @@ def problem(error: ApiError) -> HttpAnswer:
     if error.code == ErrorCode.UNAUTHORIZED:
         answer.headers.append(("WWW-Authenticate", 'Bearer realm="acp-broker"'))
     if error.code == ErrorCode.METHOD_NOT_ALLOWED:
-        answer.headers.append(("Allow", "GET"))
+        answer.headers.append(("Allow", allow))
     return answer
 
 
 class RestApi:
     """Answers the REST endpoints for any transport."""
 
-    def __init__(self, sessions: SessionsService) -> None:
+    def __init__(self, sessions: SessionsService, *, creates: bool = False) -> None:
         self.sessions = sessions
+        self.creates = creates
+        """Whether ``POST /v1/sessions`` is served (by the session routes) beside GET."""
         self._routes: dict[str, Callable[[str, Mapping[str, str]], Awaitable[HttpAnswer]]] = {
             SESSIONS_PATH: self._list_sessions,
             OPENAPI_PATH: self._openapi,
@@ -76,7 +78,9 @@ class RestApi:
         if route is None:
             return problem(ApiError(ErrorCode.NOT_FOUND, f"no endpoint at {path}"))
         if method != "GET":
-            return problem(ApiError(ErrorCode.METHOD_NOT_ALLOWED, f"{path} answers GET only"))
+            allow = "GET, POST" if self.creates and path == SESSIONS_PATH else "GET"
+            refusal = ApiError(ErrorCode.METHOD_NOT_ALLOWED, f"{path} answers {allow} only")
+            return problem(refusal, allow=allow)
         try:
             return await route(query, headers)
         except ApiError as error:

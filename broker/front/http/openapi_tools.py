@@ -1,0 +1,262 @@
+"""The OpenAPI description of the session tools' REST routes (part of ``/v1/openapi.json``).
+
+Every route of :mod:`.session_routes`: its inputs (the tools' names), its answers and
+each problem it can answer with, so that a schema-driven test (schemathesis) can check
+every route against what it says.
+"""
+
+from __future__ import annotations
+
+from ...store.events import JsonObject
+from ...store.names import SESSION_ID_RULE
+from .session_tools import WAIT_DEFAULT, WAIT_MAX
+
+_REF = "#/components/schemas/"
+_SESSION_ID = {
+    "type": "string",
+    "pattern": "^sess_[0-9a-f]{32}$",
+    "description": f"A session id: {SESSION_ID_RULE}.",
+}
+_WAIT = {
+    "type": "number",
+    "minimum": 0,
+    "maximum": WAIT_MAX,
+    "default": WAIT_DEFAULT,
+    "description": "Seconds to wait for the turn to end; a longer turn goes on (202).",
+}
+
+
+def _ref(name: str) -> JsonObject:
+    return {"$ref": _REF + name}
+
+
+def _problem(description: str) -> JsonObject:
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": _ref("Problem")}},
+    }
+
+
+def _json(description: str, schema: str, **extra: JsonObject) -> JsonObject:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": _ref(schema)}},
+        **extra,
+    }
+
+
+def _problems(scope: str, *more: str) -> JsonObject:
+    """The problems every route can answer with, and ``more`` (status codes) of its own."""
+    answers = {
+        "400": _problem("`invalid_argument`: an input is missing, malformed or out of range."),
+        "401": _problem("`unauthorized`: no credential, or not a good one."),
+        "403": _problem(f"`forbidden`: the credential lacks the `{scope}` scope."),
+        "503": _problem("`unavailable`: the store or the agent hosts cannot be reached."),
+    }
+    described = {
+        "404": "`session_not_found`: no such session (or another tenant's).",
+        "409": "`session_busy` (a turn is running) or `session_not_running` (the session is "
+        "STOPPED or ERROR: resume it first).",
+    }
+    for status in more:
+        answers[status] = _problem(described[status])
+    return dict(sorted(answers.items()))
+
+
+def _id_parameter() -> JsonObject:
+    return {"name": "id", "in": "path", "required": True, "schema": _SESSION_ID}
+
+
+def _body(schema: str, *, required: bool) -> JsonObject:
+    return {"required": required, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def create_operation() -> JsonObject:
+    """``POST /v1/sessions``."""
+    return {
+        "operationId": "createSession",
+        "summary": "Create a session",
+        "description": "A session as an editor's `session/new` makes it, on `agent` (default: "
+        "the first configured), optionally running a first `prompt`. With an "
+        "`Idempotency-Key`, a retried request returns the first session (for 24 hours).",
+        "parameters": [
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "description": "Any unique text (a UUID): a retry with the same key and body "
+                "returns the session the first request made.",
+                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+            }
+        ],
+        "requestBody": _body("CreateSession", required=True),
+        "responses": {
+            "201": _json(
+                "The session, with its live view URL (and the first prompt's turn).",
+                "SessionWithLink",
+                headers={
+                    "Location": {"description": "The session's URL.", "schema": {"type": "string"}}
+                },
+            ),
+            **_problems("write"),
+        },
+    }
+
+
+def session_paths() -> JsonObject:
+    """The ``/v1/sessions/{id}…`` paths."""
+    one = "/v1/sessions/{id}"
+    return {
+        one: {
+            "parameters": [_id_parameter()],
+            "get": {
+                "operationId": "getSession",
+                "summary": "Get a session",
+                "responses": {
+                    "200": _json("The session, with its live view URL.", "SessionWithLink"),
+                    **_problems("read", "404"),
+                },
+            },
+            "delete": {
+                "operationId": "deleteSession",
+                "summary": "Delete a session",
+                "description": "As `session/delete`: the session then lists as DELETED. "
+                "Deleting it again answers 204 again.",
+                "responses": {"204": {"description": "Deleted."}, **_problems("write", "404")},
+            },
+        },
+        one + "/prompt": {
+            "parameters": [_id_parameter()],
+            "post": {
+                "operationId": "promptSession",
+                "summary": "Run a turn",
+                "requestBody": _body("PromptInput", required=True),
+                "responses": {
+                    "200": _json("The turn ended within `wait`.", "Turn"),
+                    "202": _json(
+                        "The turn runs on (or waits for a person): what came so far.", "Turn"
+                    ),
+                    **_problems("write", "404", "409"),
+                },
+            },
+        },
+        one + "/cancel": _action(
+            "cancelTurn",
+            "Cancel the running turn",
+            _json("The cancelled turn's stop reason (null: none was running).", "Cancelled"),
+        ),
+        one + "/resume": _action(
+            "resumeSession",
+            "Bring a STOPPED or ERROR session back (RUNNING)",
+            _json("The session.", "SessionWithLink"),
+        ),
+        one + "/stop": _action(
+            "stopSession",
+            "Release the session's agent process (STOPPED)",
+            _json("The session.", "SessionWithLink"),
+        ),
+        one + "/events": {
+            "parameters": [_id_parameter()],
+            "get": {
+                "operationId": "sessionEvents",
+                "summary": "Follow a session's events (Server-Sent Events)",
+                "description": "Every event after `after` (or the `Last-Event-ID` header) as "
+                "`id: <seq>`, `event: <type>`, `data: <JSON>`, then live ones until the client "
+                "leaves; a comment line as a heartbeat.",
+                "parameters": [
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0},
+                        "description": "Resume after this event seq.",
+                    },
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                        "description": "Resume after this event seq (sent by EventSource).",
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The event stream.",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    **_problems("read", "404"),
+                },
+            },
+        },
+    }
+
+
+def _action(operation_id: str, summary: str, ok: JsonObject) -> JsonObject:
+    return {
+        "parameters": [_id_parameter()],
+        "post": {
+            "operationId": operation_id,
+            "summary": summary,
+            "requestBody": _body("NoInput", required=False),
+            "responses": {"200": ok, **_problems("write", "404")},
+        },
+    }
+
+
+def schemas() -> dict[str, JsonObject]:
+    """The schemas the routes name."""
+    text = {"type": "string"}
+    return {
+        "SessionWithLink": {
+            "allOf": [
+                _ref("Session"),
+                {
+                    "type": "object",
+                    "required": ["liveViewUrl"],
+                    "properties": {
+                        "liveViewUrl": text
+                        | {"description": "The web console, opened on this session."},
+                        "turn": _ref("Turn"),
+                    },
+                },
+            ]
+        },
+        "CreateSession": {
+            "type": "object",
+            "required": ["cwd"],
+            "additionalProperties": False,
+            "properties": {
+                "cwd": text | {"pattern": "^/", "description": "The absolute working directory."},
+                "agent": text | {"description": "A configured agent (default: the first)."},
+                "title": text,
+                "userMetadata": {"type": "object"},
+                "prompt": text | {"minLength": 1, "pattern": "\\S"},
+                "wait": _WAIT,
+            },
+        },
+        "PromptInput": {
+            "type": "object",
+            "required": ["text"],
+            "additionalProperties": False,
+            "properties": {"text": text | {"minLength": 1, "pattern": "\\S"}, "wait": _WAIT},
+        },
+        "NoInput": {"type": "object", "additionalProperties": False, "maxProperties": 0},
+        "Turn": {
+            "type": "object",
+            "required": ["sessionId", "liveViewUrl", "text", "toolCalls", "state", "stopReason"],
+            "properties": {
+                "sessionId": text,
+                "liveViewUrl": text,
+                "text": text | {"description": "The agent's reply (its message chunks joined)."},
+                "toolCalls": {"type": "array", "items": text},
+                "state": {"type": "string", "enum": ["ended", "running", "waiting"]},
+                "stopReason": {"type": ["string", "null"]},
+                "error": {"type": ["string", "null"]},
+            },
+        },
+        "Cancelled": {
+            "type": "object",
+            "required": ["sessionId", "stopReason"],
+            "properties": {"sessionId": text, "stopReason": {"type": ["string", "null"]}},
+        },
+    }

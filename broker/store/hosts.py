@@ -1,0 +1,41 @@
+"""Which agent hosts are alive: each announces itself, and fronts look before running agents.
+
+A host writes its id into one sorted set, scored by when its announcement lapses (ms),
+when it starts and every ``lease_ttl / 3`` seconds after (with its leases), and takes it
+out when it stops. A front (or ``acp-broker mcp`` over stdio) that is about to have an
+agent run asks :func:`any_alive` first, so that with no host it says so at once instead
+of waiting out a command's routing deadline.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .client import Store
+from .keys import PREFIX
+
+HOSTS_KEY = f"{PREFIX}:hosts:alive"
+"""Sorted set: agent host id -> when its announcement lapses (Unix ms)."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def announce(redis: Store, host_id: str, ttl: float) -> None:
+    """``host_id`` is alive for ``ttl`` seconds more (and hosts gone for long are dropped)."""
+    now = _now_ms()
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zadd(HOSTS_KEY, {host_id: now + int(ttl * 1000)})
+        pipe.zremrangebyscore(HOSTS_KEY, "-inf", now - 3_600_000)
+        await pipe.execute()
+
+
+async def withdraw(redis: Store, host_id: str) -> None:
+    """``host_id`` stopped."""
+    await redis.zrem(HOSTS_KEY, host_id)
+
+
+async def any_alive(redis: Store) -> bool:
+    """Whether some agent host's announcement has not lapsed."""
+    return bool(await redis.zcount(HOSTS_KEY, _now_ms(), "+inf"))
