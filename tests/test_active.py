@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from broker.front.acp.active import ActiveSessions
+from broker.front.acp.lifetime import Lifetime
 from broker.protocol.jsonrpc import RpcError
 from broker.store.events import EventRow, LogEvent
 
@@ -89,12 +91,12 @@ def _sessions(hub: Hub, log: Log | None = None, **settings: Any) -> tuple[Active
     _CONNS[:] = [conn]
     outbox = RecordingOutbox()
     sessions = ActiveSessions(
-        conn,
+        weakref.ref(conn),
         make_settings(**settings),
         log or Log(),  # type: ignore[arg-type]
         hub,  # type: ignore[arg-type]
         outbox,  # type: ignore[arg-type]
-        asyncio.ensure_future,
+        Lifetime(asyncio.get_running_loop()),
     )
     return sessions, outbox
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +94,7 @@ def _intake(methods: Methods | None = None, owner: Owner | None = None) -> tuple
     owner = owner or Owner()
     _OWNERS[:] = [owner]
     methods = methods or Methods()
-    intake = Intake(owner, methods, outbox, Lifetime(loop), loop, holds=True)  # type: ignore[arg-type]
+    intake = Intake(weakref.ref(owner), methods, outbox, Lifetime(loop), loop, holds=True)  # type: ignore[arg-type]
     return intake, outbox
 
 

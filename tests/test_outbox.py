@@ -47,7 +47,7 @@ class FakeWire:
 
 def _outbox(wire: FakeWire, max_queue_bytes: int = 1 << 20) -> Outbox:
     loop = asyncio.get_running_loop()
-    return Outbox(wire, "c1", max_queue_bytes, loop, Lifetime(loop).spawn)
+    return Outbox(wire, "c1", max_queue_bytes, loop, Lifetime(loop))
 
 
 def _frames_of(data: bytes) -> list[str]:

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ...protocol import capabilities, jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import JsonObject
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from ...config import Settings
     from ...store.log import SessionLog
     from ..fanout import FanoutHub
+    from .lifetime import Lifetime
     from .outbox import Outbox
 
 _TURN_SCAN = 256
@@ -67,34 +67,37 @@ class ActiveSessions:
 
     __slots__ = (
         "_hub",
+        "_lifetime",
         "_log",
         "_notices",
         "_outbox",
         "_owner",
         "_settings",
-        "_spawn",
         "active",
         "id",
     )
 
     def __init__(
         self,
-        conn: Negotiated,
+        owner: Callable[[], Negotiated | None],
         settings: Settings,
         log: SessionLog,
         hub: FanoutHub,
         outbox: Outbox,
-        spawn: Callable[[Any], Any],
+        lifetime: Lifetime,
     ) -> None:
+        """``owner``: the connection, weakly (it holds this part: no cycle for the collector
+        to find; one reference shared by its parts)."""
+        conn = owner()
+        assert conn is not None
         self.id = conn.id
         self.active: dict[str, ActiveSession] = {}
-        # Weakly: the connection holds this part; no cycle for the collector to find.
-        self._owner = weakref.ref(conn)
+        self._owner = owner
         self._settings = settings
         self._log = log
         self._hub = hub
         self._outbox = outbox
-        self._spawn = spawn
+        self._lifetime = lifetime
         self._notices: bool | None = None
 
     @property
@@ -288,7 +291,7 @@ class ActiveSessions:
             return []
         frames = self._frames(session, event, replay=replay)
         if event.type == EventType.DELETED:
-            self._spawn(self.deactivate(session.session_id))
+            self._lifetime.spawn(self.deactivate(session.session_id))
         return frames
 
     def _emit_many(self, session: ActiveSession, events: list[LogEvent], *, replay: bool) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection
@@ -66,6 +67,29 @@ class Dispatcher(RequestDispatcher, Protocol):
 class ClientConnection:
     """The broker's side of one WebSocket connection."""
 
+    # Slots: an idle connection's memory is most of a front's at many connections.
+    __slots__ = (
+        "__weakref__",
+        "_idle",
+        "_login_attempts",
+        "_loop",
+        "_pending",
+        "client_capabilities",
+        "id",
+        "intake",
+        "lifetime",
+        "methods",
+        "outbox",
+        "pace",
+        "principal",
+        "protocol_version",
+        "sessions",
+        "settings",
+        "tenant",
+        "unauthenticated_since",
+        "ws",
+    )
+
     def __init__(
         self,
         ws: ServerConnection,
@@ -92,13 +116,13 @@ class ClientConnection:
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
         self._idle = False  # whether :meth:`run` waits for a message, none queued (frame_in)
+        # The parts hold the connection weakly (it holds them), all by this one reference.
+        owner = weakref.ref(self)
         self.lifetime = lifetime = Lifetime(loop)
-        self.outbox = outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime.spawn)
+        self.outbox = outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
         pinged = isinstance(ws, PingedConnection)
-        self.intake = Intake(self, methods, outbox, lifetime, loop, holds=pinged)
-        self.sessions = ActiveSessions(
-            self, settings, methods.log, methods.hub, outbox, lifetime.spawn
-        )
+        self.intake = Intake(owner, methods, outbox, lifetime, loop, holds=pinged)
+        self.sessions = ActiveSessions(owner, settings, methods.log, methods.hub, outbox, lifetime)
 
     # -- reading ----------------------------------------------------------------------------
 

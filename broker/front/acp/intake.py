@@ -18,7 +18,6 @@ import contextlib
 import functools
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,7 +101,7 @@ class Intake:
 
     def __init__(
         self,
-        conn: Owner,
+        owner: Callable[[], Owner | None],
         methods: Dispatcher,
         outbox: Outbox,
         lifetime: Lifetime,
@@ -110,7 +109,7 @@ class Intake:
         holds: bool = False,
     ) -> None:
         # Weakly: the connection holds this part; no cycle for the collector to find.
-        self._owner = weakref.ref(conn)
+        self._owner = owner
         self._methods = methods
         self._settings = methods.settings
         self._outbox = outbox
@@ -118,7 +117,7 @@ class Intake:
         self._loop = loop
         self.inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Future[Any]]] = {}
         self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
-        self._pacer = FramePacer(conn, methods, self.inflight, loop, holds)
+        self._pacer = FramePacer(owner, methods, self.inflight, loop, holds)
 
     @property
     def _conn(self) -> Owner:

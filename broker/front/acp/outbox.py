@@ -21,13 +21,14 @@ import asyncio
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
 from ...ops import metrics
+from .lifetime import Lifetime
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ class Outbox:
     __slots__ = (
         "_cork_list",
         "_corked",
+        "_lifetime",
         "_loop",
         "_queue",
-        "_spawn",
         "_writer",
         "closing",
         "conn_id",
@@ -86,7 +87,7 @@ class Outbox:
         conn_id: str,
         max_queue_bytes: int,
         loop: asyncio.AbstractEventLoop,
-        spawn: Callable[[Any], Any],
+        lifetime: Lifetime,
     ) -> None:
         self.ws = ws
         self.conn_id = conn_id
@@ -95,7 +96,7 @@ class Outbox:
         """Nothing more is sent (the connection ends, or its queue overflowed)."""
         self.queued_bytes = 0
         self._loop = loop
-        self._spawn = spawn  # runs a coroutine tied to the connection's life
+        self._lifetime = lifetime  # runs coroutines tied to the connection's life
         # Made on first use: most connections never queue a frame, and an empty deque is
         # 760 bytes (at 10,000 idle connections, each byte here is 10 KB).
         self._queue: deque[str] | None = None
@@ -136,7 +137,9 @@ class Outbox:
             self.queued_bytes = 0
             log.warning("connection %s is too slow; disconnecting it", self.conn_id)
             metrics.CLOSES.labels("slow_consumer").inc()
-            self._spawn(self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full"))
+            self._lifetime.spawn(
+                self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: outgoing queue full")
+            )
             return
         if self._writer is None:
             self._writer = self._loop.create_task(self._write_queue(queue))

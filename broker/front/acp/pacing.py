@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -47,13 +47,13 @@ class FramePacer:
 
     def __init__(
         self,
-        conn: Paced,
+        owner: Callable[[], Any | None],
         methods: Budgets,
         inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Future[Any]]],
         loop: asyncio.AbstractEventLoop,
         holds: bool,
     ) -> None:
-        self._owner = weakref.ref(conn)  # the connection holds its intake, which holds this
+        self._owner = owner  # weakly: the connection holds its intake, which holds this
         self._methods = methods
         self._settings = methods.settings
         self._inflight = inflight  # the intake's requests in flight
@@ -64,7 +64,7 @@ class FramePacer:
 
     @property
     def _conn(self) -> Paced:
-        conn = self._owner()
+        conn: Paced | None = self._owner()
         assert conn is not None  # the connection outlives its parts' work (cancelled at its end)
         return conn
 
