@@ -73,3 +73,9 @@ async def test_what_break_cycles_reaches_into_is_there() -> None:
 def test_serve_makes_connections_of_a_class_it_is_given() -> None:
     assert issubclass(HookedServerConnection, ServerConnection)
     assert "create_connection" in inspect.signature(serve).parameters
+
+
+def test_connections_take_bytes_and_the_end_of_the_stream_as_asyncio_protocols() -> None:
+    # before_handshake and break_cycles hang on these two asyncio.Protocol callbacks.
+    assert list(inspect.signature(Connection.data_received).parameters) == ["self", "data"]
+    assert list(inspect.signature(Connection.connection_lost).parameters) == ["self", "exc"]

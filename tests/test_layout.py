@@ -208,7 +208,7 @@ def test_the_compat_modules_import_nothing_of_the_project() -> None:
 TRANSPORT_WRITERS = {
     "broker.front.acp.outbox": "every frame a client is sent",
     "broker.front.acp.keepalive": "the keepalive's Ping frames, the same bytes for all",
-    "broker.front.acp.websocket_only": "an HTTP refusal, before any WebSocket handshake",
+    "broker.compat.websockets": "an HTTP refusal, before any WebSocket handshake",
 }
 
 

@@ -8,8 +8,12 @@ websockets' asyncio server is used through its public API (``serve``, ``recv``, 
   parses it, no task woken: :attr:`~HookedServerConnection.frame_in`) and
   ``acknowledge_pings`` (the front's one keepalive loop answers its own Pings:
   :meth:`~HookedServerConnection.pong_received`);
-- :func:`break_cycles` reaches into the protocol's ``parser`` generator and its exceptions,
-  and the handshake request's private ``_exception``;
+- it looks at a connection's first bytes before websockets' handshake parser does
+  (:meth:`~HookedServerConnection.before_handshake`: that parser refuses a request with a
+  body without a word), overriding ``data_received``;
+- :func:`break_cycles`, run when a connection is lost, reaches into the protocol's
+  ``parser`` generator and its exceptions, and the handshake request's private
+  ``_exception``;
 - the outbox (:mod:`broker.front.acp.outbox`) writes frames to ``transport`` itself, as
   ``websockets.broadcast`` does, once ``paused``, ``send_in_progress`` and
   ``protocol.state`` say nothing waits before them, and calls ``send_data`` after
@@ -49,6 +53,29 @@ class HookedServerConnection(ServerConnection):
         ):
             return
         super().process_event(event)
+
+    _first = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._first:
+            self._first = False
+            answer = self.before_handshake(data)
+            if answer is not None:
+                self.transport.write(answer)
+                self.transport.close()
+                return
+        super().data_received(data)
+
+    def before_handshake(self, data: bytes) -> bytes | None:
+        """What to answer the connection's first bytes with instead of a handshake (an
+        HTTP response, written before the socket is closed); None: the handshake goes on.
+        A request with a body never reaches ``process_request`` (the handshake parser
+        refuses bodies and closes the connection without a word)."""
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        break_cycles(self)
 
     def acknowledge_pings(self, data: bytes) -> None:
         if not self.pong_received(data):

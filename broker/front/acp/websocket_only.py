@@ -20,7 +20,6 @@ import http
 from collections.abc import Callable
 from typing import Any
 
-from ...compat.websockets import break_cycles
 from ...config import Settings
 from .keepalive import PingedConnection
 
@@ -73,23 +72,8 @@ class WebSocketOnlyConnection(PingedConnection):
 
     settings: Settings
     http_base: Callable[[], str]
-    _first = True
 
-    def data_received(self, data: bytes) -> None:
-        if self._first:
-            self._first = False
-            answer = self._refuse(data)
-            if answer is not None:
-                self.transport.write(answer)
-                self.transport.close()
-                return
-        super().data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        break_cycles(self)
-
-    def _refuse(self, data: bytes) -> bytes | None:
+    def before_handshake(self, data: bytes) -> bytes | None:
         method, _, rest = data.partition(b" ")
         if method not in _METHODS:
             return None  # GET (the handshake), or not HTTP: the handshake parser decides
