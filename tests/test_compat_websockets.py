@@ -79,3 +79,11 @@ def test_connections_take_bytes_and_the_end_of_the_stream_as_asyncio_protocols()
     # before_handshake and break_cycles hang on these two asyncio.Protocol callbacks.
     assert list(inspect.signature(Connection.data_received).parameters) == ["self", "data"]
     assert list(inspect.signature(Connection.connection_lost).parameters) == ["self", "exc"]
+
+
+async def test_a_connection_can_be_failed_as_the_keepalive_fails_it() -> None:
+    # keepalive._fail: protocol.fail(code, reason), send_data(), then the end of the stream
+    # waited for on connection_lost_waiter within close_timeout.
+    ws = HookedServerConnection(ServerProtocol(), None)  # type: ignore[arg-type]
+    assert list(inspect.signature(ws.protocol.fail).parameters)[:2] == ["code", "reason"]
+    assert ws.connection_lost_waiter.done() is False and ws.close_timeout == 10
