@@ -7,7 +7,8 @@ bench batchargs`` alone on one server (CPU and Redis time per event);
 ``python -m bench archive`` what a session costs Redis hot and archived; ``python -m bench
 storm`` a front killed under thousands of connections, which all resume on another;
 ``python -m bench c50k`` 50,000 idle connections on one front (memory each, a fan-out
-beside them).
+beside them); ``python -m bench sessionmem`` what a session followed by a connection costs
+its front.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ BREAKDOWNS = {
     "storm": "bench.storm",
     "c50k": "bench.c50k",
     "batchargs": "bench.batch_args",
+    "sessionmem": "bench.session_memory",
 }
 """Run by name only, not with the six."""
 

@@ -14,11 +14,16 @@ In one run, alternating round by round so the machine's noise hits all alike:
   while the client above watches the session through the front node.
 * **raw XADD** (the ceiling): the same bodies, ``XADD`` one after another from one
   redis-py client, and 64 per round trip (pipelined).
+* with ``--wait-replicas``: Redis gets a replica (every row then pays for replication),
+  and the append script runs again with ``redis_wait_replicas`` = 1 (each call followed by
+  ``WAIT 1``): the cost of an acknowledged event surviving the loss of the master.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from typing import Any
 
@@ -45,13 +50,24 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
     from broker.store.log import SessionLog
 
     rates: dict[str, list[float]] = {
+        name: []
+        for name in (
+            ["append script, one at a time, WAIT 1", "append script, 64 per round trip, WAIT 1"]
+            if args.wait_replicas
+            else []
+        )
+    }
+    rates |= {
         "agent host": [],
         "append script, one at a time": [],
         "raw XADD, one at a time": [],
         "append script, 64 per round trip": [],
         "raw XADD, 64 per round trip": [],
     }
-    with common.private_redis() as url:
+    with contextlib.ExitStack() as servers:
+        url = servers.enter_context(common.private_redis())
+        if args.wait_replicas:
+            servers.enter_context(common.replica_of(url))
         async with (
             common.agent_host(url, "append"),
             common.fronts(url, 1, "append") as nodes,
@@ -71,6 +87,8 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
             client.on_notification = count
             store = connect(url)
             log = SessionLog(store)
+            waiting = SessionLog(store)
+            waiting.wait_for_replicas(1, 5.0)
             raw = redis.Redis.from_url(url, decode_responses=True)
             bodies = [dumps(body(i)) for i in range(n)]
 
@@ -82,7 +100,11 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 )
                 return n / (time.perf_counter() - t)
 
-            async def append_script() -> float:
+            # The rows with WAIT append to a session of their own (a session holds at most
+            # max_events_per_session events).
+            waited = await client.new_session(CWD) if args.wait_replicas else session
+
+            async def append_script(log: SessionLog = log, session: str = session) -> float:
                 nonlocal wanted
                 wanted = received + n
                 caught_up.clear()
@@ -93,7 +115,7 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 await asyncio.wait_for(caught_up.wait(), 60)  # the watcher got them all
                 return n / took
 
-            async def append_pipelined() -> float:
+            async def append_pipelined(log: SessionLog = log, session: str = session) -> float:
                 nonlocal wanted
                 wanted = received + n
                 caught_up.clear()
@@ -131,6 +153,13 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 "append script, 64 per round trip": append_pipelined,
                 "raw XADD, 64 per round trip": raw_pipelined,
             }
+            if args.wait_replicas:
+                systems["append script, one at a time, WAIT 1"] = functools.partial(
+                    append_script, waiting, waited
+                )
+                systems["append script, 64 per round trip, WAIT 1"] = functools.partial(
+                    append_pipelined, waiting, waited
+                )
             for fn in systems.values():  # warm-up
                 await fn()
             for r in range(rounds):
@@ -168,6 +197,11 @@ async def run(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("append", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument(
+        "--wait-replicas",
+        action="store_true",
+        help="give Redis a replica and add the append script with WAIT 1 (redis_wait_replicas)",
+    )
     asyncio.run(run(p.parse_args(argv)))
 
 

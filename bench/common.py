@@ -357,6 +357,22 @@ def private_redis(*extra: str) -> Iterator[str]:
         yield url
 
 
+@contextlib.contextmanager
+def replica_of(url: str) -> Iterator[str]:
+    """A private redis-server replicating ``url``'s, once it is in sync."""
+    import redis
+
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    with redis_server("--replicaof", "127.0.0.1", port) as replica:
+        with redis.Redis.from_url(url) as master:
+            deadline = time.monotonic() + 30
+            while master.info("replication").get("slave0", {}).get("state") != "online":
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the replica did not come online")
+                time.sleep(0.05)
+        yield replica
+
+
 def redis_pid(url: str) -> int | None:
     import redis
 

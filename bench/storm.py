@@ -15,7 +15,8 @@ Reported: the time from the kill until every watcher is resumed (its ``session/r
 answered), the watchers' resume times (p50, p99), the survivor's CPU over the storm, and
 whether every watcher received every event from the warm-up to the session's last exactly
 once (nothing lost, nothing duplicated). ``--baseline REV`` runs the same storm against the
-fronts of another revision, in turn.
+fronts of another revision, in turn. ``--bridges N`` runs the editors' case instead: N stdio
+bridges (``acp-broker connect``) mid-turn whose front dies (``bench/storm_bridges.py``).
 """
 
 from __future__ import annotations
@@ -283,12 +284,25 @@ async def run(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = common.parser("storm", __doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument(
+        "--bridges",
+        type=int,
+        default=0,
+        help="instead: N editors' stdio bridges mid-turn, their front stopped (SIGTERM, then "
+        "SIGKILL) and replaced on the same address (bench/storm_bridges.py)",
+    )
     p.add_argument("--sessions", type=int, default=0, help="sessions (default 500)")
     p.add_argument("--watchers", type=int, default=0, help="per session on the killed front (10)")
     p.add_argument("--rate", type=float, default=0, help="events/s during the storm (500)")
     common.add_baseline(p)
     p.add_argument("--profile", action="store_true", help="py-spy --gil the survivor's storm")
-    asyncio.run(run(p.parse_args(argv)))
+    args = p.parse_args(argv)
+    if args.bridges:
+        from bench import storm_bridges
+
+        asyncio.run(storm_bridges.run(args))
+        return
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -235,10 +235,22 @@ class Settings(BaseSettings):
     """A whole prompt turn, permission questions included."""
     redis_timeout: float = Field(default=5.0, gt=0)
     """One Redis command (a stalled Redis fails it, and it is tried again or reported)."""
+    allow_evicting_store: bool = False
+    """Run on a Redis whose ``maxmemory-policy`` is not ``noeviction`` (refused otherwise: a
+    full Redis would drop sessions' logs silently); a warning is logged every minute."""
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    """Appends wait until this many replicas acknowledged them (Redis ``WAIT``), so that an
+    acknowledged event survives the loss of the master; 0: no waiting."""
+    redis_wait_timeout: float = Field(default=1.0, gt=0)
+    """Seconds an append waits for its replicas (then it fails, as not durable)."""
     client_request_timeout: float = Field(default=600.0, gt=0)
     """An agent's question to a client (a permission a person decides on, fs/*, terminal/*)."""
     client_reask_interval: float = Field(default=5.0, gt=0)
     """How often an unanswered agent question is asked again (same id: never twice a person)."""
+    client_reconnect_grace: float = Field(default=30.0, ge=0)
+    """How long an agent question whose client went away (its node stopped, its connection
+    dropped) waits for a client that resumes the session (the stdio bridge, the console)
+    before it fails; one no connection could ever answer fails at once."""
     answer_timeout: float = Field(default=30.0, gt=0)
     """How long a front keeps trying to hand a client's answer to the agent host."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

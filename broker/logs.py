@@ -4,9 +4,10 @@
 ``websockets`` logs at DEBUG level; the query string of a logged request line (a client
 may put a token there); the payload of every WebSocket frame ``websockets`` dumps at
 DEBUG (an in-band ``authenticate`` carries a token, and a long frame's dump shows its
-tail, so a pattern could not find what is left of it); and anything shaped like an API
-token or a JWT. :func:`install_redaction` puts it on the loggers that see raw traffic and
-on the root logger's handlers, which every record that propagates reaches.
+tail, so a pattern could not find what is left of it); anything shaped like an API
+token or a JWT; and the secrets of a store URL (its password, ``?password=`` …).
+:func:`install_redaction` puts it on the loggers that see raw traffic and on the root
+logger's handlers, which every record that propagates reaches.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import re
 import sys
 from datetime import UTC, datetime
 
+from .store.urls import masked_url
+
 _SECRET_HEADER = re.compile(
     r"^([<>] (?:authorization|cookie|sec-websocket-protocol|set-cookie): ).*$",
     re.IGNORECASE,
@@ -25,6 +28,7 @@ _REQUEST_QUERY = re.compile(r"^([<>] [A-Z]+ [^?\s]*)\?\S*")
 _FRAME_DUMP = re.compile(r"^([<>] (?:TEXT|BINARY|CONT)) .*?(\[\d+ bytes(?:, continued)?\])?$")
 _API_TOKEN = re.compile(r"acpb_([0-9A-Za-z]+)_[0-9A-Za-z_-]+")
 _JWT = re.compile(r"eyJ[0-9A-Za-z_-]*\.[0-9A-Za-z_-]+\.[0-9A-Za-z_-]*")
+_STORE_URL = re.compile(r"\b(?:rediss?|unix)(?:\+(?:sentinel|cluster))?://[^\s'\"<>]+")
 
 
 def redact(message: str) -> str:
@@ -33,6 +37,7 @@ def redact(message: str) -> str:
     masked = _REQUEST_QUERY.sub(r"\1?[redacted]", masked)
     masked = _FRAME_DUMP.sub(lambda m: f"{m[1]} [redacted] {m[2] or ''}".rstrip(), masked)
     masked = _API_TOKEN.sub(r"acpb_\1_[redacted]", masked)
+    masked = _STORE_URL.sub(lambda m: masked_url(m[0]), masked)
     return _JWT.sub("[redacted JWT]", masked)
 
 

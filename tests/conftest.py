@@ -40,10 +40,12 @@ XDIST_GROUPS = {
     "test_bridge_e2e": "faults",
     "test_chaos": "faults",
     "test_cluster": "faults",
+    "test_fail_fast": "faults",
     "test_permission_roundtrip": "faults",
     "test_redis_faults": "faults",
     "test_restart": "faults",
     "test_scale_out": "faults",
+    "test_sentinel": "faults",
     "test_archive_postgres": "postgres",
     "test_console": "console",
     "test_live_view": "console",
@@ -104,11 +106,14 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def store(store_kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """A store client: a real Redis server, the embedded store, or (where a module asks for
-    ``cluster`` in its own ``store_kind``) a real Redis Cluster."""
+    ``cluster`` or ``sentinel`` in its own ``store_kind``) a real Redis Cluster or the
+    master of a real Sentinel set."""
     if store_kind == "redis":
         client = connect(request.getfixturevalue("redis_url"))
     elif store_kind == "cluster":
         client = connect(request.getfixturevalue("redis_cluster_info").url)
+    elif store_kind == "sentinel":
+        client = connect(request.getfixturevalue("redis_sentinel_url"))
     else:
         client = connect(None)
     yield client
@@ -177,3 +182,20 @@ def redis_cluster_info(redis_cluster_session: Any) -> Any:
             if node.info("replication")["role"] == "master":
                 node.flushall()
     return redis_cluster_session
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_session() -> Iterator[Any]:
+    from .support.redis_sentinel import sentinel_set
+
+    with sentinel_set() as sentinels:
+        yield sentinels
+
+
+@pytest.fixture
+def redis_sentinel_url(redis_sentinel_session: Any) -> str:
+    """The ``redis+sentinel://`` URL of a real Sentinel set (1 master, 1 replica, 3
+    Sentinels), its master emptied for this test."""
+    with redis_sentinel_session.master() as master:
+        master.flushall()
+    return str(redis_sentinel_session.url())

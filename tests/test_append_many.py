@@ -26,7 +26,7 @@ from broker.store.retry import STORE_AWAY
 from .support.redis_server import restartable_redis
 
 
-@pytest.fixture(params=["redis", "embedded", "cluster"])
+@pytest.fixture(params=["redis", "embedded", "cluster", "sentinel"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     """On a cluster a batch is one call per partition: run everything there too."""
     return str(request.param)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -33,7 +33,9 @@ class _Host:
 
 
 def _agents(host: _Host) -> RemoteAgents:
-    agents = RemoteAgents(None, [AgentSpec(name="demo", command=["x"])], reply_channel="n")
+    agents = RemoteAgents(
+        cast(Any, None), [AgentSpec(name="demo", command=["x"])], reply_channel="n"
+    )
     agents._call = host.call  # type: ignore[method-assign]
     return agents
 

@@ -31,6 +31,7 @@ BENCHMARKS = (
     "console",
     "storm",
     "c50k",
+    "sessionmem",
 )
 
 

@@ -30,6 +30,10 @@ BRIDGE_CODE = (
     "import sys; from broker.clients.bridge import main_connect; "
     "sys.exit(main_connect(sys.argv[1], [], None))"
 )
+BRIDGE_CODE_GIVING_UP = (
+    "import sys; from broker.clients.bridge import main_connect; "
+    "sys.exit(main_connect(sys.argv[1], [], None, float(sys.argv[2])))"
+)
 TIMEOUT = 5.0
 # A trimmed environment: no proxy variables, so the bridge dials the stub directly.
 ENV = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
@@ -113,13 +117,16 @@ async def stub_server(
 
 
 @contextlib.asynccontextmanager
-async def bridge_process(url: str) -> AsyncIterator[asyncio.subprocess.Process]:
+async def bridge_process(
+    url: str, *, give_up_after: float = 60.0
+) -> AsyncIterator[asyncio.subprocess.Process]:
     """Run the bridge subprocess with piped stdio; kill it if a test leaves it running."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        BRIDGE_CODE,
+        BRIDGE_CODE_GIVING_UP,
         url,
+        str(give_up_after),
         cwd=ROOT,
         env=ENV,
         stdin=asyncio.subprocess.PIPE,
@@ -189,17 +196,54 @@ async def test_stdin_eof_closes_normally_and_exits_zero() -> None:
     assert agent.close_code == 1000
 
 
-async def test_server_close_exits_one_and_names_code() -> None:
-    async def restart(ws: ServerConnection) -> None:
-        await ws.close(1012, "restarting")
+async def test_server_close_for_good_exits_one_and_names_code() -> None:
+    async def refuse(ws: ServerConnection) -> None:
+        await ws.close(1008, "not for you")
 
-    async with stub_server(restart) as url, bridge_process(url) as process:
+    async with stub_server(refuse) as url, bridge_process(url) as process:
         code, stderr = await finish(process)
     assert code == 1
     assert stderr.count("\n") == 1
-    assert "code 1012" in stderr
-    assert "restarting" in stderr
+    assert "code 1008" in stderr
+    assert "not for you" in stderr
     assert "Traceback" not in stderr
+
+
+async def test_a_node_that_keeps_restarting_is_given_up_past_the_bound() -> None:
+    connections = 0
+
+    async def restart(ws: ServerConnection) -> None:
+        nonlocal connections
+        connections += 1
+        await ws.close(1012, "restarting")
+
+    async with stub_server(restart) as url, bridge_process(url, give_up_after=0.5) as process:
+        code, stderr = await finish(process)
+    assert code == 1
+    assert stderr.count("\n") == 1
+    assert "gave up" in stderr and "code 1012" in stderr and "restarting" in stderr
+    assert connections >= 2  # it did try again
+    assert "Traceback" not in stderr
+
+
+async def test_an_editor_that_leaves_during_an_outage_ends_the_bridge_at_once() -> None:
+    connections = 0
+    tried_again = asyncio.Event()
+
+    async def restart(ws: ServerConnection) -> None:
+        nonlocal connections
+        connections += 1
+        if connections >= 2:
+            tried_again.set()
+        await ws.close(1012, "restarting")
+
+    async with stub_server(restart) as url, bridge_process(url, give_up_after=60) as process:
+        async with asyncio.timeout(TIMEOUT):
+            await tried_again.wait()
+        assert process.stdin is not None
+        process.stdin.close()
+        code, stderr = await finish(process)  # within TIMEOUT, far under the 60 s bound
+    assert code == 0, stderr
 
 
 async def test_closed_port_exits_two_with_one_line() -> None:
@@ -276,6 +320,19 @@ async def test_frames_become_single_lines_and_headers_are_sent(
     ]
     assert seen_headers == ["Bearer t0k"]
     assert "dropped a multi-line frame" in capsys.readouterr().err
+
+
+async def test_of_several_urls_the_first_that_answers_is_used() -> None:
+    stdin = asyncio.StreamReader()
+    stdin.feed_data(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n')
+    sink = ListSink()
+    refused = f"ws://127.0.0.1:{unused_port()}/acp"
+    async with stub_server(StubAgent()) as url, asyncio.timeout(TIMEOUT):
+        bridge = asyncio.create_task(run_bridge([refused, url], stdin=stdin, stdout=sink))
+        await sink.wait_for_lines(1)
+        stdin.feed_eof()
+        assert await bridge == 0
+    assert json.loads(sink.lines[0])["id"] == 1
 
 
 def test_build_headers() -> None:

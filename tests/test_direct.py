@@ -180,7 +180,7 @@ def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
 async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
     redis_url: str,
 ) -> None:
-    store = connect(redis_url)
+    store: Any = connect(redis_url)
     direct, client = SessionLog(store, direct_reads=True), SessionLog(store)
     try:
         await direct.create("t", "sess_0001", {"type": EventType.CREATED, "cwd": "/w"})
@@ -218,7 +218,7 @@ async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_
     from broker.store.keys import SessionKeys
     from broker.store.log import SessionLog, SessionMissing
 
-    store = connect(redis_url)
+    store: Any = connect(redis_url)
     log = SessionLog(store, direct_reads=True)
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     on_client = SessionLog(embedded)

@@ -12,7 +12,8 @@ from broker.store.events import EventType
 from broker.store.index import SessionIndex
 from broker.store.keys import SessionKeys
 from broker.store.log import SessionLog, new_session_id
-from workers.projector.feeds import trim_feed, trim_feeds, trim_floor
+from broker.store.streams import trim_floor
+from workers.projector.feeds import trim_feed, trim_feeds
 from workers.projector.worker import GROUP, Projector
 
 from .support.client import wait_for
@@ -22,7 +23,7 @@ TENANT = "acme"
 CHUNK = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}
 
 
-@pytest.fixture(params=["redis", "embedded", "cluster"])
+@pytest.fixture(params=["redis", "embedded", "cluster", "sentinel"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -38,13 +39,36 @@ async def _session_with_events(store: Any, events: int) -> SessionKeys:
     return SessionKeys(TENANT, session_id)
 
 
-def test_the_floor_is_the_older_of_last_delivered_and_oldest_pending() -> None:
+def test_the_floor_is_past_last_delivered_or_at_the_oldest_pending() -> None:
     group = {"name": GROUP.encode(), "last-delivered-id": b"200-0"}
-    assert trim_floor([group], {"pending": 0, "min": None}) == "200-0"
-    assert trim_floor([group], {"pending": 2, "min": b"150-3"}) == "150-3"
-    assert trim_floor([group], {"pending": 1, "min": b"1000-0"}) == "200-0"
-    assert trim_floor([{**group, "last-delivered-id": b"0-0"}], {"pending": 0}) is None
-    assert trim_floor([{"name": b"other", "last-delivered-id": b"9-0"}], {}) is None
+    assert trim_floor([group], {"pending": 0, "min": None}, GROUP) == "200-1"
+    assert trim_floor([group], {"pending": 2, "min": b"150-3"}, GROUP) == "150-3"
+    assert trim_floor([group], {"pending": 1, "min": b"1000-0"}, GROUP) == "200-1"
+    assert trim_floor([{**group, "last-delivered-id": b"0-0"}], {"pending": 0}, GROUP) is None
+    assert trim_floor([{"name": b"other", "last-delivered-id": b"9-0"}], {}, GROUP) is None
+
+
+async def test_a_feed_whose_notices_are_all_acknowledged_is_emptied(store: Any) -> None:
+    keys = await _session_with_events(store, 450)
+    await store.xgroup_create(keys.feed, GROUP, id="0")
+    read = await store.xreadgroup(GROUP, "p", {keys.feed: ">"}, count=1000)
+    await store.xack(keys.feed, GROUP, *[entry_id for entry_id, _ in read[0][1]])
+    assert await trim_feed(store, keys.feed) == 451
+    assert await store.xlen(keys.feed) == 0, "an acknowledged notice stayed"
+
+
+async def test_at_most_one_node_of_acknowledged_notices_stays(store: Any) -> None:
+    """The approximate trim's bound: beside unacknowledged notices, fewer acknowledged ones
+    than a stream node holds (``stream-node-max-entries``: 100)."""
+    keys = await _session_with_events(store, 650)
+    await store.xgroup_create(keys.feed, GROUP, id="0")
+    read = await store.xreadgroup(GROUP, "p", {keys.feed: ">"}, count=1000)
+    ids = [entry_id for entry_id, _ in read[0][1]]
+    await store.xack(keys.feed, GROUP, *ids[:555])
+    await trim_feed(store, keys.feed)
+    left = [entry_id for entry_id, _ in await store.xrange(keys.feed)]
+    assert set(ids[555:]) <= set(left), "an unacknowledged notice was trimmed"
+    assert len(left) - len(ids[555:]) < 100
 
 
 async def test_a_feed_without_the_group_is_kept_whole(store: Any) -> None:
@@ -72,8 +96,8 @@ async def test_the_projector_goes_on_after_a_trim(store: Any) -> None:
     task = asyncio.create_task(projector.run())
     try:
         await until_consumed(store, [keys.feed])
-        assert await trim_feeds(store) >= 300
-        assert await store.xlen(keys.feed) < 200
+        assert await trim_feeds(store) == 501
+        assert await store.xlen(keys.feed) == 0
         title = {"sessionUpdate": "session_info_update", "title": "after the trim"}
         await SessionLog(store).append(
             TENANT, keys.session_id, {"type": EventType.UPDATE, "update": title}

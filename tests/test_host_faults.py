@@ -13,7 +13,7 @@ import pytest
 
 from broker.protocol import commands
 from broker.protocol.commands import Op, Reply
-from broker.store.client import Store, connect
+from broker.store.client import Store, connect, server_client
 from broker.store.keys import host_queue
 from workers.agent_host.worker import HostWorker
 
@@ -50,7 +50,7 @@ async def test_a_queued_command_whose_xack_fails_runs_and_the_queue_is_read_on(
     the queue (an XACK error once ended that loop: no new session was served until a
     restart). The refusal is logged."""
     with redis_server() as url:
-        admin = connect(url)
+        admin: Any = connect(url)
         await admin.acl_setuser(
             "host",
             enabled=True,
@@ -211,4 +211,4 @@ async def test_a_malformed_entry_is_skipped_and_the_next_command_served(
 
 async def _reading_inbox(store: Store) -> bool:
     """Whether a client is blocked in XREAD (only the host's inbox is read so)."""
-    return any(client["cmd"] == "xread" for client in await store.client_list())
+    return any(client["cmd"] == "xread" for client in await server_client(store).client_list())

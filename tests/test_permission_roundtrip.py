@@ -26,7 +26,7 @@ from .support.redis_server import redis_server
 from .test_scale_out import cluster_of
 
 
-class _Channel:
+class _ChannelFake:
     """A store stand-in whose SPUBLISH lets a test decide what the nodes do with a message."""
 
     def __init__(self, on_publish: Any) -> None:
@@ -37,6 +37,9 @@ class _Channel:
         message = json.loads(data)
         self.published.append(message)
         return int(self.on_publish(message))
+
+
+_Channel: Any = _ChannelFake  # a stand-in for the Store protocol
 
 
 async def test_an_answer_that_arrives_before_the_publish_returns_is_taken() -> None:
@@ -96,7 +99,51 @@ async def test_every_node_declining_ends_the_question_at_once() -> None:
         await asyncio.wait_for(clients.request_client("t", "s", "fs/read_text_file", {}, None), 5)
 
 
-class _SocketErrors:
+async def test_a_question_whose_client_went_away_waits_for_it_to_come_back() -> None:
+    clients: RemoteClients
+    asks = 0
+
+    def gone_then_back(message: dict[str, Any]) -> int:
+        nonlocal asks
+        if message["kind"] != "creq":
+            return 1
+        asks += 1
+        if asks == 1:  # asked, and its connection dropped before it answered
+            clients.on_reply({"rid": message["rid"], "node": "n1", "none": True, "asked": True})
+            return 1
+        if asks < 4:
+            return 0  # no node has the session while the client reconnects
+        clients.on_reply({"rid": message["rid"], "node": "n2", "result": {"ok": 3}})
+        return 1
+
+    clients = RemoteClients(
+        _Channel(gone_then_back), "inbox", timeout=30, reask_interval=0.05, reconnect_grace=5
+    )
+    answer = await asyncio.wait_for(
+        clients.request_client("t", "s", "session/request_permission", {}, "conn-1"), 5
+    )
+    assert answer == {"ok": 3}
+
+
+async def test_the_grace_is_bounded() -> None:
+    clients: RemoteClients
+
+    def gone(message: dict[str, Any]) -> int:
+        if message["kind"] == "creq" and message.get("prefer"):
+            clients.on_reply({"rid": message["rid"], "node": "n1", "none": True, "asked": True})
+            return 1
+        return 0
+
+    clients = RemoteClients(
+        _Channel(gone), "inbox", timeout=30, reask_interval=0.05, reconnect_grace=0.3
+    )
+    with pytest.raises(RpcError, match="no connected client"):
+        await asyncio.wait_for(
+            clients.request_client("t", "s", "session/request_permission", {}, "conn-1"), 5
+        )
+
+
+class _SocketErrorsFake:
     """A real store whose SPUBLISH fails with a bare socket error (``OSError``, which redis-py
     does not always wrap) on the first request and on the first "settled"."""
 
@@ -110,6 +157,9 @@ class _SocketErrors:
             self.failed.add(kind)
             raise ConnectionResetError(104, "Connection reset by peer")
         return int(await self.store.spublish(channel, data))
+
+
+_SocketErrors: Any = _SocketErrorsFake  # a stand-in for the Store protocol
 
 
 async def test_a_socket_error_from_the_store_is_asked_through() -> None:

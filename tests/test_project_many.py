@@ -23,7 +23,7 @@ from .support.projection import feeds_of, until_consumed
 TENANTS = ("acme", "globex")
 
 
-@pytest.fixture(params=["redis", "embedded", "cluster"])
+@pytest.fixture(params=["redis", "embedded", "cluster", "sentinel"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

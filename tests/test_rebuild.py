@@ -19,6 +19,7 @@ from broker.serve import Broker
 from broker.store.index import (
     ACP_LISTING,
     SessionIndex,
+    Version,
     cwd_listing,
     decode_row,
     encode_row,
@@ -68,7 +69,11 @@ async def _caught_up(redis: Any, made: dict[str, str]) -> dict[str, Any]:
     while True:
         versions = await redis.hgetall(keys.versions)
         seqs = {sid: (await session_log.snapshot(TENANT, sid)).seq for sid in made.values()}
-        indexed = {sid: json.loads(versions[sid])["q"] for sid in made.values() if sid in versions}
+        indexed = {
+            sid: Version.decode(versions[sid]).seq  # type: ignore[union-attr]
+            for sid in made.values()
+            if sid in versions
+        }
         if indexed == seqs:
             await until_consumed(redis, feeds_of(TENANT, made.values()))
             rows = await redis.hgetall(keys.rows)

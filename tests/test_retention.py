@@ -8,13 +8,15 @@ refuses writes cleanly and keeps serving reads.
 - ``max_sessions_per_tenant``: ``session/new`` past it is a clear error.
 - ``maxmemory``: a private redis-server with a small limit and ``noeviction``; once it is
   full, prompts and ``session/new`` fail saying the store is full, nothing is half-written,
-  ``session/list`` and the REST list keep working, and writes resume once space is freed.
+  ``session/list`` and the REST list keep working, ``/readyz`` is 503 saying "store full",
+  and writes resume once space is freed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -140,9 +142,10 @@ async def test_a_full_redis_refuses_writes_and_keeps_reads(tmp_path: Path) -> No
             with await asyncio.to_thread(urllib.request.urlopen, rest, timeout=10) as answer:
                 assert session_id in answer.read().decode()
             ready = f"http://127.0.0.1:{node.http_port}/readyz"
-            with await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10) as answer:
-                assert answer.status == 200  # reads are served: still ready, and says why
-                assert "store full" in json.loads(answer.read())["checks"]["redis"]["note"]
+            with pytest.raises(urllib.error.HTTPError) as refused:  # it cannot take writes
+                await asyncio.to_thread(urllib.request.urlopen, ready, timeout=10)
+            assert refused.value.code == 503
+            assert "store full" in json.loads(refused.value.read())["checks"]["redis"]["error"]
             metrics = await _metrics(f"http://127.0.0.1:{node.http_port}/metrics")
             assert metrics["acp_broker_store_full"] == 1  # the metrics say why too
             assert metrics["acp_broker_writes_refused_total{reason=store_full}"] >= 2

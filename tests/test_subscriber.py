@@ -81,7 +81,7 @@ async def test_messages_arrive_in_order_with_their_confirmations(redis_url: str)
 async def test_a_dropped_connection_is_reported_then_reopened_with_every_channel(
     redis_url: str,
 ) -> None:
-    store = connect(redis_url)
+    store: Any = connect(redis_url)
     sub = open_subscriber(store)
     try:
         await sub.ssubscribe("{a}:one", "{b}:two")

@@ -8,16 +8,14 @@ load/replay, resume and delete. The SDK validates every message it receives agai
 types (generated from the same schemas as ``tests/schemas``).
 
 Node.js and npm must be on the PATH (``.ci/run`` installs them); the SDK is installed
-from ``tests/ts/package-lock.json`` with ``npm ci`` when ``tests/ts/node_modules`` is
-missing or older than the lockfile.
+from ``tests/ts/package-lock.json`` with ``npm ci`` by ``make test`` (or, run without it,
+once by the first test that needs it: :mod:`.support.node_peers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,22 +28,17 @@ from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import ROOT, make_settings, subprocess_env
+from .support.node_peers import node_peers
 
 TS = Path(__file__).resolve().parent / "ts"
 TSX = TS / "node_modules" / ".bin" / "tsx"
-INSTALLED = TS / "node_modules" / ".package-lock.json"
 
 
 @pytest.fixture(scope="module")
 def ts_peers() -> Path:
-    """``tests/ts`` with its lockfile's packages installed (``npm ci``)."""
-    for tool in ("node", "npm"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} is not on the PATH: install Node.js (.ci/run does)")
-    lock = TS / "package-lock.json"
-    if not INSTALLED.exists() or INSTALLED.stat().st_mtime < lock.stat().st_mtime:
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=TS, check=True, timeout=600)
-    return TS
+    """``tests/ts`` with its lockfile's packages installed (``npm ci``, once: see
+    :mod:`.support.node_peers`)."""
+    return node_peers()
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ from collections.abc import AsyncIterator
 from broker.config import Settings
 from broker.logs import start_line
 from broker.loops import cancel_and_wait
-from broker.ops.health import Health, redis_answers, tasks_running
+from broker.ops.health import Health, tasks_running
 from broker.ops.server import OpsServer
 from broker.signals import until_stopped
 from broker.store.archive import open_archive
-from broker.store.client import Store, connect, masked_url
+from broker.store.client import connect, masked_url
+from broker.store.guard import StoreGuard
 
 from .agent_host.worker import HostWorker
 from .projector.archiving import archiving_role
@@ -42,9 +43,9 @@ async def _ops(settings: Settings, health: Health) -> AsyncIterator[str]:
         await server.stop()
 
 
-def _health(settings: Settings, redis: Store) -> Health:
+def _health(settings: Settings, guard: StoreGuard) -> Health:
     health = Health(timeout=settings.health_timeout)
-    health.add("redis", redis_answers(redis))
+    health.add("redis", guard.ready)
     return health
 
 
@@ -54,9 +55,11 @@ async def run_agent_host(settings: Settings) -> None:
     store = masked_url(settings.redis_url)
     log.info("%s", start_line("worker agent-host", store, ["agent host"], agents))
     redis = connect(settings.redis_url, timeout=settings.redis_timeout)
+    guard = StoreGuard(redis, settings)
+    await guard.start()  # a store that would lose data, or cannot be used, is refused here
     location = settings.archive_location()
     worker = HostWorker(redis, settings, archive=open_archive(location) if location else None)
-    health = _health(settings, redis)
+    health = _health(settings, guard)
     health.add("agent host loops", tasks_running(worker.loops))
     await worker.start()
     async with _ops(settings, health) as where:
@@ -64,6 +67,7 @@ async def run_agent_host(settings: Settings) -> None:
         await until_stopped()
         log.info("agent host %s draining: handing its sessions over", worker.host_id)
         await worker.stop(hand_over=True)
+    await guard.stop()
     await redis.aclose()
 
 
@@ -74,7 +78,8 @@ async def run_projector_role(settings: Settings) -> None:
         "%s", start_line("worker projector", masked_url(settings.redis_url), ["projector"], [])
     )
     redis = connect(settings.redis_url, timeout=settings.redis_timeout)
-    await redis.ping()  # a store that cannot be reached at start is an error, not "ready"
+    guard = StoreGuard(redis, settings)
+    await guard.start()  # a store that cannot be reached at start is an error, not "ready"
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
     tasks = [
@@ -87,12 +92,13 @@ async def run_projector_role(settings: Settings) -> None:
         tasks.append(
             asyncio.create_task(archiving_role(redis, archive, settings), name="archiving")
         )
-    health = _health(settings, redis)
+    health = _health(settings, guard)
     health.add("projector loops", tasks_running(lambda: tasks))
     async with _ops(settings, health) as where:
         print(f"acp-broker projector ready{where}", flush=True)
         await until_stopped()
         await cancel_and_wait(*tasks)
+    await guard.stop()
     if archive is not None:
         await archive.close()
     await redis.aclose()

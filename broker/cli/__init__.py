@@ -36,6 +36,12 @@ def _common(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
         "store lives inside `serve` and no other process can reach it)",
     )
     parser.add_argument("--tenant", help="tenant to act as (default: 'default')")
+    parser.add_argument(
+        "--allow-evicting-store",
+        action="store_true",
+        default=None,
+        help="run on a Redis whose maxmemory-policy is not noeviction (it may drop sessions)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument(
         "--log-format",
@@ -116,7 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     connect = sub.add_parser(
         "connect", help="bridge stdio to a broker's WebSocket (use the broker as an editor's agent)"
     )
-    connect.add_argument("url", help="ws://HOST:PORT/acp")
+    connect.add_argument(
+        "url", nargs="+", help="ws://HOST:PORT/acp (several: tried in turn after a drop)"
+    )
+    connect.add_argument(
+        "--give-up-after",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="after a drop, how long the broker may stay out of reach before the bridge "
+        "exits 1 (default 60)",
+    )
     connect.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
     connect.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
 
@@ -177,6 +193,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
         getattr(args, "config", None),
         redis_url=getattr(args, "redis_url", None),
         tenant=getattr(args, "tenant", None),
+        allow_evicting_store=getattr(args, "allow_evicting_store", None),
         **extra,
     )
 
@@ -219,7 +236,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_connect(args: argparse.Namespace) -> int:
     from ..clients.bridge import main_connect
 
-    return main_connect(args.url, args.header, args.token)
+    return main_connect(args.url, args.header, args.token, args.give_up_after)
 
 
 def _cmd_sessions(args: argparse.Namespace) -> int:

@@ -2,20 +2,27 @@
 
 Editors such as Zed launch an ACP agent as a subprocess and speak newline-delimited
 JSON-RPC on its stdin/stdout. The bridge lets such an editor use the broker as its agent:
-it opens one WebSocket connection to the broker and relays messages both ways.
+it holds one WebSocket connection to the broker at a time and relays messages both ways.
 
 * Each non-blank stdin line becomes one text frame, with the trailing newline removed.
-  Lines are forwarded unparsed; the broker validates them.
+  Lines are parsed to follow the editor's requests and sessions (see :mod:`.resume`);
+  what is not JSON is forwarded as it is (the broker answers it).
 * Each text frame becomes one stdout line. A frame containing a line break is parsed and
   re-serialized compactly so that one message stays one line; a multi-line frame that is
   not valid JSON is dropped and reported on stderr. Binary and blank frames are ignored.
+* When the connection drops (the node shuts down or restarts, a reset, a failed
+  keepalive: :data:`.link.RECONNECT_CODES`), the bridge reconnects, to the same URL or the
+  next of those given, and resumes where it was (:mod:`.reconnecting`): the editor sees
+  a delay, stderr one line.
 
 Exit codes returned by :func:`run_bridge` and :func:`main_connect`:
 
 * ``0`` (:data:`EXIT_OK`): stdin reached EOF and the bridge closed the WebSocket (1000).
-* ``1`` (:data:`EXIT_DISCONNECTED`): the server closed or lost the connection, stdout
-  broke, or stdin failed; stderr names the close code and reason or the local cause.
-* ``2`` (:data:`EXIT_CONNECT_FAILED`): bad URL, connection refused, handshake rejected
+* ``1`` (:data:`EXIT_DISCONNECTED`): the server closed the connection for good (a code
+  reconnecting cannot help), the broker stayed out of reach past the bound after a drop
+  (``give_up_after``, 60 s by default), stdout broke, or stdin failed; stderr names the
+  close code and reason or the local cause.
+* ``2`` (:data:`EXIT_CONNECT_FAILED`): bad URL, first connection refused, handshake rejected
   (e.g. HTTP 401), unusable stdio or malformed ``--header``/``--token``; one stderr line.
 * ``130`` (:data:`EXIT_INTERRUPTED`): interrupted by Ctrl-C (``main_connect`` only).
 * ``143`` (:data:`EXIT_TERMINATED`): SIGTERM; the WebSocket is closed normally first
@@ -28,7 +35,6 @@ Expected failures never print a traceback.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import selectors
@@ -36,20 +42,23 @@ import signal
 import socket
 import stat
 import sys
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import BinaryIO, Final, Protocol, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import (
-    ConnectionClosed,
     InvalidHandshake,
     InvalidStatus,
     InvalidURI,
     WebSocketException,
 )
-from websockets.frames import CLOSE_CODE_EXPLANATIONS, CloseCode
+
+from .backoff import Backoff, UrlRing
+from .output import one_line as _one_line
+from .output import report as _report
+from .reconnecting import ConnectFailed, Relay
 
 __all__ = [
     "EXIT_CONNECT_FAILED",
@@ -76,10 +85,9 @@ MAX_MESSAGE_BYTES: Final = 50 * 1024 * 1024
 
 OPEN_TIMEOUT_SECONDS: Final = 10.0
 CLOSE_TIMEOUT_SECONDS: Final = 3.0
-DRAIN_AFTER_CLOSE_SECONDS: Final = 1.0
-"""After stdin EOF and our close, how long frames already received may still reach stdout."""
+GIVE_UP_AFTER_SECONDS: Final = 60.0
+"""How long the broker may stay out of reach after a drop before the bridge gives up."""
 
-_PREFIX: Final = "acp-broker connect"
 _HTTP_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _FORBIDDEN_IN_VALUE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _RESERVED_HEADERS: Final = frozenset(
@@ -124,13 +132,19 @@ class _FileSink:
 # --------------------------------------------------------------------------- CLI entry
 
 
-def main_connect(url: str, headers: list[str], token: str | None) -> int:
+def main_connect(
+    url: str | Sequence[str],
+    headers: list[str],
+    token: str | None,
+    give_up_after: float = GIVE_UP_AFTER_SECONDS,
+) -> int:
     """Run the bridge on the process's stdin/stdout and return its exit code.
 
     Args:
-        url: Broker endpoint, e.g. ``ws://127.0.0.1:8765/acp``.
+        url: Broker endpoint, e.g. ``ws://127.0.0.1:8765/acp``, or several (tried in turn).
         headers: Extra handshake headers as ``"Name: value"`` strings.
         token: If given, sent as ``Authorization: Bearer <token>``.
+        give_up_after: Seconds the broker may stay out of reach after a drop.
 
     Returns:
         An exit code as described in the module docstring.
@@ -141,12 +155,14 @@ def main_connect(url: str, headers: list[str], token: str | None) -> int:
         _report(str(exc))
         return EXIT_CONNECT_FAILED
     try:
-        return asyncio.run(_run_until_terminated(url, handshake_headers))
+        return asyncio.run(_run_until_terminated(url, handshake_headers, give_up_after))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
 
-async def _run_until_terminated(url: str, headers: Mapping[str, str]) -> int:
+async def _run_until_terminated(
+    url: str | Sequence[str], headers: Mapping[str, str], give_up_after: float
+) -> int:
     """Run :func:`run_bridge` on process stdio; on SIGTERM close it and return 143."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -159,7 +175,7 @@ async def _run_until_terminated(url: str, headers: Mapping[str, str]) -> int:
 
     loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     try:
-        return await run_bridge(url, headers=headers)
+        return await run_bridge(url, headers=headers, give_up_after=give_up_after)
     except asyncio.CancelledError:
         if not terminated.is_set():
             raise
@@ -214,33 +230,66 @@ def _check_token(token: str) -> str:
 
 
 async def run_bridge(
-    url: str,
+    url: str | Sequence[str],
     *,
     headers: Mapping[str, str] | None = None,
     stdin: asyncio.StreamReader | None = None,
     stdout: ByteSink | None = None,
+    give_up_after: float = GIVE_UP_AFTER_SECONDS,
 ) -> int:
-    """Relay newline-delimited JSON-RPC between stdio and the broker's WebSocket.
+    """Relay newline-delimited JSON-RPC between stdio and the broker's WebSocket, and
+    reconnect when the connection drops (see :mod:`.reconnecting`).
 
     Args:
-        url: Broker endpoint, e.g. ``ws://127.0.0.1:8765/acp``.
+        url: Broker endpoint, e.g. ``ws://127.0.0.1:8765/acp``, or several: the first one
+            that answers is used, and the others are tried in turn after a drop.
         headers: Extra HTTP headers for the opening handshake.
         stdin: Source of editor messages; defaults to the process's stdin.
         stdout: Sink for broker messages; defaults to the process's stdout.
+        give_up_after: Seconds the broker may stay out of reach after a drop.
 
     Returns:
         :data:`EXIT_OK`, :data:`EXIT_DISCONNECTED` or :data:`EXIT_CONNECT_FAILED`.
     """
+    urls = [url] if isinstance(url, str) else list(url)
+    try:
+        ring = UrlRing(urls)
+        backoff = Backoff(give_up_after=give_up_after)
+    except ValueError as exc:
+        _report(str(exc))
+        return EXIT_CONNECT_FAILED
     try:
         async with _stdio(stdin, stdout) as (reader, sink):
-            ws = await _connect(url, headers)
+            ws = await _connect_first(ring, headers)
+
+            async def again(target: str) -> ClientConnection:
+                try:
+                    return await _connect(target, headers)
+                except _StartupError as exc:
+                    raise ConnectFailed(str(exc)) from exc
+
+            relay = Relay(again, ring, backoff, reader, sink, _redact)
             try:
-                return await _relay(ws, reader, sink, _redact(url))
+                return await relay.run(ws)
             finally:
                 await ws.close()
     except _StartupError as exc:
         _report(str(exc))
         return EXIT_CONNECT_FAILED
+
+
+async def _connect_first(ring: UrlRing, headers: Mapping[str, str] | None) -> ClientConnection:
+    """The first connection: to the first URL that answers (the failure of the first URL
+    is raised when none does)."""
+    first: _StartupError | None = None
+    for _ in ring.urls:
+        try:
+            return await _connect(ring.current, headers)
+        except _StartupError as exc:
+            first = first or exc
+            ring.failed()
+    assert first is not None
+    raise first
 
 
 class _StartupError(Exception):
@@ -298,111 +347,6 @@ def _with_cause(exc: BaseException) -> str:
     if cause is not None:
         text += f": {cause or type(cause).__name__}"
     return _one_line(text)
-
-
-async def _relay(
-    ws: ClientConnection, reader: asyncio.StreamReader, sink: ByteSink, url: str
-) -> int:
-    """Pump both directions until one ends, then finish and return the exit code."""
-    upstream = asyncio.create_task(_pump_stdin(reader, ws))
-    downstream = asyncio.create_task(_pump_websocket(ws, sink))
-    try:
-        await asyncio.wait((upstream, downstream), return_when=asyncio.FIRST_COMPLETED)
-        if downstream.done():
-            return await _after_websocket_ended(downstream, ws, url)
-        return await _after_stdin_ended(upstream, downstream, ws, url)
-    finally:
-        for task in (upstream, downstream):
-            task.cancel()
-        await asyncio.gather(upstream, downstream, return_exceptions=True)
-
-
-async def _pump_stdin(reader: asyncio.StreamReader, ws: ClientConnection) -> None:
-    """Send each non-blank stdin line as one text frame; return at EOF.
-
-    Lines are sent as raw bytes flagged as text, so they are not decoded here; a line
-    that is not UTF-8 makes the broker close the connection with code 1007.
-    """
-    while line := await reader.readline():
-        message = line.rstrip(b"\r\n")
-        if message and not message.isspace():
-            await ws.send(message, text=True)
-
-
-async def _pump_websocket(ws: ClientConnection, sink: ByteSink) -> None:
-    """Write each text frame to ``sink`` as one line; return when the connection closes."""
-    try:
-        while True:
-            line = _frame_to_line(await ws.recv())
-            if line is not None:
-                sink.write(line)
-                await sink.drain()
-    except ConnectionClosed:
-        return
-
-
-def _frame_to_line(message: str | bytes) -> bytes | None:
-    """Return the stdout line for a received frame, or ``None`` to skip the frame."""
-    if isinstance(message, bytes) or not message or message.isspace():
-        return None
-    if "\n" in message or "\r" in message:
-        try:
-            message = json.dumps(json.loads(message), separators=(",", ":"))
-        except ValueError as exc:
-            _report(f"dropped a multi-line frame that is not valid JSON ({exc})")
-            return None
-    return message.encode() + b"\n"
-
-
-async def _after_websocket_ended(
-    downstream: asyncio.Task[None], ws: ClientConnection, url: str
-) -> int:
-    """Finish after the WebSocket side stopped: the server closed it or stdout broke."""
-    error = downstream.exception()
-    if isinstance(error, OSError):
-        _report(f"stdout is closed ({error}); closing the connection to {url}")
-        await ws.close(CloseCode.GOING_AWAY, "client stdout closed")
-        return EXIT_DISCONNECTED
-    if error is not None:
-        raise error
-    return _report_server_close(ws, url)
-
-
-async def _after_stdin_ended(
-    upstream: asyncio.Task[None], downstream: asyncio.Task[None], ws: ClientConnection, url: str
-) -> int:
-    """Finish after the stdin side stopped: EOF, connection closed, or a stdin failure."""
-    error = upstream.exception()
-    if error is None:
-        await ws.close()
-        await asyncio.wait((downstream,), timeout=DRAIN_AFTER_CLOSE_SECONDS)
-        if ws.protocol.close_rcvd_then_sent:
-            return _report_server_close(ws, url)
-        return EXIT_OK
-    if isinstance(error, ConnectionClosed):
-        await asyncio.wait((downstream,), timeout=DRAIN_AFTER_CLOSE_SECONDS)
-        return _report_server_close(ws, url)
-    if isinstance(error, ValueError):
-        _report(f"a stdin line exceeds the line limit ({error}); closing the connection")
-        await ws.close(CloseCode.MESSAGE_TOO_BIG, "stdin line too long")
-        return EXIT_DISCONNECTED
-    if isinstance(error, OSError):
-        _report(f"cannot read stdin ({error}); closing the connection")
-        await ws.close(CloseCode.GOING_AWAY, "client stdin failed")
-        return EXIT_DISCONNECTED
-    raise error
-
-
-def _report_server_close(ws: ClientConnection, url: str) -> int:
-    """Report on stderr how the connection ended and return :data:`EXIT_DISCONNECTED`."""
-    received = ws.protocol.close_rcvd
-    if received is None:
-        _report(f"connection to {url} lost without a close frame (code 1006)")
-        return EXIT_DISCONNECTED
-    explanation = CLOSE_CODE_EXPLANATIONS.get(received.code, "unknown")
-    reason = f", reason: {_one_line(received.reason)!r}" if received.reason else ", no reason"
-    _report(f"server closed the connection to {url}: code {received.code} ({explanation}){reason}")
-    return EXIT_DISCONNECTED
 
 
 # --------------------------------------------------------------------------- stdio
@@ -501,20 +445,6 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _report(message: str) -> None:
-    """Write one ``acp-broker connect: ...`` line to stderr, ignoring a closed stderr."""
-    try:
-        sys.stderr.write(f"{_PREFIX}: {_one_line(message)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
-def _one_line(text: str) -> str:
-    """Collapse all whitespace runs, including line breaks, into single spaces."""
-    return " ".join(text.split())
 
 
 def _redact(url: str) -> str:

@@ -12,6 +12,7 @@ from http import HTTPStatus
 from ..ops import metrics
 from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 from ..store.archive import ArchiveCorrupt
+from ..store.faults import brief
 from ..store.log import ArchiveUnavailable, SessionFull, StoreFull, is_oom
 from ..store.quotas import TenantFull
 
@@ -26,7 +27,9 @@ def store_unreachable(exc: BaseException) -> RpcError:
     reach: :data:`~broker.store.retry.STORE_AWAY`), on a front or on the agent host that ran it."""
     return RpcError(
         INTERNAL_ERROR,
-        f"the session store is unreachable ({type(exc).__name__}: {exc}); try again shortly",
+        f"the session store is unreachable ({brief(exc)}): it is restarting, failing over "
+        "or stalled; try again shortly",
+        {"reason": "store_unavailable"},
     )
 
 

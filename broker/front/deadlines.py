@@ -15,11 +15,12 @@ from typing import TypeVar
 from ..config import Settings
 from ..errors.store import store_unreachable
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
+from ..protocol.turns import PROMPT_OUTCOME
 from ..store.retry import STORE_AWAY
 
 T = TypeVar("T")
 
-LONG_METHODS = frozenset({"session/prompt"})
+LONG_METHODS = frozenset({"session/prompt", PROMPT_OUTCOME})
 """Methods bounded by ``prompt_timeout`` rather than ``request_timeout``."""
 
 

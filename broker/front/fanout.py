@@ -26,7 +26,7 @@ from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
-from ..store.client import Store, is_cluster
+from ..store.client import Store, cluster_client, is_cluster
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
@@ -107,7 +107,7 @@ class FanoutHub:
 
     async def start(self) -> None:
         if is_cluster(self.redis):
-            await self.redis.initialize()  # pub/sub needs the slot map before any command
+            await cluster_client(self.redis).initialize()  # pub/sub needs the slot map first
         await self._subscribe()
         self._tasks.append(asyncio.create_task(self._check_loop(), name="hub-position-check"))
 
@@ -245,7 +245,7 @@ class FanoutHub:
                     self._node_readers.pop(node_name, None)
                     return  # that node no longer holds any of our subscriptions
                 else:
-                    node = self.redis.get_node(node_name=node_name)
+                    node = cluster_client(self.redis).get_node(node_name=node_name)
                     message = await self._pubsub.get_sharded_message(target_node=node, timeout=1.0)
                     messages = [] if message is None else [message]
             except asyncio.CancelledError:

@@ -33,21 +33,23 @@ from ..config import Settings
 from ..logs import install_redaction
 from ..loops import stop_within
 from ..ops import metrics
-from ..ops.health import Health, Unhealthy, tasks_running
+from ..ops.health import Health, tasks_running
 from ..ops.server import ops_response
 from ..protocol import v2
+from ..protocol.turns import PROMPT_OUTCOME
 from ..store.archive import open_archive
-from ..store.client import Store, connect, embedded_warning, is_cluster, is_single_server
+from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
+from ..store.guard import StoreGuard
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
-from ..store.pressure import store_readiness
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
+from .acp.turn_outcome import prompt_outcome
 from .agents import RemoteAgents
 from .fanout import FanoutHub
 from .http.app import FrontHttp, http_url
@@ -99,6 +101,7 @@ class FrontNode:
             max_events=settings.max_events_per_session,
             direct_reads=True,
         )
+        self.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.pages = PageCache(settings.list_cache_pages) if settings.list_cache else None
         if self.pages is not None:
             self.pages.refreshing = settings.list_cache_refresh
@@ -135,7 +138,10 @@ class FrontNode:
             self.agents,
             CursorCodec(settings.cursor_keys()),
             self.access,
-            surfaces={v2.V1: V1_HANDLERS, v2.V2: V2_HANDLERS},
+            surfaces={
+                v2.V1: {**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+                v2.V2: {**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+            },
             pages=self.pages,
             list_changes=self.list_changes,
         )
@@ -156,7 +162,9 @@ class FrontNode:
         )
         self.health = Health(timeout=settings.health_timeout)
         """Readiness checks of this process: Redis, pub/sub, the loops of every role here."""
-        self.health.add("redis", self._store_ready)
+        self.store_guard = StoreGuard(self.redis, settings)
+        """Start-up checks of the store; the ``redis`` readiness check."""
+        self.health.add("redis", self.store_guard.ready)
         self.health.add("pubsub", self.hub.check_subscribed)
         self.health.add("fanout loops", tasks_running(self.hub.loops))
         self.health.add("index watch loops", tasks_running(self.index_watch.loops))
@@ -180,17 +188,6 @@ class FrontNode:
         )
         self.http.websocket_port = lambda: self.port
 
-    async def _store_ready(self) -> str | None:
-        """Readiness of the store: it answers (a full one still serves reads: ready, and said).
-        The embedded store has no memory report: a PING."""
-        if not (is_cluster(self.redis) or is_single_server(self.redis)):
-            await self.redis.ping()
-            return None
-        ready, why = await store_readiness(self.redis)
-        if not ready:
-            raise Unhealthy(why)
-        return None if why == "ready" else why
-
     @property
     def port(self) -> int:
         assert self._server is not None
@@ -202,6 +199,7 @@ class FrontNode:
         return self.http.port
 
     async def start(self) -> None:
+        await self.store_guard.start()
         await self.hub.start()
         self.index_watch.start()
         for role in self.colocated:
@@ -257,6 +255,7 @@ class FrontNode:
             await self._stop_part(name, role.stop(hand_over=hand_over))
         await self._stop_part("the fan-out hub", self.hub.stop())
         await self._stop_part("the index watch", self.index_watch.stop())
+        await self.store_guard.stop()
         self.list_changes.close()
         if self.archive is not None:
             await self.archive.close()

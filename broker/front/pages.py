@@ -59,7 +59,7 @@ from typing import Any, Protocol
 from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics
-from ..store.client import Store, is_cluster
+from ..store.client import Store, cluster_client, is_cluster
 from ..store.keys import INDEX_CHANNEL
 from ..store.subscriber import Message, open_subscriber
 
@@ -362,7 +362,7 @@ class _ClusterChannel:
     holds the channel's slot (found afresh on every subscription)."""
 
     def __init__(self, redis: Store) -> None:
-        self._redis = redis
+        self._redis = cluster_client(redis)
         self._pubsub = redis.pubsub()
         self._node: Any = None
 

@@ -160,6 +160,9 @@ class NodeRouter(HubListener):
                 answer = await self._first_answer(conns, method, message["params"])
                 break
             except ConnectionError:
+                # Asked, and gone before answering (its node stops, its link dropped): the
+                # host waits a while for the client to come back (client_reconnect_grace).
+                answer = {"none": True, "asked": True}
                 continue
         return answer
 

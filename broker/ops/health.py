@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors.failures import describe
+from ..logs import redact
 
 LIVE_PATH = "/livez"
 READY_PATH = "/readyz"
@@ -65,16 +66,6 @@ def tasks_running(tasks: Callable[[], Iterable[asyncio.Task[Any] | None]]) -> Ch
     return check
 
 
-def redis_answers(redis: Any) -> Check:
-    """A check that Redis answers ``PING``."""
-
-    async def check() -> str | None:
-        await redis.ping()
-        return None
-
-    return check
-
-
 class Health:
     """The checks of one process, and the answers of its health endpoints."""
 
@@ -101,13 +92,13 @@ class Health:
         except TimeoutError:
             return {"ok": False, "error": f"no answer within {self.timeout:g} s"}
         except Exception as exc:
-            return {"ok": False, "error": describe(exc)}
+            return {"ok": False, "error": redact(describe(exc))}
         outcome: dict[str, Any] = {
             "ok": True,
             "ms": round((time.perf_counter() - started) * 1000, 2),
         }
         if note:
-            outcome["note"] = note
+            outcome["note"] = redact(note)
         return outcome
 
     async def answer(self, path: str) -> HealthAnswer | None:

@@ -227,6 +227,9 @@ REDIS_RECOVERIES = Counter(
 STORE_USED = Gauge("acp_broker_store_used_bytes", "Redis used_memory (at the last readiness check)")
 STORE_LIMIT = Gauge("acp_broker_store_maxmemory_bytes", "Redis maxmemory (0: no limit)")
 STORE_FULL = Gauge("acp_broker_store_full", "1 while Redis is at maxmemory (writes are refused)")
+STORE_AWAY = Gauge(
+    "acp_broker_store_away", "1 while this process knows Redis is away (requests fail fast)"
+)
 WRITES_REFUSED = Counter(
     "acp_broker_writes_refused_total",
     "Writes refused for a store failure, by reason (store_full, session_full, tenant_full)",

@@ -20,6 +20,9 @@ POSITION_META = "acpBroker/position"
 NOTICE_META = "acpBroker/notice"
 """``_meta`` key marking a notice (or its ``agent_message_chunk`` stand-in) the broker wrote,
 and the stand-in of an agent's notice."""
+LET_GO_META = "acpBroker/deactivated"
+"""``_meta`` key of the notice that tells a client a session is no longer active on its
+connection (let go for a newer one: see ``front/acp/session_lru.py``)."""
 NOTICE_TITLE = "Message from the broker"
 """Title of a broker notice logged without one."""
 

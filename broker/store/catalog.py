@@ -31,9 +31,13 @@ from .events import SessionSnapshot
 
 ALL_LISTING = "c"
 SESSION_ID_PREFIX = "sess_"
-ID_PREFIX_CHARS = 4
-"""Prefix listings cover the first 1 to 4 characters after ``sess_`` (65 536 buckets of
-random hex): a longer prefix is a short, filtered walk of its 4-character listing."""
+ID_PREFIX_CHARS = 3
+"""Prefix listings cover the first 1 to 3 characters after ``sess_`` (4,096 buckets of
+random hex): a longer prefix is a short, filtered walk of its 3-character listing (about
+250 sessions at a million). A fourth character's listings held one session each up to
+some 65,000 sessions: a key per session, about 150 bytes of Redis each, archived sessions
+too (``docs/redis-memory.md``). Listings of 4 characters written before are left to the
+sessions' next projection or a rebuild (``acp-broker rebuild-index``); nothing reads them."""
 MAX_WORDS = 64
 MAX_WORD_CHARS = 64
 
@@ -53,7 +57,8 @@ def status_kind_listing(status: str, kind: str) -> str:
 
 
 def id_prefix_listing(prefix: str) -> str:
-    """The listing of sessions whose id body starts with ``prefix`` (1 to 4 characters)."""
+    """The listing of sessions whose id body starts with ``prefix`` (1 to
+    :data:`ID_PREFIX_CHARS` characters)."""
     return f"c:id:{prefix}"
 
 

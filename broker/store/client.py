@@ -1,4 +1,5 @@
-"""Connecting to the store: a real Redis (single or Cluster) or the embedded one.
+"""Connecting to the store: a real Redis (one server, a Sentinel set or a Cluster) or the
+embedded one.
 
 The embedded store is fakeredis with Lua, in this process: the same commands,
 the same scripts, the same code path, but single-node and not durable.
@@ -7,21 +8,139 @@ the same scripts, the same code path, but single-node and not durable.
 from __future__ import annotations
 
 import logging
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from enum import StrEnum
+from typing import Any, Protocol
 
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..compat.redis import packed_by_hiredis
+from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
+from .breaker import StoreBreaker, gated
+from .sentinel import sentinel_master
+from .urls import SENTINEL_SCHEMES, tls_files_exist
+from .urls import masked_url as masked_url  # where callers have long found it
 
 log = logging.getLogger(__name__)
 
-Store = Any
-"""A ``redis.asyncio.Redis`` or ``RedisCluster`` (or a fakeredis stand-in), decoding to str."""
+
+class Store(Protocol):
+    """What the roles need of the store: the commands they send (the log's streams and
+    scripts, the index's sorted sets and hashes, the queues' streams and consumer groups,
+    leases, the live feed's sharded pub/sub), pipelines and scripts. Every client
+    :func:`connect` makes satisfies it (redis-py's ``Redis`` for one server or a Sentinel
+    master, ``RedisCluster``, fakeredis's for the embedded store), and mypy checks that
+    the roles use nothing else; how the store is laid out is :func:`topology`'s to say.
+
+    The commands' arguments and replies keep redis-py's own (loose) types."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def set(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def exists(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def expire(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def pexpire(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def incrby(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hget(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hset(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hmget(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hgetall(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hexists(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hkeys(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hlen(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def hdel(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zadd(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zrem(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zrange(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zrangebyscore(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zrevrange(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zcard(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def zscore(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def sadd(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def srem(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def smembers(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xadd(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xrange(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xrevrange(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xread(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xreadgroup(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xgroup_create(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xack(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xtrim(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xautoclaim(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xpending(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xpending_range(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xlen(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def xinfo_stream(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def spublish(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def eval(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def evalsha(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def script_load(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def scan_iter(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def ping(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def info(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def config_get(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def pubsub(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def register_script(self, script: str) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64
@@ -39,14 +158,22 @@ sent again on a fresh connection, at most this many times, after a short backoff
 
 
 def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
-    """A client for ``url``, or for a new embedded store when ``url`` is None.
+    """A client for ``url``, or for a new embedded store when ``url`` is None: the one place
+    that decides the store's topology (:func:`topology` tells it afterwards).
 
-    ``redis+cluster://HOST:PORT`` (or ``rediss+cluster://``) names any node of a Redis
-    Cluster; the client discovers the rest and follows MOVED/ASK and failovers. ``timeout``
-    bounds each command and each connection attempt.
+    * ``redis://`` / ``rediss://`` (TLS) / ``unix://``: one Redis server;
+    * ``redis+cluster://HOST:PORT`` (or ``rediss+cluster://``) names any node of a Redis
+      Cluster; the client discovers the rest and follows MOVED/ASK and failovers;
+    * ``redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT…]/MASTER[/DB]`` (or
+      ``rediss+sentinel://``): the master that the Sentinels name, found again after a
+      failover (see :mod:`.sentinel`).
+
+    ``timeout`` bounds each command and each connection attempt. A TLS file the URL names
+    (``ssl_ca_certs`` …) that does not exist is refused here, by name.
     """
     if url is None:
         return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    tls_files_exist(url)
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if sep and scheme in CLUSTER_SCHEMES:
@@ -56,45 +183,85 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             health_check_interval=30,
             **bounded,
         )
-    # Only connection errors are retried: a timeout may hide a command that did run.
-    retry = Retry(
-        ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,)
-    )
+    breaker = StoreBreaker()  # see guard.StoreGuard: its probe opens and closes it
+    if sep and scheme in SENTINEL_SCHEMES:
+        return sentinel_master(
+            url,
+            timeout=timeout,
+            retry=_reconnecting(),
+            pool_size=POOL_SIZE,
+            pool_wait=POOL_WAIT,
+            packed=lambda kind: gated(packed_by_hiredis(kind), breaker),
+        )
     pool = BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         health_check_interval=30,
         max_connections=POOL_SIZE,
         timeout=POOL_WAIT,
-        retry=retry,
+        retry=_reconnecting(),
         **bounded,
     )
-    pool.connection_class = packed_by_hiredis(pool.connection_class)
+    pool.connection_class = gated(packed_by_hiredis(pool.connection_class), breaker)
     return Redis.from_pool(pool)
 
 
-def masked_url(url: str | None) -> str:
-    """A store URL fit for a log: its password replaced by ``***`` ("embedded" for None)."""
-    if url is None:
-        return "embedded (in-process, not durable)"
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:" if parts.username else ":"
-    host = parts.hostname or ""
-    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def _reconnecting() -> Retry:
+    """Commands tried again on a fresh connection after a connection error (only those: a
+    timeout may hide a command that did run)."""
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,))
+
+
+class Topology(StrEnum):
+    """How the store is laid out: what :func:`connect` decided from the URL."""
+
+    EMBEDDED = "embedded"
+    """fakeredis in this process."""
+    STANDALONE = "standalone"
+    """One Redis server, reached at its own address."""
+    SENTINEL = "sentinel"
+    """The master a set of Sentinels names (it moves on a failover)."""
+    CLUSTER = "cluster"
+    """A Redis Cluster: keys of different slots live on different nodes."""
+
+
+def topology(redis: Store) -> Topology:
+    """The topology of a client :func:`connect` made."""
+    if isinstance(redis, fakeredis.FakeAsyncRedis):
+        return Topology.EMBEDDED
+    if isinstance(redis, RedisCluster):
+        return Topology.CLUSTER
+    if isinstance(getattr(redis, "connection_pool", None), SentinelConnectionPool):
+        return Topology.SENTINEL
+    return Topology.STANDALONE
+
+
+def cluster_client(redis: Store) -> RedisCluster:
+    """``redis`` as the Redis Cluster client it is, for what only a cluster has (its slot
+    map, its nodes); TypeError for any other topology."""
+    if not isinstance(redis, RedisCluster):
+        raise TypeError(f"not a Redis Cluster client: {topology(redis)}")
+    return redis
+
+
+def server_client(redis: Store) -> Redis:
+    """``redis`` as the client of one server it is (standalone, a Sentinel master, the
+    embedded store), for its connection pool; TypeError for a cluster."""
+    if not isinstance(redis, Redis):
+        raise TypeError(f"not a client of one server: {topology(redis)}")
+    return redis
 
 
 def is_cluster(redis: Store) -> bool:
     """Whether keys of different slots must be read separately (Redis Cluster)."""
-    return isinstance(redis, RedisCluster)
+    return topology(redis) is Topology.CLUSTER
 
 
 def is_single_server(redis: Store) -> bool:
-    """Whether ``redis`` is a client of one real Redis server (not a cluster, not embedded):
-    what the front's own connections (``subscriber``, ``direct``) can talk to."""
-    return isinstance(redis, Redis) and not isinstance(redis, fakeredis.FakeAsyncRedis)
+    """Whether ``redis`` is a client of one Redis server at a fixed address (not a cluster,
+    not the master of a Sentinel set, which moves, not embedded): what the front's own
+    connections (``subscriber``, ``direct``) can talk to."""
+    return topology(redis) is Topology.STANDALONE
 
 
 def embedded_warning() -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .breaker import StoreBreaker, breaker_of
 from .client import Store
 from .raw import CONNECT_TIMEOUT, RawConnection, bare_options, open_raw, reply_timeout
 
@@ -28,7 +29,11 @@ def direct_calls(redis: Store, encoding: str | None = "utf-8") -> DirectCalls | 
     None for the others (a cluster, TLS, the embedded store), which keep the client's path.
     ``encoding``: how the replies' strings are decoded (None: they stay bytes)."""
     options = bare_options(redis)
-    return DirectCalls(options, encoding) if options is not None else None
+    if options is None:
+        return None
+    calls = DirectCalls(options, encoding)
+    calls.breaker = breaker_of(redis)
+    return calls
 
 
 class DirectCalls:
@@ -41,6 +46,8 @@ class DirectCalls:
         self._connecting = asyncio.Lock()
         self.timeout = reply_timeout(options)
         """Seconds a call waits for its reply (then it fails)."""
+        self.breaker: StoreBreaker | None = None
+        """While it says the store is away, calls fail at once (see :mod:`.breaker`)."""
 
     async def call(self, *command: Any, deadline: float | None = None) -> Any:
         """The reply to ``command``. Raises redis-py's errors: ``ResponseError``,
@@ -48,6 +55,8 @@ class DirectCalls:
 
         ``deadline`` (the event loop's time): opening a connection (if none is open) and
         the reply share it; without one, each has its own timeout."""
+        if self.breaker is not None and self.breaker.away:
+            raise self.breaker.error()
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect(deadline)
@@ -56,6 +65,8 @@ class DirectCalls:
     async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
         """The replies to several commands sent together (see :meth:`call`); ``shared``:
         reads whose replies may be shared (see :class:`~.raw.RawConnection`)."""
+        if self.breaker is not None and self.breaker.away:
+            raise self.breaker.error()
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect()
@@ -67,12 +78,14 @@ class DirectCalls:
         (:meth:`RawConnection.result`); None while no connection is open (:meth:`call`
         opens one)."""
         connection = self._connection
-        if connection is None or connection.lost:
+        if connection is None or connection.lost or (self.breaker and self.breaker.away):
             return None
         return connection, connection.request(*command)
 
     async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
         """The replies to ``count`` commands packed already (see :meth:`RawConnection.send`)."""
+        if self.breaker is not None and self.breaker.away:
+            raise self.breaker.error()
         connection = self._connection
         if connection is None or connection.lost:
             connection = await self._connect()

@@ -16,6 +16,8 @@ from enum import StrEnum
 from typing import Any
 
 from .. import fastjson
+from .window import SNAPSHOT_FIELDS as WINDOW_SNAPSHOT_FIELDS
+from .window import window_marked, window_of, window_ops
 
 JsonObject = dict[str, Any]
 SnapshotOp = tuple[str, str, str]
@@ -33,6 +35,7 @@ class EventType(StrEnum):
     NOTICE = "notice"  # something the broker tells the session's viewers
     STATE = "state"  # the running prompt waits on a client (requires_action) or runs again
     DELETED = "deleted"  # session/delete
+    WINDOW = "window"  # what an agent's reply said of modes, config options, models
 
 
 class Status(StrEnum):
@@ -105,13 +108,25 @@ class SessionSnapshot:
     agent_session_id: str | None = None
     prompt_id: str | None = None  # the prompt running now, if any
     meta: JsonObject = field(default_factory=dict)
+    window: JsonObject = field(default_factory=dict)  # modes, configOptions, models: window.py
+    archived: bool = False  # the log is in the archive store (and the window left out)
 
     @classmethod
-    def from_hashes(cls, snap: Mapping[str, str], meta: Mapping[str, str]) -> SessionSnapshot:
-        """Build a snapshot from the snapshot hash and the metadata hash."""
+    def from_hashes(
+        cls,
+        snap: Mapping[str, str],
+        meta: Mapping[str, str],
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+    ) -> SessionSnapshot:
+        """Build a snapshot from the snapshot hash and the metadata hash. ``tenant`` and
+        ``session_id`` (the key's) stand in for the hash's own ``tenant`` and ``sid``, which
+        an archived session's snapshot leaves out (``lua/archive_trim.lua``); it holds the
+        metadata's fields too, as ``m:<name>``."""
         return cls(
-            tenant=snap["tenant"],
-            session_id=snap["sid"],
+            tenant=snap.get("tenant") or _given(tenant, "tenant"),
+            session_id=snap.get("sid") or _given(session_id, "sid"),
             epoch=snap["epoch"],
             seq=int(snap["seq"]),
             created_ms=int(snap["created"]),
@@ -125,7 +140,9 @@ class SessionSnapshot:
             status=snap.get("status", Status.RUNNING),
             agent_session_id=snap.get("agentSid"),
             prompt_id=snap.get("prompt"),
-            meta={key: json.loads(value) for key, value in meta.items()},
+            meta={key: json.loads(value) for key, value in _user_meta(snap, meta).items()},
+            window=window_of(snap),
+            archived="archived" in snap,
         )
 
     @property
@@ -144,7 +161,7 @@ def is_activity(body: Mapping[str, Any]) -> bool:
     return body.get("type") in _ACTIVITY
 
 
-_UNLISTED_FIELDS = frozenset({"prompt", "agentSid"})
+_UNLISTED_FIELDS = frozenset({"prompt", "agentSid", *WINDOW_SNAPSHOT_FIELDS})
 """Snapshot fields no listing shows (see ``index.row_of``)."""
 
 
@@ -169,7 +186,9 @@ def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
         update = body.get("update") or {}
         if update.get("sessionUpdate") == "session_info_update":
             return _info_ops(update)
-        return []
+        return window_ops(body)
+    if kind == EventType.WINDOW:
+        return window_ops(body)
     if kind == EventType.PROMPT:
         return [("set", "prompt", str(body["promptId"]))]
     if kind == EventType.PROMPT_END:
@@ -230,6 +249,18 @@ def apply_ops(snap: dict[str, str], meta: dict[str, str], ops: Iterable[Snapshot
             meta.clear()
 
 
+def _user_meta(snap: Mapping[str, str], meta: Mapping[str, str]) -> Mapping[str, str]:
+    """The metadata hash, with the fields an archived snapshot holds as ``m:<name>``."""
+    folded = {key[2:]: value for key, value in snap.items() if key.startswith("m:")}
+    return {**folded, **meta} if folded else meta
+
+
+def _given(value: str | None, name: str) -> str:
+    if value is None:
+        raise KeyError(name)
+    return value
+
+
 def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSnapshot | None:
     """The snapshot a log folds into; ``None`` for an empty log."""
     snap: dict[str, str] = {}
@@ -242,6 +273,16 @@ def fold(tenant: str, session_id: str, events: Iterable[LogEvent]) -> SessionSna
             snap["updated"] = str(event.ts)
         apply_ops(snap, meta, snapshot_ops(event.body))
     return SessionSnapshot.from_hashes(snap, meta) if snap else None
+
+
+def window_fields(events: Iterable[str]) -> dict[str, str]:
+    """The snapshot fields (``w:*``) a log's events, JSON texts in seq order, leave the
+    window in: what the append script set, for an archived snapshot, which leaves them out."""
+    fields: dict[str, str] = {}
+    for text in events:
+        if window_marked(text):  # most events say nothing of it: not parsed
+            apply_ops(fields, {}, window_ops(fastjson.loads(text)))
+    return fields
 
 
 def dumps(value: Any) -> str:

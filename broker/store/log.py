@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -23,6 +23,7 @@ from ..ops import metrics, tracing
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
 from .client import Store, is_cluster
 from .direct import DirectCalls, direct_calls
+from .durability import replicated
 from .events import (
     EventRow,
     EventType,
@@ -35,9 +36,11 @@ from .events import (
     is_activity,
     is_index_neutral,
     snapshot_ops,
+    window_fields,
 )
 from .keys import SessionKeys, partition_of, session_keys
 from .names import new_session_id as new_session_id  # where callers have long found it
+from .window import window_of
 
 
 class SessionMissing(LookupError):
@@ -119,6 +122,14 @@ class SessionLog:
         self._append_batch = redis.register_script(
             batch_script(_script("append.lua"), _script("append_batch.lua"))
         )
+        self._wait: tuple[int, float] | None = None
+
+    def wait_for_replicas(self, replicas: int, timeout: float) -> None:
+        """Make each append wait until ``replicas`` replicas have it (see
+        :mod:`.durability`); 0: no waiting. Appends then go through the client."""
+        if replicas and not is_cluster(self.redis):
+            self._wait = (replicas, timeout)
+            self._direct_appends = None
 
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
         """Start a new log with its ``created`` event, under a fresh random epoch."""
@@ -341,6 +352,11 @@ class SessionLog:
     async def _script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Call one of the log's scripts."""
         try:
+            if self._wait is not None and script in (self._append, self._append_batch):
+                replicas, timeout = self._wait
+                return await replicated(
+                    self.redis, script, keys, args, replicas=replicas, timeout=timeout
+                )
             try:
                 return await script(keys=keys, args=args)
             except NoScriptError:
@@ -485,17 +501,29 @@ class SessionLog:
             return
         found = await self._archived(tenant, session_id)
         entries = found.entries[: int(archived)]
+        window = window_fields(event for _, _, event in entries)  # the archive left it out
         now = int(time.time() * 1000)
         parts = range(0, len(entries), RESTORE_CHUNK)
         for start in parts:
             chunk = entries[start : start + RESTORE_CHUNK]
             final = start + RESTORE_CHUNK >= len(entries)
             args: list[Any] = [gen or "0", now, keys.member, "1" if final else "0"]
+            args += [len(window) if final else 0, *_flat(window.items() if final else ())]
             for seq, ts, event in chunk:
                 args += [seq, ts, event]
-            done = await self._script(self._restore, [keys.log, keys.snapshot, keys.hot], args)
+            script_keys = [keys.log, keys.snapshot, keys.hot, keys.meta]
+            done = await self._script(self._restore, script_keys, args)
             if not done:
                 return  # another restorer finished first
+
+    async def window(self, tenant: str, session_id: str) -> JsonObject:
+        """The session's window (``window.window_of``), folded from its archived log when
+        it is archived (the archived snapshot leaves the window out)."""
+        snapshot = await self.snapshot(tenant, session_id)
+        if not snapshot.archived:
+            return snapshot.window
+        found = await self._archived(tenant, session_id)
+        return window_of(window_fields(event for _, _, event in found.entries))
 
     async def trim_archived(self, tenant: str, session_id: str, seq: int, epoch: str) -> int:
         """Remove the log from Redis now that its archive copy (events ``1 … seq`` of
@@ -504,7 +532,9 @@ class SessionLog:
         keys = SessionKeys(tenant, session_id)
         try:
             outcome = await self._script(
-                self._trim, [keys.log, keys.snapshot, keys.hot], [seq, epoch, keys.member]
+                self._trim,
+                [keys.log, keys.snapshot, keys.hot, keys.meta],
+                [seq, epoch, keys.member],
             )
         except ResponseError as exc:
             raise _append_error(exc) from None
@@ -543,7 +573,7 @@ class SessionLog:
             snap, meta = await pipe.execute()
         if not snap:
             raise SessionMissing(session_id)
-        return SessionSnapshot.from_hashes(snap, meta)
+        return SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
 
     async def snapshot_and_holder(
         self, tenant: str, session_id: str
@@ -576,7 +606,8 @@ class SessionLog:
         snap, meta, holder = replies
         if not snap:
             raise SessionMissing(session_id)
-        return SessionSnapshot.from_hashes(snap, meta), holder or None
+        snapshot = SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
+        return snapshot, holder or None
 
     async def snapshots(self, sessions: Sequence[tuple[str, str]]) -> list[SessionSnapshot | None]:
         """The snapshots of several sessions (``(tenant, session id)``) in one round trip;
@@ -588,8 +619,12 @@ class SessionLog:
                 pipe.hgetall(keys.meta)
             replies = await pipe.execute()
         return [
-            SessionSnapshot.from_hashes(snap, meta) if snap else None
-            for snap, meta in zip(replies[::2], replies[1::2], strict=True)
+            SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
+            if snap
+            else None
+            for (tenant, session_id), snap, meta in zip(
+                sessions, replies[::2], replies[1::2], strict=True
+            )
         ]
 
     async def set_fence(self, tenant: str, session_id: str, fence: str) -> None:
@@ -609,6 +644,10 @@ def _script_keys(tenant: str, session_id: str) -> list[str]:
         keys.hot,
         keys.deleted,
     ]
+
+
+def _flat(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    return [item for pair in pairs for item in pair]
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .client import Store, is_single_server
+from .client import Store, is_single_server, server_client
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def bare_options(redis: Store) -> dict[str, Any] | None:
     its own (one server, plain TCP or a Unix socket); None otherwise."""
     if not is_single_server(redis):
         return None
-    pool = redis.connection_pool
+    pool = server_client(redis).connection_pool
     kind = pool.connection_class
     if issubclass(kind, SSLConnection) or not issubclass(
         kind, Connection | UnixDomainSocketConnection

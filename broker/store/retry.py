@@ -13,13 +13,15 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 T = TypeVar("T")
 
-STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError)
+STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError, ReadOnlyError)
 """What a store that is out of reach raises (restarting, loading its data, stalled, failing
-over); an error reply to a command is not among them: trying it again would fail again."""
+over: a master turned replica answers writes ``READONLY``, and the write did not run); any
+other error reply to a command is not among them: trying it again would fail again."""
 
 FIRST_PAUSE = 0.05
 MAX_PAUSE = 1.0

@@ -47,6 +47,9 @@ class _Waiter:
     future: asyncio.Future[Any]
     receivers: int | None = None
     declined: set[str] = field(default_factory=set)
+    held: bool = False
+    """Whether a client had the question (then went away): it was asked, or a node heard it
+    and neither answered nor declined within an interval."""
 
     def check_declined(self) -> None:
         heard_all = self.receivers is not None and len(self.declined) >= self.receivers
@@ -62,12 +65,23 @@ class RemoteClients:
     """
 
     def __init__(
-        self, redis: Store, inbox: str, *, timeout: float = 600.0, reask_interval: float = 5.0
+        self,
+        redis: Store,
+        inbox: str,
+        *,
+        timeout: float = 600.0,
+        reask_interval: float = 5.0,
+        reconnect_grace: float = 0.0,
     ) -> None:
         self.redis = redis
         self.inbox = inbox
         self.timeout = timeout
         self.reask_interval = reask_interval
+        self.reconnect_grace = reconnect_grace
+        """Seconds a question whose client went away (its node stopped, its connection
+        dropped) keeps being asked while no connection can answer it: a client that
+        reconnects (the stdio bridge, the console) and resumes the session gets it again.
+        A question no connection could ever answer fails at once."""
         self._ids = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
 
@@ -86,29 +100,46 @@ class RemoteClients:
         channel = SessionKeys(tenant, session_id).channel
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
+        heard: list[bool] = []  # whether a client had it (then went away)
+        until = None
+        targets = [prefer, None] if prefer else [None]
         while True:
-            for target in (prefer, None) if prefer else (None,):
+            for target in targets:
                 rid = f"{self.inbox}#{next(self._ids)}"
                 message = commands.client_request(rid, self.inbox, method, params, target)
                 waiter = _Waiter(loop.create_future())
                 self._waiting[rid] = waiter  # before publishing: the answer may come first
                 try:
-                    return await self._until_answered(
-                        channel, commands.encode(message), waiter, method
-                    )
+                    data = commands.encode(message)
+                    return await self._until_answered(channel, data, waiter, method, heard)
                 except NobodyAnswered:
+                    if waiter.held:
+                        heard.append(True)
                     continue
                 finally:
                     self._waiting.pop(rid, None)
                     await self._settled(channel, rid)
-            if prefer != commands.UNATTENDED_ORIGIN or loop.time() >= deadline:
-                break
-            await asyncio.sleep(min(self.reask_interval, max(0.0, deadline - loop.time())))
+            now = loop.time()
+            if prefer == commands.UNATTENDED_ORIGIN:  # a window may open: until the timeout
+                if now >= deadline:
+                    break
+                wait_until = deadline
+            else:  # a client that had it may come back: for the reconnect grace
+                if not heard or self.reconnect_grace <= 0:
+                    break
+                until = until if until is not None else now + self.reconnect_grace
+                if now >= until:
+                    break
+                wait_until = until
+                targets = [None]  # whoever resumed the session now
+            await asyncio.sleep(min(self.reask_interval, max(0.0, wait_until - now)))
         raise RpcError(
             INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
         )
 
-    async def _until_answered(self, channel: str, data: str, waiter: _Waiter, method: str) -> Any:
+    async def _until_answered(
+        self, channel: str, data: str, waiter: _Waiter, method: str, heard: list[bool]
+    ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
@@ -135,6 +166,9 @@ class RemoteClients:
                     asyncio.shield(waiter.future), min(self.reask_interval, left)
                 )
             except TimeoutError:
+                if waiter.receivers:  # a node has it and is asking its client
+                    waiter.held = True
+                    heard.append(True)
                 continue
 
     async def _settled(self, channel: str, rid: str) -> None:
@@ -152,6 +186,7 @@ class RemoteClients:
         if waiter is None or waiter.future.done():
             return
         if message.get("none"):
+            waiter.held = waiter.held or bool(message.get("asked"))
             waiter.declined.add(str(message.get("node")))
             waiter.check_declined()
         elif "error" in message:

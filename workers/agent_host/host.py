@@ -45,6 +45,7 @@ from broker.store.log import (
     new_session_id,
 )
 from broker.store.retry import STORE_AWAY, doubling, retry_store
+from broker.store.window import window_event
 
 from .leases import Leases
 from .process import AgentEvents, AgentFailed, AgentProcess
@@ -197,6 +198,7 @@ class AgentHost(AgentEvents):
         )
         held.fence = (await self.leases.acquire(tenant, session_id)).fence
         await self._append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        await self._log_window(held, reply)
         await self._make_ready(held)
         return session_id, {**reply, "sessionId": session_id}
 
@@ -238,6 +240,7 @@ class AgentHost(AgentEvents):
         child.fence = (await self.leases.acquire(tenant, session_id)).fence
         copied = await self._copy_history(child, [e.body for e in history])
         await self._append(child, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        await self._log_window(child, reply)
         await self._make_ready(child)
         return session_id, {**reply, "sessionId": session_id}, copied
 
@@ -325,7 +328,10 @@ class AgentHost(AgentEvents):
     async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
         """Pass a session request (set_mode, set_config_option) to the agent that holds it."""
         held = await self._require(tenant, session_id, {})
-        return await self._ask(held.agent, method, {**params, "sessionId": held.agent_session_id})
+        reply = await self._ask(held.agent, method, {**params, "sessionId": held.agent_session_id})
+        mode_id = params.get("modeId") if method == "session/set_mode" else None
+        await self._log_window(held, reply, mode_id=mode_id if isinstance(mode_id, str) else None)
+        return reply
 
     async def close(self, tenant: str, session_id: str, origin: str) -> None:
         """A connection closed the session: cancel the prompt it started, if one runs."""
@@ -722,8 +728,18 @@ class AgentHost(AgentEvents):
             await self._end_prompt(held, snapshot.prompt_id, error=_ABANDONED_PROMPT)
         if snapshot.status != Status.RUNNING:
             await self._append(held, {"type": EventType.STATUS, "status": Status.RUNNING})
+        await self._log_window(held, reply)
         await self._make_ready(held)
         return {**reply, "sessionId": session_id}
+
+    async def _log_window(
+        self, held: HeldSession, reply: Any, *, mode_id: str | None = None
+    ) -> None:
+        """Log what the agent's reply said of the session's window (modes, config options,
+        models), so that any front answers a later load or resume with it (store/window.py)."""
+        body = window_event(reply, mode_id=mode_id)
+        if body is not None:
+            await self._append(held, body)
 
     def _stop_runaway(self, held: HeldSession, full: SessionFull) -> None:
         """A session at ``max_events_per_session``: its viewers are told, once, and the

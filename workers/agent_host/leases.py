@@ -35,6 +35,16 @@ class HeldElsewhere(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Renewal:
+    """What a renewal found: the sessions whose lease another host holds now (``lost``),
+    and those given up because their log was archived (``archived``: idle, no host needs
+    to hold them; ``lease.lua`` deleted their lease)."""
+
+    lost: list[tuple[str, str]]
+    archived: list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     tenant: str
     session_id: str
@@ -79,18 +89,29 @@ class Leases:
     async def renew(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str] | None = None
     ) -> list[tuple[str, str]]:
-        """Renew many leases at once; returns those this host no longer holds.
+        """Renew many leases at once; returns those this host no longer holds (lost, or
+        given up as archived: :meth:`renew_all` tells which)."""
+        renewal = await self.renew_all(leases, fences)
+        return [lease for lease in leases if lease in {*renewal.lost, *renewal.archived}]
+
+    async def renew_all(
+        self, leases: list[tuple[str, str]], fences: Mapping[str, str] | None = None
+    ) -> Renewal:
+        """Renew many leases at once, in one round trip.
 
         ``fences`` (session id -> the fencing token this host holds) lets a lease that
         lapsed be taken back when no other host took it meanwhile (see ``lease.lua``)."""
         if not leases:
-            return []
+            return Renewal([], [])
         results = await self._renew_all(leases, fences or {})
-        pairs = list(zip(leases, results, strict=True))
-        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok}
+        pairs = [(lease, int(ok)) for lease, ok in zip(leases, results, strict=True)]
+        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok == 1}
         if kept:
             await self.redis.zadd(leases_key(), kept)
-        return [lease for lease, ok in pairs if not ok]
+        return Renewal(
+            lost=[lease for lease, ok in pairs if ok == 0],
+            archived=[lease for lease, ok in pairs if ok == 2],
+        )
 
     async def _renew_all(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str]

@@ -50,6 +50,7 @@ from broker.store.retry import STORE_AWAY, retrying
 from .clients import RemoteClients
 from .host import AgentHost
 from .leases import HeldElsewhere, Leases
+from .streams import run_command_trimming
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class HostWorker:
             self.inbox,
             timeout=settings.client_request_timeout,
             reask_interval=settings.client_reask_interval,
+            reconnect_grace=settings.client_reconnect_grace,
         )
         self.host = AgentHost(
             settings.agent_list(),
@@ -99,11 +101,13 @@ class HostWorker:
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
         )
+        self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
         self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
+        self._inbox_last: str | None = None
 
     async def start(self) -> None:
         await self._create_group("$")  # commands queued before this deployment are stale
@@ -112,12 +116,16 @@ class HostWorker:
             asyncio.create_task(self._read_inbox(), name="host-inbox"),
             asyncio.create_task(self._read_queue(), name="host-queue"),
             asyncio.create_task(self._keep_leases(), name="host-leases"),
+            asyncio.create_task(
+                run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
+                name="host-command-trimming",
+            ),
         ]
         if self.settings.prestart_agents:
             await self.host.start()
 
     def loops(self) -> list[asyncio.Task[Any]]:
-        """The role's loops: the inbox, the shared queue, the leases."""
+        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
         return list(self._loops)
 
     async def stop(self, *, hand_over: bool = False) -> None:
@@ -144,8 +152,12 @@ class HostWorker:
             )
             for _, entries in replies or []:
                 for entry_id, fields in entries:
-                    last = entry_id
+                    last = self._inbox_last = entry_id
                     self._take_entry(self.inbox, entry_id, fields)
+
+    def _inbox_read(self) -> str | None:
+        """The last inbox entry read (None: none yet): the inbox is trimmed up to it."""
+        return self._inbox_last
 
     async def _create_group(self, start: str) -> None:
         try:
@@ -365,11 +377,12 @@ class HostWorker:
             await asyncio.sleep(interval)
             try:
                 await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
-                for tenant, session_id in await self.leases.renew(
-                    self.host.held_sessions(), self.host.fences()
-                ):
-                    del tenant
+                renewal = await self.leases.renew_all(self.host.held_sessions(), self.host.fences())
+                for _, session_id in renewal.lost:
                     self.host.lose(session_id)
+                # Archived (idle): no host needs to hold them. Side by side, so that many at
+                # once (each closed in its agent) do not hold the next renewal back.
+                await asyncio.gather(*(self.host.release(*held) for held in renewal.archived))
                 await self._take_over()
                 metrics.LEASES_HELD.set(len(self.host.held_sessions()))
                 self.lease_failures.succeeded()

@@ -29,11 +29,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.config import Settings
+from broker.errors.failures import FailureLog
 from broker.store.archive import ArchiveCorrupt, ArchiveStore, decode, encode
 from broker.store.client import Store
 from broker.store.index import SessionIndex
 from broker.store.keys import PARTITIONS, SessionKeys, deleted_key, hot_key, split_member
-from broker.store.log import SessionLog, SessionMissing, StoreFull
+from broker.store.log import SessionLog, SessionMissing
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,10 @@ async def run_archiving(
     archiver: Archiver, *, archive_after: float | None, deleted_retention: float, interval: float
 ) -> None:
     """The role's loop: a purge round and (unless ``archive_after`` is None) an archive
-    round every ``interval`` seconds, until cancelled. A failed round is logged and the
+    round every ``interval`` seconds, until cancelled. A failed round is logged in one line
+    (summarised while failures go on, as :class:`~broker.failures.FailureLog` does) and the
     next one retries it (every step is idempotent)."""
+    failures = FailureLog(log, "archiving")
     while True:
         await asyncio.sleep(interval)
         try:
@@ -193,12 +196,12 @@ async def run_archiving(
                     log.info("archived %d sessions (%d events)", done.sessions, done.events)
         except asyncio.CancelledError:
             raise
-        except StoreFull as exc:
-            log.warning("archiving paused: the store is full (%s)", exc)
-        except Exception:
+        except Exception as exc:  # StoreFull too: archiving pauses until Redis has room
             if _cancelling():
                 raise asyncio.CancelledError from None
-            log.exception("archiving round failed; the next round retries it")
+            failures.failed(exc)
+        else:
+            failures.succeeded()
 
 
 def _cancelling() -> bool:

@@ -31,6 +31,7 @@ from ...protocol.render import (
 )
 from ...store.events import EventRow, EventType, LogEvent, event_of, events_of
 from .access import session_limit
+from .session_lru import used
 from .session_state import ActiveSession
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ class ActiveSessions:
         if len(self.active) >= self._settings.max_sessions_per_connection:
             raise session_limit(self._settings)
         session = ActiveSession(tenant, session_id, held=[])
+        used(session)
         self.active[session_id] = session
         try:
             head = await self._hub.join(tenant, session_id, self._conn)
@@ -213,6 +215,20 @@ class ActiveSessions:
         if session is not None:
             session.prompts.pop(prompt_id, None)
 
+    def expect_prompt_end(self, session_id: str, prompt_id: str) -> asyncio.Future[LogEvent]:
+        """A future for the ``prompt_end`` event of ``prompt_id``, once it reaches here."""
+        future: asyncio.Future[LogEvent] = asyncio.get_running_loop().create_future()
+        session = self.active.get(session_id)
+        if session is not None:
+            session.prompt_ends = session.prompt_ends or {}
+            session.prompt_ends[prompt_id] = future
+        return future
+
+    def forget_prompt_end(self, session_id: str, prompt_id: str) -> None:
+        session = self.active.get(session_id)
+        if session is not None and session.prompt_ends is not None:
+            session.prompt_ends.pop(prompt_id, None)
+
     async def wait_delivered(self, session_id: str, seq: int, timeout: float = 10.0) -> None:
         """Wait until every event up to ``seq`` of the session has been queued here."""
         session = self.active.get(session_id)
@@ -234,6 +250,10 @@ class ActiveSessions:
             accepted = session.prompts.pop(str(event.body.get("promptId")), None)
             if accepted is not None and not accepted.done():
                 accepted.set_result(event)
+        if session.prompt_ends and event.type == EventType.PROMPT_END:
+            ended = session.prompt_ends.pop(str(event.body.get("promptId")), None)
+            if ended is not None and not ended.done():
+                ended.set_result(event)
         if session.held is not None:
             session.held.append(event)
         else:

@@ -42,6 +42,7 @@ from .intake import Intake
 from .keepalive import PingedConnection
 from .lifetime import Lifetime
 from .outbox import CLOSE_SLOW_CONSUMER, Outbox
+from .session_lru import make_room
 from .session_state import ActiveSession
 
 __all__ = [
@@ -257,13 +258,28 @@ class ClientConnection:
         """The sessions active on this connection, by id."""
         return self.sessions.active
 
+    @active.setter
+    def active(self, active: dict[str, ActiveSession]) -> None:
+        self.sessions.active = active
+
     async def activate(
         self, tenant: str, session_id: str, *, replay_after: int | None, replay_now: bool
     ) -> None:
-        """See :meth:`~.active.ActiveSessions.activate`."""
+        """See :meth:`~.active.ActiveSessions.activate`; the least recently used idle
+        sessions are let go first when the connection has no room (:mod:`.session_lru`)."""
+        await self.sessions.deactivate(session_id)
+        await make_room(self, self.methods.log.snapshots)  # the least recently used idle go
         await self.sessions.activate(
             tenant, session_id, replay_after=replay_after, replay_now=replay_now
         )
+
+    def prompting(self) -> set[str]:
+        """The sessions this client's prompt requests in flight are about."""
+        return {
+            str(request.params.get("sessionId"))
+            for request, _ in self.intake.inflight.values()
+            if request.method == "session/prompt"
+        }
 
     async def deactivate(self, session_id: str) -> None:
         await self.sessions.deactivate(session_id)
@@ -286,6 +302,13 @@ class ClientConnection:
 
     def forget_prompt(self, session_id: str, prompt_id: str) -> None:
         self.sessions.forget_prompt(session_id, prompt_id)
+
+    def expect_prompt_end(self, session_id: str, prompt_id: str) -> asyncio.Future[LogEvent]:
+        """A future for the ``prompt_end`` event of ``prompt_id``, once it reaches here."""
+        return self.sessions.expect_prompt_end(session_id, prompt_id)
+
+    def forget_prompt_end(self, session_id: str, prompt_id: str) -> None:
+        self.sessions.forget_prompt_end(session_id, prompt_id)
 
     async def wait_delivered(self, session_id: str, seq: int, timeout: float = 10.0) -> None:
         """Wait until every event up to ``seq`` of the session has been queued here."""

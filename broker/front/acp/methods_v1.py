@@ -28,12 +28,14 @@ from ...protocol.jsonrpc import (
 )
 from ...protocol.render import POSITION_META, check_position
 from ...protocol.trace import trace_fields, with_trace, without_trace
+from ...protocol.turns import client_prompt_id
 from ...store.cursors import CursorCodec
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import SessionIndex, normalize_cwd
 from ...store.log import SessionLog, SessionMissing
 from ...store.quotas import check_session_quota
 from ...store.retry import retrying
+from ...store.window import with_window
 from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import PageCache
@@ -51,6 +53,7 @@ from .params import directories as _directories
 from .params import json_list as _list
 from .params import json_object as _object
 from .params import session_id_of as _session_id
+from .session_lru import used
 
 REPLAY_AFTER_META = "acpBroker/replayAfter"
 """``_meta`` key of ``session/resume`` (and ``session/load``): replay after this position."""
@@ -241,7 +244,11 @@ class AcpMethods:
         await conn.activate(
             conn.tenant, snapshot.session_id, replay_after=reopened.after, replay_now=True
         )
-        conn.reply(request, _without_session_id(reply))
+        # Whole, however the session was held: an agent already holding it replies {}.
+        window = snapshot.window
+        if snapshot.archived:  # an archived snapshot leaves the window out: fold the log's
+            window = await self.log.window(conn.tenant, snapshot.session_id)
+        conn.reply(request, with_window(_without_session_id(reply), window))
         conn.release(snapshot.session_id)
         return DEFERRED
 
@@ -280,7 +287,10 @@ class AcpMethods:
         session_id = self.active_session(conn, request.params)
         if not isinstance(request.params.get("prompt"), list):
             raise invalid_params("prompt must be a list of content blocks")
-        outcome = await self.host.prompt(conn.tenant, session_id, request.params, conn.id)
+        prompt_id = client_prompt_id(request.params)  # named: see protocol.turns
+        outcome = await self.host.prompt(
+            conn.tenant, session_id, request.params, conn.id, prompt_id
+        )
         await self.project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)
         return outcome.result
@@ -373,8 +383,10 @@ class AcpMethods:
     def active_session(self, conn: ClientConnection, params: JsonObject) -> str:
         """The ``sessionId`` of the params, which must be active on the connection (-32002)."""
         session_id = _session_id(params)
-        if session_id not in conn.active:
+        session = conn.active.get(session_id)
+        if session is None:
             raise session_not_found(session_id, "active session")
+        used(session)  # the least recently used idle sessions are let go first (session_lru)
         return session_id
 
     async def project(self, tenant: str, session_id: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ...protocol import v2, v2_render
 from ...protocol.jsonrpc import Request, invalid_params
+from ...protocol.turns import client_prompt_id
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .methods_v1 import AcpMethods, MethodHandler
@@ -64,7 +65,7 @@ async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: R
     session_id = methods.active_session(conn, request.params)
     if not isinstance(request.params.get("prompt"), list):
         raise invalid_params("prompt must be a list of content blocks")
-    prompt_id = secrets.token_hex(8)
+    prompt_id = client_prompt_id(request.params) or secrets.token_hex(8)  # protocol.turns
     accepted = conn.expect_prompt(session_id, prompt_id)
     conn.hold(session_id)
     try:

@@ -21,6 +21,8 @@ class ActiveSession:
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
     prompts: dict[str, asyncio.Future[LogEvent]] = field(default_factory=dict)  # by promptId
+    prompt_ends: dict[str, asyncio.Future[LogEvent]] | None = None  # by promptId, when asked
+    used: int = 0  # when the client last used it (session_lru: the least recent go first)
 
 
 @dataclass(eq=False)
