@@ -153,6 +153,10 @@ async def test_wrong_jsonrpc_version_and_bad_ids(url: str) -> None:
     for bad_id in [1.5, True, {"a": 1}, [7]]:
         await client.send({"jsonrpc": "2.0", "id": bad_id, "method": "session/list"})
         assert_error(await client.recv(QUICK), -32600, None)
+    # Numbers no peer could echo exactly are ids JSON-RPC does not allow: -32600, not -32602.
+    for bad_id_text in ["1e999", "-1E+400", "123456789012345678901234"]:
+        await client.send(f'{{"jsonrpc":"2.0","id":{bad_id_text},"method":"session/list"}}')
+        assert_error(await client.recv(QUICK), -32600, None)
     await still_answers(client)
     await client.close()
     await assert_broker_healthy(url)

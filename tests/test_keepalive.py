@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -241,3 +242,73 @@ def test_a_visit_takes_as_many_slots_as_hold_a_batch_of_connections() -> None:
     for ws in crowd + more:
         keepalive.discard(ws)
     assert keepalive.span() == keepalive.max_span
+
+
+PIPELINED = 150
+"""session/list requests a paced client sends at once (four seconds of its pace)."""
+RATE = 25.0
+"""The pace of the paced-client test: its first 50 requests pass, the rest wait."""
+
+
+@pytest.fixture
+async def paced_node(store: Any) -> AsyncIterator[Broker]:
+    settings = make_settings(ping_interval=INTERVAL, rate_per_connection=RATE, max_pace=30.0)
+    broker = Broker(settings, redis=store)
+    await broker.start()
+    yield broker
+    await broker.stop()
+
+
+async def test_a_client_pipelining_past_its_pace_is_slowed_and_never_cut_off(
+    paced_node: Broker,
+) -> None:
+    # While the front paces a client it reads no more of its frames, so the client's Pongs
+    # wait behind its requests, unread, for far longer than a ping timeout (0.2 s here).
+    client = await _client(paced_node)
+    side = _server_side(paced_node, client)
+    assert side is not None
+    frames = [
+        f'{{"jsonrpc":"2.0","id":{n},"method":"session/list","params":{{}}}}'
+        for n in range(PIPELINED)
+    ]
+    # Every frame written at once, as a pipelining client does; the client keeps reading
+    # (so it answers Pings) while it waits for the answers.
+    client.ws.transport.write(b"".join(_masked_text(frame) for frame in frames))
+    answered: set[int] = set()
+
+    async def read_all() -> None:
+        while len(answered) < PIPELINED:
+            reply = json.loads(await asyncio.wait_for(client.ws.recv(), 10))
+            assert "result" in reply, reply
+            answered.add(reply["id"])
+
+    await asyncio.wait_for(read_all(), 60)
+    assert answered == set(range(PIPELINED))
+    assert paced_node.keepalive.timed_out == 0
+    assert _server_side(paced_node, client) is not None  # still open
+    assert _pinged(side).pongs >= 1  # and its Pongs were read once the backlog was
+    assert "result" in await client.call("session/list", {})
+    await client.close()
+
+
+def _masked_text(text: str) -> bytes:
+    """A client's text frame (masked with a zero key, which leaves the payload as it is)."""
+    data = text.encode()
+    assert len(data) < 126
+    return bytes((0x81, 0x80 | len(data))) + b"\x00" * 4 + data
+
+
+def test_an_overdue_pong_of_a_connection_held_back_by_pacing_gets_a_new_timeout() -> None:
+    keepalive = Keepalive(interval=1.0, timeout=1.0)
+    ws = PingedConnection.__new__(PingedConnection)
+    keepalive.add(ws)
+    ws.ping_sent = 0.0
+    ws.reading_held(True, 0.5)
+    for _ in range(len(keepalive._slots)):  # every slot visited, long past the timeout
+        keepalive.visit(10.0)
+    assert keepalive.timed_out == 0 and ws.ping_sent == 10.0
+    # The hold ends: the Pong, read behind the requests, has a whole timeout from now.
+    ws.reading_held(False, 11.0)
+    assert ws.ping_sent == 11.0 and not ws.held
+    ws.acknowledge_pings(b"acpb")
+    assert ws.ping_sent is None and ws.pongs == 1

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.front.acp.listing import ListQuery
 from broker.front.pages import PageCache
 from broker.protocol.jsonrpc import REQUEST_CANCELLED
 from broker.serve import Broker
@@ -287,7 +288,8 @@ async def test_a_page_read_from_redis_is_answered_without_a_task_and_alike(
         ]
         assert len(walked) == 12
         # The same answer as the dispatched read's, byte for byte: a v2 client too.
-        via_methods = await broker.methods._list_reply("default", ACP_LISTING, None, "")
+        query = ListQuery({}, ACP_LISTING, None, "")
+        via_methods, _ = await broker.methods.listing.source.read("default", query)
         assert json.loads(via_methods)["sessions"] == first["sessions"]
         assert not client.inbox
         await client.close()
@@ -424,7 +426,10 @@ async def test_a_miss_read_again_after_the_bare_read_is_counted_once(
     async with _uncached_broker(redis_url, REPLY_TIMEOUT, list_cache=True) as broker:
         await _seed(broker, 4, distinct_times=4)
         listing = cwd_listing("/seed")
-        expected = json.loads(await broker.methods._list_reply("default", listing, None, ""))
+        text, _ = await broker.methods.listing.source.read(
+            "default", ListQuery({}, listing, None, "")
+        )
+        expected = json.loads(text)
         client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
         counts = _counted_reads(broker)
         before = asked_of_the_cache()

@@ -494,11 +494,14 @@ def test_cli_sessions_prints_the_same_list(
 async def test_an_unreachable_store_is_unavailable_not_a_crash(
     broker: Broker, http: httpx2.AsyncClient
 ) -> None:
+    from broker.front.http.sessions import CatalogPages
     from broker.store.cursors import CursorCodec
     from broker.store.query import SessionLister
 
     dead = connect("redis://127.0.0.1:1/0")
-    broker.http.rest.sessions.lister = SessionLister(dead, CursorCodec([b"test-secret"]))
+    sessions = broker.http.rest.sessions
+    sessions.lister = SessionLister(dead, CursorCodec([b"test-secret"]))
+    sessions.listing.source = CatalogPages(sessions.lister)
     try:
         for base in rest_bases(broker):
             response = await http.get(f"{base}/v1/sessions")

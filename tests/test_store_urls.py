@@ -14,11 +14,11 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 
+from broker.errors.store import store_unreachable
 from broker.logs import redact
 from broker.ops import metrics
 from broker.store.breaker import PROBE_TIMEOUT, StoreAway, StoreBreaker, breaker_of
 from broker.store.client import Topology, connect, masked_url, topology
-from broker.store.failures import store_unreachable
 from broker.store.faults import connection_hint, missing_permission, write_problem
 from broker.store.preflight import warn_while_evicting
 from broker.store.sentinel import parse_sentinel_url

@@ -13,9 +13,9 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from ..config import Settings
+from ..errors.store import store_unreachable
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
 from ..protocol.turns import PROMPT_OUTCOME
-from ..store.failures import store_unreachable
 from ..store.retry import STORE_AWAY
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import fastjson
-from ..failures import FailureLog
+from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy

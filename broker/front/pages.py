@@ -56,7 +56,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..failures import FailureLog
+from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics
 from ..store.client import Store, cluster_client, is_cluster

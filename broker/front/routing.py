@@ -24,7 +24,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..auth.principal import Scope
-from ..failures import describe
+from ..errors.failures import describe
 from ..protocol import capabilities, commands
 from ..protocol.commands import SessionMessage
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError

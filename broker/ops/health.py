@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..failures import describe
+from ..errors.failures import describe
 from ..logs import redact
 
 LIVE_PATH = "/livez"

@@ -171,6 +171,8 @@ def _may_hold_bad_number(shapes: bytes) -> bool:
     return shapes.find(b"e000") >= 0 or shapes.find(b"00000000000000000000") >= 0
 
 
+INVALID_ID = "id must be a string or an integer"
+"""The message of the -32600 that answers an id JSON-RPC does not allow."""
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 """The integers every peer reads exactly (int64 and uint64)."""
 
@@ -202,8 +204,19 @@ def _number_refused(data: Any) -> Invalid:
         if "id" not in data and "method" in data:
             return Invalid(None)
         msg_id = data.get("id")
+        if "id" in data and _bad_number(msg_id):  # the id itself: not one JSON-RPC allows
+            return _invalid_id(data)
         return Invalid(error_reply(msg_id if _valid_id(msg_id) else None, error))
     return Invalid(error_reply(None, error))
+
+
+def _invalid_id(data: JsonObject) -> Invalid:
+    """A message whose id is a number no peer could echo exactly (``1e999``, an integer past
+    64 bits): -32600 with ``id: null``, as any id that is not a string or an integer, or,
+    a reply, nothing (a reply is never answered)."""
+    if "method" not in data and ("result" in data or "error" in data):
+        return Invalid(None)
+    return Invalid(error_reply(None, RpcError(INVALID_REQUEST, INVALID_ID)))
 
 
 def parse_batch(items: list[Any]) -> Batch | Invalid:
@@ -249,9 +262,7 @@ def _classify(data: Any) -> Message | Invalid:
     if "method" not in data and ("result" in data or "error" in data):
         return _parse_response(data, msg_id)
     if "id" in data and not _valid_id(msg_id):
-        return Invalid(
-            error_reply(None, RpcError(INVALID_REQUEST, "id must be a string or an integer"))
-        )
+        return Invalid(error_reply(None, RpcError(INVALID_REQUEST, INVALID_ID)))
     if "id" in data and msg_id is None and "method" in data:
         # Not a notification (that has no id at all): it is answered, and refused, since a
         # reply with id null could not be told from one to an unreadable message (ACP v2

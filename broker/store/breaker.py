@@ -31,7 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..failures import describe
+from ..errors.failures import describe
 from ..ops import metrics
 
 log = logging.getLogger(__name__)

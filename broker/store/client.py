@@ -13,13 +13,12 @@ from typing import Any, Protocol
 
 import fakeredis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
-from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
-from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
 from .breaker import StoreBreaker, gated
 from .sentinel import sentinel_master
 from .urls import SENTINEL_SCHEMES, tls_files_exist
@@ -211,30 +210,6 @@ def _reconnecting() -> Retry:
     """Commands tried again on a fresh connection after a connection error (only those: a
     timeout may hide a command that did run)."""
     return Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,))
-
-
-class _HiredisPacking(AbstractConnection):
-    """Commands packed by hiredis, in C, as redis-py's synchronous client packs them
-    (``HiredisRespSerializer``, the same bytes); its asyncio client packs them in Python,
-    which was 45% of an agent host's time appending events (cProfile of ``append_many``)."""
-
-    _packer = HiredisRespSerializer()
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return self._packer.pack(*args)
-
-
-_PACKED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
-
-
-def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` with its commands packed by hiredis."""
-    if issubclass(connection_class, _HiredisPacking):
-        return connection_class
-    if connection_class not in _PACKED:
-        name = f"Hiredis{connection_class.__name__}"
-        _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
-    return _PACKED[connection_class]
 
 
 class Topology(StrEnum):

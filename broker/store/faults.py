@@ -21,7 +21,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..failures import describe
+from ..errors.failures import describe
 from .log import is_oom
 
 ACL_RULE = "on >PASSWORD ~acpb:* &acpb:* +@all -@dangerous"

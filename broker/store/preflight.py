@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..failures import describe
+from ..errors.failures import describe
 from .client import Store, Topology, topology
 from .faults import is_noperm, missing_permission, start_problem
 

@@ -9,7 +9,7 @@ caller to report.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -31,13 +31,40 @@ async def retrying(call: Callable[[], Awaitable[T]], deadline: float) -> T:
     """``await call()``, again after each error of :data:`STORE_AWAY`, for at most
     ``deadline`` seconds in all; then the last error is raised."""
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + deadline
-    pause = FIRST_PAUSE
+    return await retry_store(call, _within(loop, loop.time() + deadline))
+
+
+async def retry_store(
+    call: Callable[[], Awaitable[T]],
+    pauses: Iterable[float],
+    *,
+    keep: Callable[[BaseException], bool] | None = None,
+) -> T:
+    """``await call()``, again after each error of :data:`STORE_AWAY`, waiting each of
+    ``pauses`` in turn (endless: until the store answers); when they run out, or ``keep``
+    (asked after each failure) says False, the last error is raised."""
+    left = iter(pauses)
     while True:
         try:
             return await call()
-        except STORE_AWAY:
-            if loop.time() + pause > give_up:
+        except STORE_AWAY as exc:
+            pause = next(left, None)
+            if pause is None or (keep is not None and not keep(exc)):
                 raise
         await asyncio.sleep(pause)
-        pause = min(pause * 2, MAX_PAUSE)
+
+
+def doubling(first: float = FIRST_PAUSE, cap: float = MAX_PAUSE) -> Iterator[float]:
+    """Pauses that double from ``first`` up to ``cap``, without end."""
+    pause = first
+    while True:
+        yield pause
+        pause = min(pause * 2, cap)
+
+
+def _within(loop: asyncio.AbstractEventLoop, give_up: float) -> Iterator[float]:
+    """:func:`doubling` pauses, while one would end by ``give_up`` (a loop time)."""
+    for pause in doubling():
+        if loop.time() + pause > give_up:
+            return
+        yield pause

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
-from broker.failures import describe
+from broker.errors.failures import describe
 from broker.ops import metrics
 from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome
@@ -43,7 +44,7 @@ from broker.store.log import (
     call_ids,
     new_session_id,
 )
-from broker.store.retry import STORE_AWAY
+from broker.store.retry import STORE_AWAY, doubling, retry_store
 from broker.store.window import window_event
 
 from .leases import Leases
@@ -487,13 +488,14 @@ class AgentHost(AgentEvents):
         each time (an append whose outcome was unknown lands once); ``keep``, asked after
         each failure, may give up (False: :class:`_Failed` is raised)."""
         calls = call_ids(len(items))
-        while True:
-            try:
-                return await self._log_retrying(items, calls)
-            except STORE_AWAY as exc:
-                if keep is not None and not keep(exc):
-                    raise _Failed from None
-            await asyncio.sleep(STORE_AWAY_PAUSE)
+        try:
+            return await retry_store(
+                lambda: self._log_retrying(items, calls),
+                itertools.repeat(STORE_AWAY_PAUSE),
+                keep=keep,
+            )
+        except STORE_AWAY:  # keep gave up
+            raise _Failed from None
 
     def _keep_or_fail(
         self, exc: BaseException, batch: list[tuple[HeldSession, JsonObject]]
@@ -539,14 +541,7 @@ class AgentHost(AgentEvents):
 
     async def _fail_when_back(self, held: HeldSession, reason: str) -> None:
         """Record the session as failed once the store answers again (its viewers see it)."""
-        pause = STORE_AWAY_PAUSE
-        while True:
-            try:
-                await self._mark_error(held, reason)
-                return
-            except STORE_AWAY:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 10.0)
+        await retry_store(lambda: self._mark_error(held, reason), doubling(STORE_AWAY_PAUSE, 10.0))
 
     async def _log_retrying(
         self, items: list[tuple[str, str, JsonObject, str]], calls: list[str] | None = None
@@ -555,12 +550,10 @@ class AgentHost(AgentEvents):
         two): the same calls, so an append that did land the first time lands only once.
         Raises the last failure when the store stays out of reach."""
         calls = calls or call_ids(len(items))
-        for pause in APPEND_RETRY_PAUSES:
-            try:
-                return self._store_back(await self.log.append_many(items, calls))
-            except STORE_AWAY:
-                await asyncio.sleep(pause)
-        return self._store_back(await self.log.append_many(items, calls))
+        appended = await retry_store(
+            lambda: self.log.append_many(items, calls), APPEND_RETRY_PAUSES
+        )
+        return self._store_back(appended)
 
     def _store_back(self, results: list[Position | Exception]) -> list[Position | Exception]:
         if self._store_away:

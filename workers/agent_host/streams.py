@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from redis.exceptions import ResponseError
 
-from broker.failures import FailureLog
+from broker.errors.failures import FailureLog
 from broker.store.client import Store
 from broker.store.keys import host_queue
 from broker.store.streams import absent, id_key, trim_behind_group, trim_below

@@ -27,7 +27,8 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
-from broker.failures import FailureLog, describe
+from broker.errors.failures import FailureLog, describe
+from broker.errors.store import rpc_failure, store_unreachable
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -42,7 +43,6 @@ from broker.protocol.jsonrpc import (
 from broker.store import hosts
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
-from broker.store.failures import rpc_failure, store_unreachable
 from broker.store.keys import CAPABILITIES_KEY, command_taken_key, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
 from broker.store.retry import STORE_AWAY, retrying

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.config import Settings
-from broker.failures import FailureLog
+from broker.errors.failures import FailureLog
 from broker.store.archive import ArchiveCorrupt, ArchiveStore, decode, encode
 from broker.store.client import Store
 from broker.store.index import SessionIndex

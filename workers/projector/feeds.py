@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.failures import FailureLog
+from broker.errors.failures import FailureLog
 from broker.store.client import Store
 from broker.store.keys import PARTITIONS, feed_key
 from broker.store.streams import trim_behind_group

@@ -17,7 +17,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
-from broker.failures import FailureLog
+from broker.errors.failures import FailureLog
 from broker.ops import metrics
 from broker.store.client import Store, is_cluster
 from broker.store.direct import direct_calls

@@ -8,6 +8,13 @@ client that waits for each reply is thus never refused, however fast it goes: it
 goes at the rate. What is refused (-32005) is a connection that keeps more than
 ``max_requests_in_flight`` requests unanswered at once.
 
+A client that pipelines faster than its pace is slowed, not cut off: the front's keepalive
+does not count the time its reading is held back against the client's Pongs, which wait
+behind its requests (:mod:`.keepalive`). The client's own Pings wait there too, so a client
+that keeps more than its own ping timeout's worth of requests unread (a websockets client:
+20 s, 1,000 requests at the default pace) times itself out; one that bounds what it has
+unanswered, or pings only when idle, does not.
+
 A credential's requests are counted across the deployment in Redis
 (:class:`TokenRates`): one counter a second per credential, which every node adds to in
 leases of a tenth of the rate, so a node asks Redis a few times a second per busy
@@ -23,7 +30,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ...failures import FailureLog
+from ...errors.failures import FailureLog
 from ...store.client import Store
 from ...store.keys import PREFIX
 

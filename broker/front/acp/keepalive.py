@@ -4,10 +4,12 @@ websockets pings each connection from a task of its own (a sleep, a future and a
 context per ping): at 19,488 connections that is 975 task wake-ups a second, each allocating,
 and a task and its sleep held by every idle connection. :class:`Keepalive` keeps the same
 rule, every connection pinged every ``interval`` and closed (1011, "keepalive ping timeout",
-as websockets closes it) when the pong has not come ``timeout`` after the ping, from one
-loop: the connections sit in ``interval / tick`` slots, one slot visited per tick, and a
-visit writes a prepared Ping frame to each of its connections' sockets or, for one whose
-last ping is still unanswered past the timeout, closes it.
+as websockets closes it) when the pong has not come ``timeout`` after the ping (not counting
+the time the front's flow control held the connection's reading back: a paced client is
+slowed, never cut off for it), from one loop: the connections sit in ``interval / tick``
+slots, one slot visited per tick, and a visit writes a prepared Ping frame to each of its
+connections' sockets or, for one whose last ping is still unanswered past the timeout,
+closes it.
 
 The connections are dealt to the slots in turn, whenever they open, so that every visit
 pings about as many: clients arrive in bursts (a node's clients reconnecting here at once),
@@ -32,10 +34,10 @@ import asyncio
 import logging
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
+from ...compat.websockets import HookedServerConnection
 from ...loops import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -59,23 +61,39 @@ late a Ping may come, and how much sooner than ``timeout`` an unanswered one may
 declared overdue."""
 
 
-class PingedConnection(ServerConnection):
+class PingedConnection(HookedServerConnection):
     """A server connection whose keepalive pings come from a :class:`Keepalive`: it notes
     when the Pong of the last one came (the others go to websockets, as a pong of
     :meth:`ping` does)."""
 
     ping_sent: float | None = None
-    """When the keepalive Ping now unanswered was sent (None: none is)."""
+    """When the keepalive Ping now unanswered was sent (None: none is); while the front
+    holds reading back, when it last did (see :meth:`reading_held`)."""
     keepalive_slot: int = -1
     pongs: int = 0
     """Keepalive Pongs received (tests and diagnostics)."""
+    held: bool = False
+    """Whether the front holds this connection's reading back now (flow control: see
+    :mod:`.flow`)."""
 
-    def acknowledge_pings(self, data: bytes) -> None:
-        if data == PAYLOAD:
-            self.ping_sent = None
-            self.pongs += 1
-        else:
-            super().acknowledge_pings(data)
+    def reading_held(self, held: bool, now: float) -> None:
+        """The front starts (True) or stops (False) holding this connection's reading back.
+
+        A client that pipelines faster than its pace is read only as fast as its pace: its
+        Pong waits behind its requests, in websockets' queue and in TCP, unread. That time
+        is the front's, not the client's, so it does not count against the Pong: a Ping
+        unanswered when the hold ends is given a whole timeout from then (and one overdue
+        during a hold, from the visit that finds it so)."""
+        self.held = held
+        if not held and self.ping_sent is not None:
+            self.ping_sent = now
+
+    def pong_received(self, data: bytes) -> bool:
+        if data != PAYLOAD:
+            return False
+        self.ping_sent = None
+        self.pongs += 1
+        return True
 
 
 def slots(interval: float) -> int:
@@ -167,8 +185,11 @@ class Keepalive:
                     ws.ping_sent = now
                     ws.transport.write(PING_FRAME)
             elif sent <= overdue:
-                self.discard(ws)
-                self._close(ws)
+                if ws.held:  # its Pong waits behind requests the front has not read yet
+                    ws.ping_sent = now
+                else:
+                    self.discard(ws)
+                    self._close(ws)
 
     def _close(self, ws: PingedConnection) -> None:
         """Close ``ws`` as websockets' keepalive does when a Pong is overdue."""

@@ -20,9 +20,6 @@ import http
 from collections.abc import Callable
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
-from websockets.frames import DATA_OPCODES, Frame
-
 from ...config import Settings
 from .keepalive import PingedConnection
 
@@ -75,39 +72,8 @@ class WebSocketOnlyConnection(PingedConnection):
 
     settings: Settings
     http_base: Callable[[], str]
-    _first = True
-    frame_in: Callable[[Frame], bool] | None = None
-    """Told each message's last frame as it is parsed (the ACP connection's
-    :meth:`~.connection.ClientConnection.frame_in`); True: it was taken there, not queued
-    for ``recv`` (no task woken, no queue, no reassembly for a whole text message)."""
 
-    def process_event(self, event: Any) -> None:
-        told = self.frame_in
-        if (
-            told is not None
-            and type(event) is Frame
-            and event.fin
-            and event.opcode in DATA_OPCODES
-            and told(event)
-        ):
-            return
-        super().process_event(event)
-
-    def data_received(self, data: bytes) -> None:
-        if self._first:
-            self._first = False
-            answer = self._refuse(data)
-            if answer is not None:
-                self.transport.write(answer)
-                self.transport.close()
-                return
-        super().data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        _break_cycles(self)
-
-    def _refuse(self, data: bytes) -> bytes | None:
+    def before_handshake(self, data: bytes) -> bytes | None:
         method, _, rest = data.partition(b" ")
         if method not in _METHODS:
             return None  # GET (the handshake), or not HTTP: the handshake parser decides
@@ -124,51 +90,6 @@ def connection_class(settings: Settings, http_base: Callable[[], str]) -> Any:
     """A :class:`WebSocketOnlyConnection` class bound to ``settings`` (for ``serve``)."""
     fields = {"settings": settings, "http_base": staticmethod(http_base)}
     return type("AcpConnection", (WebSocketOnlyConnection,), fields)
-
-
-def _break_cycles(ws: ServerConnection) -> None:
-    """Break the reference cycles websockets leaves in a closed connection, so that it is
-    freed as its last reference goes, not by the cyclic collector (a front freezes what
-    full collections leave, see :mod:`broker.collector`: garbage in a cycle would live
-    until the next sweep of the whole heap).
-
-    - ``select_subprotocol``, the server's, is bound to the protocol in a closure over this
-      connection (protocol -> closure -> connection -> protocol);
-    - the ACP connection's :attr:`WebSocketOnlyConnection.frame_in` (a bound method: the
-      connection holds this one);
-    - the protocol's parser is a generator suspended in a method of the protocol; at the end
-      of the stream (``connection_lost`` fed it) it only waits at its last ``yield``.
-      Closing it ends it: nothing steps it after the end of the stream;
-    - the exceptions websockets keeps once a connection failed (what stopped the parser, as
-      the ``EOFError`` of a peer gone without a Close frame; what failed the handshake, on
-      the protocol and on its request; what failed the connection) hold their tracebacks,
-      whose frames hold the protocol or the connection (protocol -> exception ->
-      traceback -> a frame of the protocol -> protocol): 16 objects of every connection
-      that ended without a Close frame, the usual end of a client gone away, 27-52 of one
-      whose handshake failed. Only the tracebacks go: the exceptions stay, the causes of
-      the ``ConnectionClosed`` each later ``recv`` raises.
-    """
-    protocol = ws.protocol
-    if isinstance(ws, WebSocketOnlyConnection):
-        ws.frame_in = None  # a bound method of the ACP connection, which holds ws
-    protocol.__dict__.pop("select_subprotocol", None)
-    protocol.parser.close()
-    for exc in (
-        protocol.parser_exc,
-        protocol.handshake_exc,
-        ws.connection_exc,
-        getattr(ws.request, "_exception", None),  # private in websockets: may go
-    ):
-        _drop_tracebacks(exc)
-
-
-def _drop_tracebacks(exc: BaseException | None) -> None:
-    """Drop the tracebacks of ``exc`` and of the exceptions it was raised from or while."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
 
 
 def _answer(status: http.HTTPStatus, text: str, extra_headers: str) -> bytes:

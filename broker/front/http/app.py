@@ -27,13 +27,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ...compat.uvicorn import guarded_h11
 from ...config import Settings
 from ...ops.health import HEALTH_PATHS, Health
 from ...ops.metrics import METRICS_PATH, exposition
 from ..acp import websocket_only
 from .console import Console
 from .event_stream import EventStream
-from .guard import guarded_h11
 from .mcp import http_base as mcp_http_base
 from .mcp import mcp_server
 from .rest import PATHS, RestApi

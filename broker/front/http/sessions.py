@@ -1,7 +1,8 @@
 """The session list as the HTTP API and the MCP tool offer it: one service, one input schema.
 
 :class:`SessionsService` authenticates the caller, validates the inputs and reads a
-page through the store's one list path (:class:`~broker.store.query.SessionLister`).
+page through the front's one listing service (:class:`~..listing.Listing`: its cache, its
+reads ahead) from the store's one list path (:class:`~broker.store.query.SessionLister`).
 REST (:mod:`.rest`) and MCP (:mod:`.mcp`) only translate its answers and its
 :class:`~broker.errors.ApiError`\\ s for their wire.
 """
@@ -9,10 +10,10 @@ REST (:mod:`.rest`) and MCP (:mod:`.mcp`) only translate its answers and its
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -37,6 +38,7 @@ from ...store.query import (
     SessionQuery,
     parse_query,
 )
+from ..listing import Listing
 from ..pages import Key, PageCache
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ class SessionsService:
         self.lister = lister
         self.authenticate = authenticate
         self.deadline = deadline
-        self.pages = pages
+        self.listing = Listing(CatalogPages(lister), pages)
 
     async def page(self, args: Mapping[str, Any], credentials: Credentials) -> SessionPage:
         """One page for these inputs, within :attr:`deadline` seconds; :class:`ApiError`
@@ -101,47 +103,35 @@ class SessionsService:
             raise ApiError(ErrorCode.INTERNAL, "the sessions could not be listed") from exc
 
     async def _page(self, tenant: str, query: SessionQuery) -> SessionPage:
-        """The page, from the front's cache where it holds it (pages are not changed by
-        their readers: REST and MCP render new objects from their rows), or once its read
-        ahead lands; read, then the next one read ahead, where it holds neither."""
+        """The page, through the front's one listing service (pages are not changed by their
+        readers: REST and MCP render new objects from their rows)."""
         after = self.lister.position(tenant, query)
-        pages = self.pages
-        if pages is None:
-            return await self.lister.page_after(tenant, query, after)
-        key = _catalog_key(tenant, query, after)
-        page: SessionPage | None = pages.hit(key)
-        # Being read ahead: waited for, not read twice; for half the deadline at most, so
-        # that a read ahead stuck in a slow store leaves time for a read of its own.
-        landed = pages.landed(key, self.deadline / 2) if page is None else None
-        if landed is not None:
-            await landed
-            page = pages.hit(key)
-        if page is None:
-            pages.missed()
-            token = pages.begin()
-            reload = functools.partial(self.lister.page_after, tenant, query, after)
-            page = await reload()
-            pages.put(key, token, page, reload)
-            self._read_ahead(tenant, query, page.next_after)
-        return page
-
-    def _read_ahead(self, tenant: str, query: SessionQuery, after: str | None) -> None:
-        """Have the page past position ``after`` (None: there is none) read ahead; when it
-        is first asked for, the one after it is read ahead in turn."""
-        if self.pages is None or after is None:
-            return
-
-        async def read() -> tuple[SessionPage, Callable[[], None]]:
-            page = await self.lister.page_after(tenant, query, after)
-            return page, functools.partial(self._read_ahead, tenant, query, page.next_after)
-
-        self.pages.read_ahead(_catalog_key(tenant, query, after), read)
+        return await self.listing.page(tenant, (query, after), wait_ahead=self.deadline / 2)
 
 
-def _catalog_key(tenant: str, query: SessionQuery, after: str | None) -> Key:
-    """The page cache's key of a REST or MCP page: everything that shapes it (the position
-    the cursor holds, not the cursor: a page read ahead has none)."""
-    return (tenant, "catalog", query.statuses, query.kind, query.q, query.cwd, after, query.limit)
+CatalogQuery = tuple[SessionQuery, str | None]
+"""A REST or MCP list query and the position its page starts after (its cursor's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogPages:
+    """The pages of REST and MCP lists, as the listing service reads them (see
+    :class:`~..listing.PageSource`)."""
+
+    lister: SessionLister
+
+    def key(self, tenant: str, query: CatalogQuery) -> Key:
+        """Everything that shapes the page (the position the cursor holds, not the cursor:
+        a page read ahead has none)."""
+        q, after = query
+        return (tenant, "catalog", q.statuses, q.kind, q.q, q.cwd, after, q.limit)
+
+    async def read(self, tenant: str, query: CatalogQuery) -> tuple[SessionPage, str | None]:
+        page = await self.lister.page_after(tenant, *query)
+        return page, page.next_after
+
+    def following(self, query: CatalogQuery, after: str) -> CatalogQuery:
+        return query[0], after
 
 
 def sessions_service(

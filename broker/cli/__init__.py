@@ -1,4 +1,5 @@
-"""The ``acp-broker`` command."""
+"""The ``acp-broker`` command (the package: :mod:`.archive` its archive commands,
+:mod:`.tables` the tables it prints)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from . import archive_cli, loops
-from .config import AgentSpec, Settings, load_settings
-from .failures import describe
-from .logs import configure as configure_logging
-from .logs import install_redaction
-from .store.client import masked_url
+from .. import loops
+from ..config import AgentSpec, Settings, load_settings
+from ..errors.failures import describe
+from ..logs import configure as configure_logging
+from ..logs import install_redaction
+from ..store.client import masked_url
+from . import archive as archive_cli
 
 log = logging.getLogger("acp-broker")
 
@@ -197,7 +199,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import run_broker
+    from ..serve import run_broker
 
     agents = [AgentSpec.parse(text) for text in args.agent] or None
     settings = _settings(
@@ -232,7 +234,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_connect(args: argparse.Namespace) -> int:
-    from .clients.bridge import main_connect
+    from ..clients.bridge import main_connect
 
     return main_connect(args.url, args.header, args.token, args.give_up_after)
 
@@ -247,7 +249,7 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo_agent(args: argparse.Namespace) -> int:
-    from .demo.agent import main as run_demo_agent
+    from ..demo.agent import main as run_demo_agent
 
     logging.getLogger().setLevel(logging.WARNING)  # stdout is the ACP stream; stderr stays quiet
     run_demo_agent()
@@ -255,7 +257,7 @@ def _cmd_demo_agent(args: argparse.Namespace) -> int:
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
-    from .front.http.mcp import serve_stdio
+    from ..front.http.mcp import serve_stdio
 
     settings = _settings(args, cursor_secret=args.cursor_secret)
     if settings.redis_url is None:
@@ -267,8 +269,8 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 def _cmd_rebuild(args: argparse.Namespace) -> int:
     from workers.projector.rebuild import rebuild_index
 
-    from .store.archive import open_archive
-    from .store.client import connect
+    from ..store.archive import open_archive
+    from ..store.client import connect
 
     settings = _settings(args, archive_store=args.archive_store)
     if settings.redis_url is None:
@@ -294,8 +296,8 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
-    from .auth.tokens import TokenStore
-    from .store.client import connect
+    from ..auth.tokens import TokenStore
+    from ..store.client import connect
 
     settings = _settings(args)
     if settings.redis_url is None:
@@ -389,7 +391,3 @@ def _setting_error(error: Any) -> str:
     """``name: what is wrong`` for one of a ValidationError's errors (no input quoted)."""
     name = ".".join(map(str, error["loc"])) or "settings"
     return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

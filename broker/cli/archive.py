@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from .config import Settings
+from ..config import Settings
 
 PROGRESS_EVERY = 100
 """Sessions between two progress lines."""
@@ -43,8 +43,8 @@ async def run(settings: Settings, command: str, older_than: float | None, dry_ru
     """One archive or purge round over every partition; prints progress and a summary."""
     from workers.projector.archiving import Archiver, RoundOutcome
 
-    from .store.archive import open_archive
-    from .store.client import connect
+    from ..store.archive import open_archive
+    from ..store.client import connect
 
     location = settings.archive_location()
     if settings.redis_url is None or location is None:

@@ -1,4 +1,12 @@
-"""The error codes of the broker's HTTP API and MCP tools.
+"""Errors and failure descriptions, in one place.
+
+- this module: the error codes of the broker's HTTP API and MCP tools (:class:`ApiError`);
+- :mod:`.failures`: failures an operator reads (:class:`~.failures.FailureLog`,
+  :func:`~.failures.describe`);
+- :mod:`.store`: what a store failure tells a client (the JSON-RPC error and REST status
+  of each).
+
+The error codes of the broker's HTTP API and MCP tools.
 
 One :class:`ApiError` carries a stable ``code`` and a message. REST answers it as an
 RFC 9457 problem (``application/problem+json`` with the HTTP status of its code and

@@ -1,4 +1,11 @@
-"""Deadlines uvicorn does not set: the HTTP listener's request heads and idle sockets.
+"""uvicorn's internals the broker relies on, in one place: a deadline uvicorn does not set.
+
+:func:`guarded_h11` subclasses uvicorn's ``H11Protocol`` (not a public API: it overrides
+``connection_made``, ``data_received``, ``on_response_complete`` and ``connection_lost``,
+and reads ``conn``, ``loop`` and ``transport``); ``tests/test_compat_uvicorn.py`` checks
+each of them, so an upgrade that moves one fails there by name.
+
+Deadlines uvicorn does not set: the HTTP listener's request heads and idle sockets.
 
 uvicorn closes a keep-alive connection that stays idle after a response
 (``timeout_keep_alive``) but sets no deadline before the first request, nor on a

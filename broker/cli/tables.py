@@ -6,11 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .config import Settings
-from .errors import ApiError
-from .store.client import connect
-from .store.cursors import CursorCodec
-from .store.query import SessionLister, SessionPage, parse_query
+from ..config import Settings
+from ..errors import ApiError
+from ..store.client import connect
+from ..store.cursors import CursorCodec
+from ..store.query import SessionLister, SessionPage, parse_query
 
 HEADER = ("SESSION", "STATUS", "KIND", "CREATED", "AGENT", "TITLE", "CWD")
 
