@@ -241,7 +241,6 @@ MAX_MODULE_LINES = 860
 LARGE_CLASSES = {
     # Being split (their methods move to collaborators as other work on them lands); each
     # may only shrink: (lines, methods) at most.
-    "broker.store.log.SessionLog": (540, 28),
     "broker.store.index.SessionIndex": (440, 28),
 }
 
