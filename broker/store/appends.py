@@ -96,8 +96,9 @@ class LogAppender:
         """Append one event; raises :class:`SessionMissing`, :class:`Fenced`,
         :class:`SessionFull` (``max_events``) or :class:`StoreFull` (Redis at maxmemory).
 
-        An archived session's log is restored first (:meth:`restore`; an unreadable archive
-        raises :class:`~.archive.ArchiveCorrupt` and appends nothing), then appended to.
+        An archived session's log is restored first (:meth:`.ArchivedLogs.restore`; an
+        unreadable archive raises :class:`~.archive.ArchiveCorrupt` and appends nothing),
+        then appended to.
 
         ``call`` (default: a fresh one, see :func:`call_ids`) names this append: made
         again after a failure that left its outcome unknown, a call that was applied

@@ -81,8 +81,8 @@ class SessionRecorder:
 
     async def append(self, held: HeldSession, body: JsonObject, *, kept: bool = False) -> Position:
         """Log one of the host's own events, after the agent's updates so far. Tried for a
-        few seconds while the store is away (:meth:`_log_retrying`); ``kept``: until the
-        store takes it (:meth:`_log_until_back`)."""
+        few seconds while the store is away (:meth:`log_retrying`); ``kept``: until the
+        store takes it (:meth:`log_until_back`)."""
         await self.settle()  # the agent's updates so far go first: the log keeps their order
         items = [(held.tenant, held.session_id, body, held.fence)]
         [result] = await (self.log_until_back(items) if kept else self.log_retrying(items))
@@ -185,7 +185,7 @@ class SessionRecorder:
     async def _log_kept(
         self, batch: list[tuple[HeldSession, JsonObject]], items: list[Any]
     ) -> list[Position | Exception]:
-        """Log a batch of updates until the store takes it (:meth:`_log_until_back`) while
+        """Log a batch of updates until the store takes it (:meth:`log_until_back`) while
         the updates waiting fit; past that their sessions are failed and :class:`_Failed`
         raised."""
         return await self.log_until_back(items, lambda exc: self._keep_or_fail(exc, batch))
