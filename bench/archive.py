@@ -155,7 +155,7 @@ async def _through_front(url: str, folder: str, args: Any) -> dict[str, Any]:
         "ACP_DEMO_CHUNK_DELAY": "0",
         "ACP_DEMO_TEST_COMMANDS": "1",
     }
-    redis = connect(url)
+    redis: Any = connect(url)  # an operator's view: INFO and MEMORY, beyond the Store protocol
     async with contextlib.AsyncExitStack() as stack:
         for role in ("projector", "agent-host"):
             log = common.LOGS / f"archive-{role}.log"

@@ -3,14 +3,17 @@
 A real ``acp-broker serve`` on a redis-server that the test stops with SIGSTOP (a stall:
 connections stay open, nothing is answered). Once the broker's probe has noticed (about
 ``PROBE_TIMEOUT`` seconds), every request that needs the store is answered within a second
-with a clear "try again" error. Once Redis answers again, the breaker closes and requests
-are served normally.
+with a clear "try again" error, but for list pages the front had cached, which are still
+answered. Once Redis answers again, the breaker closes and requests are served normally
+(and lists are read afresh: a session made then is listed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,13 +21,21 @@ from broker.store.breaker import PROBE_TIMEOUT
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
-from .support.redis_server import restartable_redis
-from .test_redis_faults import ENV, SLACK, _readyz
+from .support.redis_server import free_port, restartable_redis
+from .test_redis_faults import ENV, SLACK, _get_json, _readyz
 
 pytestmark = pytest.mark.slow
 
 FAST = 1.0
 """Seconds within which a request is answered while the store is known to be away."""
+
+
+def _ids(listed: dict) -> list[str]:
+    return [session["sessionId"] for session in listed["result"]["sessions"]]
+
+
+async def _rest_list(http_port: int) -> tuple[int, Any]:
+    return await asyncio.to_thread(_get_json, f"http://127.0.0.1:{http_port}/v1/sessions")
 
 
 async def _timed(client: RawClient, method: str, params: dict[str, object]) -> tuple[float, dict]:
@@ -36,13 +47,22 @@ async def _timed(client: RawClient, method: str, params: dict[str, object]) -> t
 async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_back(
     tmp_path: Path,
 ) -> None:
+    http_port = free_port()
     with restartable_redis(aof=False) as redis:
-        async with broker_process(redis.url, log_path=tmp_path / "broker.log", env=ENV) as node:
+        async with broker_process(
+            redis.url,
+            log_path=tmp_path / "broker.log",
+            env=ENV,
+            extra_args=["--http-port", str(http_port)],
+        ) as node:
             client = await RawClient.initialized(node.url)
             reply = await client.call("session/new", {"cwd": "/ff", "mcpServers": []}, 30)
             session_id = reply["result"]["sessionId"]
-            _, listed = await _timed(client, "session/list", {})
-            assert session_id in [s["sessionId"] for s in listed["result"]["sessions"]]
+            for _ in range(3):  # kept by the front's page cache (read again if announced)
+                _, listed = await _timed(client, "session/list", {})
+                assert session_id in _ids(listed), listed
+                status, rest = await _rest_list(http_port)  # GET /v1/sessions: its own page
+                assert status == 200, rest
 
             redis.pause()
             try:
@@ -70,11 +90,15 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
                         {"sessionId": session_id, "prompt": text("/notool")},
                     )
                     assert took <= FAST + 0.5 and "try again" in reply["error"]["message"], reply
+                    # The page the front had cached is answered still; one it had not
+                    # fails fast.
                     took, listed = await _timed(client, "session/list", {})
+                    assert took <= FAST + 0.5 and session_id in _ids(listed), (took, listed)
+                    took, listed = await _timed(client, "session/list", {"cwd": "/other"})
                     assert took <= FAST + 0.5, took
-                    # The page cache empties itself when its watch stops hearing Redis (it
-                    # cannot tell what changed meanwhile): a list fails fast too.
-                    assert "result" in listed or "try again" in listed["error"]["message"]
+                    assert "try again" in listed["error"]["message"], listed
+                status, rest = await _rest_list(http_port)
+                assert status == 200 and session_id in [s["id"] for s in rest["data"]], rest
             finally:
                 redis.resume()
 
@@ -88,10 +112,12 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
             # The first request after the store is back is served normally.
             reply = await client.call("session/new", {"cwd": "/back", "mcpServers": []}, 30)
             assert "result" in reply, reply
+            back_id = reply["result"]["sessionId"]
             reply = await client.call(
-                "session/prompt",
-                {"sessionId": reply["result"]["sessionId"], "prompt": text("/notool")},
-                30,
+                "session/prompt", {"sessionId": back_id, "prompt": text("/notool")}, 30
             )
             assert reply["result"]["stopReason"] == "end_turn", reply
+            # Listed: the pages held through the outage are not answered once it is over.
+            _, listed = await _timed(client, "session/list", {})
+            assert {session_id, back_id} <= set(_ids(listed)), listed
             await client.close()

@@ -17,10 +17,18 @@ from typing import Any
 import pytest
 
 from broker.front.node import FrontNode
-from broker.front.pages import PROBE_MARK, READS_AHEAD, REFRESH_BUDGET, IndexWatch, PageCache
+from broker.front.pages import (
+    HOLD_GAP,
+    PROBE_MARK,
+    READS_AHEAD,
+    REFRESH_BUDGET,
+    IndexWatch,
+    PageCache,
+)
 from broker.protocol.jsonrpc import Request
 from broker.serve import Broker
 from broker.store.archive import DirectoryArchive
+from broker.store.breaker import StoreBreaker
 from broker.store.client import connect
 from broker.store.events import EventType
 from broker.store.index import SessionIndex
@@ -126,7 +134,39 @@ async def test_a_read_in_flight_across_an_invalidation_or_a_reset_is_not_kept() 
     cache.put(("c", 1), cache.begin(), "p3")
     assert len(cache) == 2 and cache.get(("b", 1)) is None and cache.get(key) == "p1"
     cache.down()
-    assert len(cache) == 0 and cache.get(key) is None and cache.begin() is None
+    assert cache.get(key) is None and cache.begin() is None  # held, not answered (no breaker)
+    cache.up()
+    assert len(cache) == 0
+
+
+async def test_held_pages_are_answered_only_while_the_store_is_away_in_that_outage() -> None:
+    breaker = StoreBreaker()
+    cache = PageCache(4)
+    cache.held.breaker = breaker
+    key = ("a", 1)
+    cache.up()
+    cache.put(key, cache.begin(), "p")
+    cache.down()
+    assert cache.get(key) is None  # the watch lost Redis; the breaker has not opened
+    breaker.open(ConnectionError("refused"))
+    assert cache.get(key) == "p" and cache.begin() is None  # answered, nothing stored
+    cache.invalidate("a")  # this front's own write (it failed fast, but may have landed)
+    assert cache.get(key) is None
+    cache.up()
+    cache.put(key, cache.begin(), "p")
+    cache.down()
+    assert cache.get(key) == "p"  # the breaker opened before the watch lost Redis
+    breaker.close()
+    assert cache.get(key) is None  # the store answers: not without a subscription
+    breaker.open(ConnectionError("refused"))
+    assert cache.get(key) is None  # it answered since they were held: maybe stale
+    breaker.close()
+    cache.up()
+    cache.put(key, cache.begin(), "p")
+    cache.down()
+    cache.held._at -= HOLD_GAP + 1  # held long before this outage began
+    breaker.open(ConnectionError("refused"))
+    assert cache.get(key) is None
 
 
 async def test_a_page_read_ahead_is_kept_by_the_rules_of_any_read() -> None:
@@ -542,7 +582,7 @@ async def test_a_redis_restart_bypasses_the_cache_and_it_comes_back_empty(
         await wait_for(lambda: _listed_and_kept(node, ["kept"]))
         server.kill()
         await wait_for(lambda: node.pages is not None and not node.pages.live)
-        assert node.pages is not None and len(node.pages) == 0
+        assert node.pages is not None and node.pages.begin() is None  # nothing stored
         if not keep_data:
             server.wipe()
         server.start()
@@ -558,7 +598,7 @@ async def test_a_stalled_redis_bypasses_the_cache_until_it_answers(store_kind: s
         server.pause()
         try:
             await wait_for(lambda: node.pages is not None and not node.pages.live)
-            assert node.pages is not None and len(node.pages) == 0
+            assert node.pages is not None and node.pages.begin() is None  # nothing stored
         finally:
             server.resume()
         await wait_for(lambda: node.pages is not None and node.pages.live, 20)

@@ -14,8 +14,13 @@ Correctness rests on three rules:
 * **No subscription, no cache.** Pages are served and stored only while the watch
   (:class:`IndexWatch`) is subscribed to the channel and hears its own probes. Start-up, a
   lost connection, a Redis restart (with or without its data), a failover, a stall (a probe
-  not heard within :data:`PROBE_INTERVAL`) all empty the cache and bypass it; every
-  (re)subscription starts it empty, since what was announced meanwhile is unknown.
+  not heard within :data:`PROBE_INTERVAL`) all bypass the cache; every (re)subscription
+  starts it empty, since what was announced meanwhile is unknown.
+* **Through an outage** (:class:`HeldPages`), the pages kept when the watch lost its
+  subscription are still answered while the store is known to be away (its breaker is
+  open), and only then: never once the store has answered again (the next subscription
+  drops them), nor in an outage that began well after they stopped being kept. Writes made
+  through other fronts during the outage are not in them; no write goes through this one.
 * **The front's own writes** (``session/new``, ``set_title``, ``delete`` …) are dropped
   locally at once, before their reply (``SessionIndex.changed``), and announced to the
   other fronts like the projector's.
@@ -59,6 +64,7 @@ from typing import Any, Protocol
 from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics
+from ..store.breaker import StoreBreaker, breaker_of
 from ..store.client import Store, cluster_client, is_cluster
 from ..store.keys import INDEX_CHANNEL
 from ..store.subscriber import Message, open_subscriber
@@ -115,7 +121,9 @@ class PageCache:
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
         self.live = False
-        """Whether the watch is subscribed: only then are pages served and stored."""
+        """Whether the watch is subscribed: only then are pages stored (and served, but for
+        :attr:`held` ones)."""
+        self.held = HeldPages()
         self._entries: OrderedDict[Key, Any] = OrderedDict()
         self._by_tenant: dict[Hashable, set[Key]] = {}
         self._stamp = 0
@@ -137,9 +145,15 @@ class PageCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def serving(self) -> bool:
+        """Whether kept pages are answered: while the watch is subscribed, or while the pages
+        it held when it lost it may be answered (see :class:`HeldPages`)."""
+        return self.live or (bool(self._entries) and self.held.answerable())
+
     def get(self, key: Key) -> Any | None:
         """The page stored under ``key`` (the most recently used from now), or None."""
-        if not self.live:
+        if not self.serving:
             _BYPASS.inc()
             return None
         page = self.hit(key)
@@ -150,7 +164,7 @@ class PageCache:
     def hit(self, key: Key) -> Any | None:
         """:meth:`get` for a caller that falls back on it: a hit is counted, a miss or a
         bypass is not (the fallback counts it)."""
-        page = self._entries.get(key) if self.live else None
+        page = self._entries.get(key) if self.serving else None
         if page is not None:
             self._entries.move_to_end(key)
             _HIT.inc()
@@ -165,7 +179,7 @@ class PageCache:
 
     def missed(self) -> None:
         """Count what :meth:`get` would have counted for a page :meth:`hit` did not find."""
-        (_MISS if self.live else _BYPASS).inc()
+        (_MISS if self.serving else _BYPASS).inc()
 
     def begin(self) -> int | None:
         """A token for a read about to start (None while the cache is bypassed)."""
@@ -340,12 +354,15 @@ class PageCache:
         self.live = True
 
     def down(self) -> None:
-        """The watch is not subscribed: bypass the cache, empty."""
+        """The watch is not subscribed: store nothing, and bypass the cache but for the pages
+        it holds (kept, answered only as :class:`HeldPages` allows; dropped by :meth:`up`)."""
         if self.live:
             metrics.PAGE_CACHE_LIVE.set(0)
             metrics.PAGE_CACHE_RESETS.inc()
+            self.held.hold()
         self.live = False
-        self.reset()
+        self._reloads.clear()  # nothing is stored until up(): nothing to read again
+        self._when_asked.clear()
 
     def _forget(self, key: Key) -> None:
         self._reloads.pop(key, None)
@@ -355,6 +372,40 @@ class PageCache:
             keys.discard(key)
             if not keys:
                 del self._by_tenant[key[0]]
+
+
+HOLD_GAP = 5.0
+"""Seconds after the watch lost its subscription within which the store's breaker must open
+for the pages held then to be answered (a stall is noticed by the watch first, by the
+breaker about a second later)."""
+
+
+class HeldPages:
+    """Whether the pages a cache held when its watch lost its subscription may be answered:
+    while the store is known to be away (its :attr:`breaker` is open), if that outage began
+    within :data:`HOLD_GAP` seconds of the loss (or before it) and the store has not answered
+    since (a page kept before an answer may have missed a write announced after it)."""
+
+    def __init__(self) -> None:
+        self.breaker: StoreBreaker | None = None
+        """The store's breaker (None: held pages are never answered)."""
+        self._at = 0.0
+        self._returns = -1
+
+    def hold(self) -> None:
+        """The watch lost its subscription now: the pages kept are held from now."""
+        breaker = self.breaker
+        self._at = time.monotonic()
+        self._returns = breaker.returns if breaker is not None else -1
+
+    def answerable(self) -> bool:
+        breaker = self.breaker
+        return (
+            breaker is not None
+            and breaker.away
+            and breaker.returns == self._returns
+            and breaker.since <= self._at + HOLD_GAP
+        )
 
 
 class _ClusterChannel:
@@ -417,6 +468,8 @@ class IndexWatch:
     ) -> None:
         self.redis = redis
         self.cache = cache
+        if cache is not None:
+            cache.held.breaker = breaker_of(redis)
         self.listener = listener
         self.live = False
         """Whether the subscription is confirmed and hears its probes."""

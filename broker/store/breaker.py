@@ -57,7 +57,10 @@ class StoreBreaker:
         self.away = False
         """True while commands fail at once."""
         self.since = 0.0
+        """When it last opened (``time.monotonic()``)."""
         self.reason = ""
+        self.returns = 0
+        """How many times it closed again (what was known before a return may be stale)."""
 
     def error(self) -> StoreAway:
         return StoreAway(
@@ -75,6 +78,7 @@ class StoreBreaker:
     def close(self) -> None:
         if self.away:
             self.away = False
+            self.returns += 1
             metrics.STORE_AWAY.set(0)
             log.warning("the store answers again after %.1f s", time.monotonic() - self.since)
 

@@ -110,7 +110,7 @@ class AcpListing:
         that may come without a task (see the module's docstring); None for the rest."""
         pages = self.pages
         key = None
-        if pages is not None and pages.live:
+        if pages is not None and pages.serving:
             key = page_key(tenant, params, self.settings.list_page_size)
             text = pages.hit(key) if key is not None else None
             if text is not None:
