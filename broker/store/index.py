@@ -22,7 +22,7 @@ converge on the newest snapshot.
 
 Every write is announced: after it, in the same pipeline where the write is one, the
 tenant's name is published on :data:`~.keys.INDEX_CHANNEL` (once per tenant per batch), and
-the hook :attr:`SessionIndex.changed` (a front's page cache) is told at once. A tenant whose
+the hook :attr:`.IndexAnnouncer.changed` (a front's page cache) is told at once. A tenant whose
 announcement could not be sent is owed one, sent with the next write's.
 """
 
