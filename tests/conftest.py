@@ -40,6 +40,7 @@ XDIST_GROUPS = {
     "test_bridge_e2e": "faults",
     "test_chaos": "faults",
     "test_cluster": "faults",
+    "test_cluster_resharding": "faults",
     "test_permission_roundtrip": "faults",
     "test_redis_faults": "faults",
     "test_restart": "faults",

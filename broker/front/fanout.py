@@ -27,6 +27,7 @@ from ..loops import cancel_and_wait
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store, is_cluster
+from ..store.cluster import follow_redirect
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
@@ -248,9 +249,12 @@ class FanoutHub:
                     node = self.redis.get_node(node_name=node_name)
                     message = await self._pubsub.get_sharded_message(target_node=node, timeout=1.0)
                     messages = [] if message is None else [message]
+                    self._watch_cluster_nodes()  # a channel whose slot moved: its new node
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if node_name is not None and await follow_redirect(self.redis, exc):
+                    continue  # an ssubscribe sent to a slot's old owner: it moves now
                 self.read_failures.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -293,6 +297,13 @@ class FanoutHub:
         if kind == "ssubscribe":
             if not feed.confirmed.done():
                 feed.confirmed.set_result(None)
+            return
+        if kind == "sunsubscribe":
+            # Not asked by us (a feed we left is gone): the channel's slot moved to another
+            # node (or the client moved the subscription there). Subscribe where it is now;
+            # what was published meanwhile comes from the log (the next seq's gap, or the
+            # position check).
+            await self._pubsub.ssubscribe(channel)
             return
         if kind != "smessage":
             return

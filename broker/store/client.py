@@ -18,6 +18,8 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .cluster import cluster_client
+
 log = logging.getLogger(__name__)
 
 Store = Any
@@ -50,8 +52,9 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if sep and scheme in CLUSTER_SCHEMES:
-        return RedisCluster.from_url(
+        return cluster_client(
             f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            patience=timeout,
             decode_responses=True,
             health_check_interval=30,
             **bounded,

@@ -1,9 +1,9 @@
 """Trying a Redis write again while the store is briefly out of reach.
 
-A restart, a failover or a stall makes commands fail for a few seconds. A write that carries
-someone's answer or reply is tried again (the same bytes: the reader deduplicates by the id
-inside) with a growing pause, until a deadline; past it the last error is raised, for the
-caller to report.
+A restart, a failover, a stall or a Redis Cluster moving slots makes commands fail for a few
+seconds. A write that carries someone's answer or reply is tried again (the same bytes: the
+reader deduplicates by the id inside) with a growing pause, until a deadline; past it the
+last error is raised, for the caller to report.
 """
 
 from __future__ import annotations
@@ -12,29 +12,43 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from redis.exceptions import AskError, ClusterError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 T = TypeVar("T")
 
-STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError)
+STORE_MOVING = (ClusterError, TryAgainError, AskError, SlotNotCoveredError)
+"""What a Redis Cluster raises while it moves slots or fails over, for a command it did not
+run: CLUSTERDOWN (``ClusterDownError``, a ``ClusterError``), TRYAGAIN (a multi-key command
+or script whose keys are split between a migrating slot's two nodes), MOVED and ASK
+(``MovedError`` is an ``AskError``) when redis-py gives up following them, and
+``ClusterError("TTL exhausted")``, what redis-py raises once it has been redirected or told
+to try again 16 times in a row (about half a second): a slot half migrated lasts longer."""
+
+STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError, *STORE_MOVING)
 """What a store that is out of reach raises (restarting, loading its data, stalled, failing
-over); an error reply to a command is not among them: trying it again would fail again."""
+over, moving slots); an error reply to a command is not among them (but for a cluster's
+:data:`STORE_MOVING`): trying it again would fail again."""
 
 FIRST_PAUSE = 0.05
 MAX_PAUSE = 1.0
 
 
-async def retrying(call: Callable[[], Awaitable[T]], deadline: float) -> T:
-    """``await call()``, again after each error of :data:`STORE_AWAY`, for at most
-    ``deadline`` seconds in all; then the last error is raised."""
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    deadline: float,
+    errors: tuple[type[BaseException], ...] = STORE_AWAY,
+) -> T:
+    """``await call()``, again after each of ``errors`` (default :data:`STORE_AWAY`), for at
+    most ``deadline`` seconds in all; then the last error is raised."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + deadline
     pause = FIRST_PAUSE
     while True:
         try:
             return await call()
-        except STORE_AWAY:
+        except errors:
             if loop.time() + pause > give_up:
                 raise
         await asyncio.sleep(pause)

@@ -48,6 +48,39 @@ class ClusterInfo:
             timeout=10,
         )
 
+    def masters(self) -> list[int]:
+        """The ports of the masters now."""
+        with self.client(self.ports[0]) as any_node:
+            return sorted(int(shard[2][1]) for shard in any_node.execute_command("CLUSTER SLOTS"))
+
+    def migrate_slot(self, slot: int, target: int, *, batch: int = 2, pace: float = 0.05) -> None:
+        """Move ``slot`` to the master at port ``target`` by hand, as ``redis-cli --cluster
+        reshard`` does (SETSLOT IMPORTING and MIGRATING, MIGRATE the keys, SETSLOT NODE),
+        ``batch`` keys at a time with ``pace`` seconds between batches, so that traffic meets
+        the slot half moved: ASK and TRYAGAIN for its keys. Blocking: call it through
+        ``asyncio.to_thread`` from a test's loop."""
+        source = self.master_of_slot(slot)
+        if source == target:
+            return
+        with self.client(source) as src, self.client(target) as dst:
+            src_id = src.execute_command("CLUSTER MYID")
+            dst_id = dst.execute_command("CLUSTER MYID")
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+                time.sleep(pace)  # pacing the fault, not waiting for a condition
+            for port in [target, source, *(p for p in self.masters() if p not in (source, target))]:
+                with self.client(port) as node:
+                    node.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+
+    def master_of_slot(self, slot: int) -> int:
+        with self.client(self.ports[0]) as any_node:
+            for start, end, master, *_ in any_node.execute_command("CLUSTER SLOTS"):
+                if start <= slot <= end:
+                    return int(master[1])
+        raise AssertionError(f"no master serves slot {slot}")
+
     def wait_ok(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
