@@ -39,17 +39,30 @@ async def retrying(
     call: Callable[[], Awaitable[T]],
     deadline: float,
     errors: tuple[type[BaseException], ...] = STORE_AWAY,
+    *,
+    again: Callable[[T], bool] | None = None,
 ) -> T:
     """``await call()``, again after each of ``errors`` (default :data:`STORE_AWAY`), for at
-    most ``deadline`` seconds in all; then the last error is raised."""
+    most ``deadline`` seconds in all; then the last error is raised. ``again``: a result it
+    holds for is not the one wanted either (a message published that no subscriber heard):
+    tried again the same way, and past the deadline the last such result is returned."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + deadline
     pause = FIRST_PAUSE
     while True:
         try:
-            return await call()
+            result = await call()
         except errors:
             if loop.time() + pause > give_up:
                 raise
+        else:
+            if again is None or not again(result) or loop.time() + pause > give_up:
+                return result
         await asyncio.sleep(pause)
         pause = min(pause * 2, MAX_PAUSE)
+
+
+def unheard(receivers: int) -> bool:
+    """For :func:`retrying`'s ``again``: a message that reached no subscriber (a front whose
+    subscription is being made again after Redis came back: it hears the next try)."""
+    return int(receivers) == 0

@@ -13,6 +13,8 @@ Nothing of the round trip may be lost:
   until it is answered (pub/sub may drop a message; a node's answer may have failed to reach
   the inbox): a node that is still asking its client ignores the repeat, one that already
   answered writes its answer again, so the client is never asked twice;
+* a request no front heard (none subscribed: one may be subscribing again after Redis came
+  back) is published again for a few seconds before it counts as nobody's;
 * after ``timeout`` seconds without an answer the request fails with a clear error, which the
   agent receives as the answer to its request (and which ends the prompt turn for an agent
   that cannot go on without it), never a hang.
@@ -32,8 +34,15 @@ from broker.protocol import commands
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
 from broker.store.client import Store
 from broker.store.keys import SessionKeys
+from broker.store.retry import retrying, unheard
 
 log = logging.getLogger(__name__)
+
+UNHEARD_GRACE = 3.0
+"""Seconds a request that no front heard is published again before it counts as nobody's:
+after Redis comes back, a front's subscriptions are made again within a second or so, and
+a request asked meanwhile once failed with "no connected client where the session is
+active" where the client was connected all along."""
 
 
 class NobodyAnswered(Exception):
@@ -62,9 +71,16 @@ class RemoteClients:
     """
 
     def __init__(
-        self, redis: Store, inbox: str, *, timeout: float = 600.0, reask_interval: float = 5.0
+        self,
+        redis: Store,
+        inbox: str,
+        *,
+        timeout: float = 600.0,
+        reask_interval: float = 5.0,
+        unheard_grace: float = UNHEARD_GRACE,
     ) -> None:
         self.redis = redis
+        self.unheard_grace = unheard_grace
         self.inbox = inbox
         self.timeout = timeout
         self.reask_interval = reask_interval
@@ -100,7 +116,14 @@ class RemoteClients:
         deadline = loop.time() + self.timeout
         while True:
             try:
-                receivers = int(await self.redis.spublish(channel, data))
+                receivers = int(
+                    await retrying(
+                        lambda: self.redis.spublish(channel, data),
+                        self.unheard_grace,
+                        (),
+                        again=unheard,
+                    )
+                )
             except (RedisError, OSError) as exc:  # a socket error is the store out of reach too
                 # The store is out of reach: the answer cannot come back either. Ask again
                 # at the next interval, until the deadline.

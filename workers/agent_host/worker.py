@@ -43,7 +43,7 @@ from broker.store.client import Store
 from broker.store.failures import rpc_failure, store_unreachable
 from broker.store.keys import CAPABILITIES_KEY, command_taken_key, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
-from broker.store.retry import STORE_AWAY, retrying
+from broker.store.retry import STORE_AWAY, retrying, unheard
 
 from .clients import RemoteClients
 from .host import AgentHost
@@ -242,7 +242,9 @@ class HostWorker:
         reply_to, rid = str(command["reply"]), command["rid"]
         if command.get("op") in CREATING and not await self._first_to_take(str(rid)):
             return
-        await self._send(reply_to, commands.ack(rid, self.host_id))
+        # Not awaited: an acknowledgement no front heard yet (its subscription is being made
+        # again) is sent again meanwhile, and the command runs. (A reply settles it too.)
+        self._spawn(self._send(reply_to, commands.ack(rid, self.host_id)))
         try:
             result = await self._dispatch(command)
         except HeldElsewhere as exc:
@@ -322,12 +324,17 @@ class HostWorker:
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
 
     async def _send(self, channel: str, message: JsonObject) -> None:
-        """An acknowledgement or a reply to a front node, tried again while Redis is away;
-        one that still cannot be sent is logged (the front's deadline then fails the request
-        for its client)."""
+        """An acknowledgement or a reply to a front node, tried again while Redis is away or
+        while no front hears it (one resubscribing after Redis came back); one that still
+        cannot be sent is logged (the front's deadline then fails the request for its
+        client)."""
         data = commands.encode(message)
         try:
-            await retrying(lambda: self.redis.spublish(channel, data), self.settings.answer_timeout)
+            heard = await retrying(
+                lambda: self.redis.spublish(channel, data),
+                self.settings.answer_timeout,
+                again=unheard,  # the front resubscribing after Redis returned: it hears a retry
+            )
         except (RedisError, OSError) as exc:
             log.error(
                 "could not send %s %s to %s: %s: %s",
@@ -336,6 +343,15 @@ class HostWorker:
                 channel,
                 type(exc).__name__,
                 exc,
+            )
+            return
+        if unheard(heard):
+            log.warning(
+                "no front heard %s %s on %s within %g s (its node is gone?)",
+                message.get("t"),
+                message.get("rid"),
+                channel,
+                self.settings.answer_timeout,
             )
 
     async def _publish_capabilities(self, name: str, capabilities: JsonObject) -> None:

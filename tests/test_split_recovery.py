@@ -1,0 +1,89 @@
+"""Redis killed under a deployment whose roles run apart (two fronts, an agent host and a
+projector as separate processes), restarted with its data (AOF) or empty: new work is served
+again within 5 s of Redis accepting connections (10 s when it came back empty), and the
+sessions that survived take prompts with their permission round trip, through either front."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .support.client import RawClient, text
+from .support.redis_server import RestartableRedis, restartable_redis
+from .test_scale_out import cluster_of
+
+pytestmark = pytest.mark.slow
+
+ATTEMPT = 30.0
+"""Seconds one probing ``session/new`` may take before the probe asks again (a user would)."""
+
+
+async def first_new_session_after(url: str, since: float, bound: float) -> float:
+    """Seconds from ``since`` (``time.monotonic``) until a ``session/new`` sent through the
+    front at ``url`` was answered with a session; asked again every :data:`ATTEMPT` s."""
+    while time.monotonic() - since < bound:
+        try:
+            client = await RawClient.initialized(url)
+        except (OSError, TimeoutError):
+            await asyncio.sleep(0.1)
+            continue
+        try:
+            reply = await client.call("session/new", {"cwd": "/probe", "mcpServers": []}, ATTEMPT)
+            if "result" in reply:
+                return time.monotonic() - since
+            await asyncio.sleep(0.1)  # an error answered: the store is still coming back
+        except TimeoutError:
+            pass
+        finally:
+            await client.close()
+    raise AssertionError(f"no session/new answered within {bound} s of Redis returning")
+
+
+async def prompt_with_permission(client: RawClient, session_id: str, msg_id: str) -> Any:
+    """A prompt whose tool call asks the client's permission (granted): its reply."""
+    await client.send_prompt(msg_id, session_id, "read")
+    while True:
+        message = await client.recv(30)
+        if message.get("id") == msg_id and "method" not in message:
+            return message
+        if message.get("method") == "session/request_permission":
+            option = message["params"]["options"][0]["optionId"]
+            outcome = {"outcome": {"outcome": "selected", "optionId": option}}
+            await client.send({"jsonrpc": "2.0", "id": message["id"], "result": outcome})
+        else:
+            client.inbox.append(message)
+
+
+async def _restart_and_measure(redis: RestartableRedis, url: str, *, empty: bool) -> float:
+    redis.kill()
+    if empty:
+        redis.wipe()
+    await asyncio.to_thread(redis.start)  # returns once it accepts connections
+    return await first_new_session_after(url, time.monotonic(), 30)
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["aof", "empty"])
+async def test_roles_apart_serve_new_work_soon_after_redis_returns(
+    empty: bool, tmp_path: Path
+) -> None:
+    with restartable_redis(aof=True) as redis:
+        async with cluster_of(redis.url, tmp_path, fronts=2, hosts=1) as deployment:
+            clients = [await RawClient.initialized(node.url) for node in deployment.nodes]
+            sessions = [await client.new_session("/s") for client in clients for _ in range(2)]
+            for i, session_id in enumerate(sessions):
+                reply = await prompt_with_permission(clients[i // 2], session_id, f"before-{i}")
+                assert reply.get("result", {}).get("stopReason") == "end_turn", reply
+            took = await _restart_and_measure(redis, deployment.nodes[1].url, empty=empty)
+            print(f"{'empty' if empty else 'AOF'} restart: session/new answered {took:.1f} s after")
+            assert took < (10.0 if empty else 5.0)
+            if empty:
+                return
+            for i, session_id in enumerate(sessions):  # each through its own front
+                reply = await prompt_with_permission(clients[i // 2], session_id, f"after-{i}")
+                assert reply.get("result", {}).get("stopReason") == "end_turn", reply
+            for client in clients:
+                await client.close()
