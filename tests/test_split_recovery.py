@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .support.client import RawClient, text
+from .support.client import RawClient
 from .support.redis_server import RestartableRedis, restartable_redis
 from .test_scale_out import cluster_of
 
