@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
-from .support.client import RawClient
+from broker.store.client import connect
+from broker.store.log import SessionLog, new_session_id
+from workers.agent_host.leases import Leases
+
+from .support.client import RawClient, wait_for
 from .support.redis_server import RestartableRedis, restartable_redis
 from .test_scale_out import cluster_of
 
@@ -58,6 +62,33 @@ async def prompt_with_permission(client: RawClient, session_id: str, msg_id: str
             client.inbox.append(message)
 
 
+def _gone(log_path: Path) -> str:
+    """The host's log lines saying a session is gone from the store."""
+    lines = log_path.read_text().splitlines()
+    return "\n".join(line for line in lines if "gone from the store" in line)
+
+
+async def test_a_lease_whose_session_vanished_is_told_from_one_held_elsewhere(
+    redis_url: str,
+) -> None:
+    store = connect(redis_url)
+    try:
+        ids = [new_session_id() for _ in range(3)]
+        created = {"type": "created", "cwd": "/v", "agent": "demo", "kind": "combined"}
+        for sid in ids:
+            await SessionLog(store).create("default", sid, created)
+        mine, theirs = Leases(store, "host-a", ttl=30), Leases(store, "host-b", ttl=30)
+        for sid in ids[:2]:
+            await mine.acquire("default", sid)
+        await theirs.acquire("default", ids[2])
+        await store.delete(*(await store.keys(f"*{ids[0]}*")))  # as Redis restarted empty
+        held = [("default", sid) for sid in ids]
+        assert await mine.renew(held) == [held[0], held[2]]
+        assert mine.vanished == {ids[0]}
+    finally:
+        await store.aclose()
+
+
 async def _restart_and_measure(redis: RestartableRedis, url: str, *, empty: bool) -> float:
     redis.kill()
     if empty:
@@ -81,6 +112,12 @@ async def test_roles_apart_serve_new_work_soon_after_redis_returns(
             print(f"{'empty' if empty else 'AOF'} restart: session/new answered {took:.1f} s after")
             assert took < (10.0 if empty else 5.0)
             if empty:
+                # Every session vanished with the data, and no other host runs: said so.
+                host_log = deployment.hosts[0].log_path
+                await wait_for(
+                    lambda: all(sid in _gone(host_log) for sid in sessions), 10, "gone sessions"
+                )
+                assert "another host runs it now" not in host_log.read_text()
                 return
             for i, session_id in enumerate(sessions):  # each through its own front
                 reply = await prompt_with_permission(clients[i // 2], session_id, f"after-{i}")

@@ -57,6 +57,7 @@ class Leases:
         self.redis = redis
         self.host_id = host_id
         self.ttl_ms = int(ttl * 1000)
+        self.vanished: set[str] = set()
         self._source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
         self._script = redis.register_script(self._source)
 
@@ -79,18 +80,22 @@ class Leases:
     async def renew(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str] | None = None
     ) -> list[tuple[str, str]]:
-        """Renew many leases at once; returns those this host no longer holds.
+        """Renew many leases at once; returns those this host no longer holds. Of those,
+        the sessions the store no longer has at all (Redis came back without its data: no
+        other host took them) are in :attr:`vanished` until the next call.
 
         ``fences`` (session id -> the fencing token this host holds) lets a lease that
         lapsed be taken back when no other host took it meanwhile (see ``lease.lua``)."""
+        self.vanished: set[str] = set()
         if not leases:
             return []
-        results = await self._renew_all(leases, fences or {})
+        results = [int(r) for r in await self._renew_all(leases, fences or {})]
         pairs = list(zip(leases, results, strict=True))
-        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok}
+        kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok == 1}
         if kept:
             await self.redis.zadd(leases_key(), kept)
-        return [lease for lease, ok in pairs if not ok]
+        self.vanished = {s for (_, s), ok in pairs if ok == -1}
+        return [lease for lease, ok in pairs if ok != 1]
 
     async def _renew_all(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str]

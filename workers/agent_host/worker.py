@@ -377,7 +377,7 @@ class HostWorker:
                     self.host.held_sessions(), self.host.fences()
                 ):
                     del tenant
-                    self.host.lose(session_id)
+                    self.host.lose(session_id, vanished=session_id in self.leases.vanished)
                 await self._take_over()
                 metrics.LEASES_HELD.set(len(self.host.held_sessions()))
                 self.lease_failures.succeeded()
