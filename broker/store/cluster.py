@@ -9,6 +9,10 @@ changes. Two of its habits hurt a broker under resharding, and are changed here:
   commands fail (``AttributeError: 'NoneType' object has no attribute 'writelines'`` on a
   connection closed under a write) and every subscription drops. Here a MOVED patches the
   slot map for its one slot, which also moves the subscriptions of that slot.
+- On CLUSTERDOWN, or a connection error in a pipeline, it calls its own ``aclose()`` to
+  reload the slot map: the same closing of every connection. Here a close redis-py asks for
+  itself only marks the slot map for a reload (:meth:`PatientCluster.aclose`); a close the
+  broker asks for (stopping) closes.
 - A subscription sent to a slot's old owner gets a MOVED *reply*, read by whoever reads
   the subscription's messages, and then nothing: no command went through the client, so
   its slot map never learns. :func:`follow_redirect` teaches it the new owner, which moves
@@ -18,6 +22,7 @@ changes. Two of its habits hurt a broker under resharding, and are changed here:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from redis.asyncio import RedisCluster
@@ -53,6 +58,28 @@ class PatientCluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         once = super().execute_command
         return await retrying(lambda: once(*args, **kwargs), self.patience, STORE_MOVING)
+
+    async def aclose(self) -> None:
+        """Close every connection; but when redis-py itself asks, from inside a command or
+        a pipeline that met CLUSTERDOWN or a lost connection, only have the slot map
+        reloaded before the next command: closing would cut the connections other commands
+        and the pub/sub readers are using at that moment."""
+        if _called_by_redis_py_for_a_reload():
+            self._initialize = True  # the client's own flag: reload the map, then go on
+            return
+        await super().aclose()
+
+
+_RELOADERS = frozenset({"_execute_command", "execute"})
+"""redis-py's cluster functions that call ``aclose()`` to reload the slot map (a command's,
+a pipeline's); ``tests/test_store_cluster.py`` checks that they still do."""
+
+
+def _called_by_redis_py_for_a_reload() -> bool:
+    caller = sys._getframe(2)  # 0: this function, 1: aclose, 2: whoever called aclose
+    return caller.f_code.co_name in _RELOADERS and caller.f_globals.get("__name__") == (
+        RedisCluster.__module__
+    )
 
 
 async def follow_redirect(redis: RedisCluster, exc: BaseException) -> bool:
