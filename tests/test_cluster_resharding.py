@@ -66,6 +66,14 @@ def _assert_each_event_once_in_order(client: RawClient, session_id: str, prompts
     assert client.chunks(session_id) == expected
 
 
+def _has_chunks(client: RawClient, session_id: str, count: int) -> Callable[[], bool]:
+    return lambda: len(client.chunks(session_id)) >= count
+
+
+def _agree(first: RawClient, second: RawClient, session_id: str) -> Callable[[], bool]:
+    return lambda: first.chunks(session_id) == second.chunks(session_id)
+
+
 def _loop_failures(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What no fault may produce: a traceback logged, a task's error nobody retrieved, a
     session failed, a command that failed on a client's behalf, an internal error."""
@@ -157,7 +165,7 @@ async def test_resharding_the_slots_of_active_sessions_under_traffic(
             prompts = len(mine)
             for watcher in busy.watchers:
                 await wait_for(
-                    lambda w=watcher, s=sid, n=prompts: len(w.client.chunks(s)) >= n * CHUNKS,
+                    _has_chunks(watcher.client, sid, prompts * CHUNKS),
                     60,
                     f"the watcher's chunks of {sid}",
                 )
@@ -205,9 +213,7 @@ async def test_a_master_stopped_past_the_node_timeout_fails_over_under_traffic(
         # replicates asynchronously; a watcher may have seen it.)
         first, second = (w.client for w in busy.watchers)
         for sid in busy.ids:
-            await wait_for(
-                lambda s=sid: first.chunks(s) == second.chunks(s), 30, "the watchers agreeing"
-            )
+            await wait_for(_agree(first, second, sid), 30, "the watchers agreeing")
             for watcher in (first, second):
                 seqs = [u["_meta"]["acpBroker/position"]["seq"] for u in watcher.updates(sid)]
                 assert seqs == sorted(set(seqs))

@@ -40,6 +40,7 @@ def cluster_client(url: str, *, patience: float, **options: Any) -> RedisCluster
     ``options`` as ``RedisCluster.from_url`` takes them; a command the cluster did not run
     because it is moving slots or failing over is tried again for ``patience`` seconds."""
     client = PatientCluster.from_url(url, reinitialize_steps=REINITIALIZE_STEPS, **options)
+    assert isinstance(client, PatientCluster)
     client.patience = patience
     return client
 

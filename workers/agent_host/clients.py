@@ -116,13 +116,8 @@ class RemoteClients:
         deadline = loop.time() + self.timeout
         while True:
             try:
-                receivers = int(
-                    await retrying(
-                        lambda: self.redis.spublish(channel, data),
-                        self.unheard_grace,
-                        (),
-                        again=unheard,
-                    )
+                receivers: int = await retrying(
+                    lambda: self._publish(channel, data), self.unheard_grace, (), again=unheard
                 )
             except (RedisError, OSError) as exc:  # a socket error is the store out of reach too
                 # The store is out of reach: the answer cannot come back either. Ask again
@@ -146,6 +141,10 @@ class RemoteClients:
                 )
             except TimeoutError:
                 continue
+
+    async def _publish(self, channel: str, data: str) -> int:
+        """``SPUBLISH``: how many subscribers heard it."""
+        return int(await self.redis.spublish(channel, data))
 
     async def _settled(self, channel: str, rid: str) -> None:
         """Tell the other nodes the request is settled (withdraws it from their clients)."""

@@ -86,7 +86,7 @@ class Leases:
 
         ``fences`` (session id -> the fencing token this host holds) lets a lease that
         lapsed be taken back when no other host took it meanwhile (see ``lease.lua``)."""
-        self.vanished: set[str] = set()
+        self.vanished = set()
         if not leases:
             return []
         results = [int(r) for r in await self._renew_all(leases, fences or {})]
