@@ -279,9 +279,10 @@ class AgentHost(AgentEvents):
         """Session id -> the fencing token this host holds it with."""
         return self.sessions.fences()
 
-    def lose(self, session_id: str) -> None:
-        """The lease was lost (this host stalled): stop running the session here."""
-        self.sessions.lose(session_id)
+    def lose(self, session_id: str, *, vanished: bool = False) -> None:
+        """The lease was lost (this host stalled), or the session ``vanished`` from the
+        store (Redis came back without its data): stop running the session here."""
+        self.sessions.lose(session_id, vanished=vanished)
 
     def holds(self, session_id: str) -> bool:
         return self.sessions.holds(session_id)

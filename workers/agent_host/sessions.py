@@ -74,11 +74,18 @@ class HeldSessions:
         """Session id -> the fencing token this host holds it with."""
         return {h.session_id: h.fence for h in self.by_id.values()}
 
-    def lose(self, session_id: str) -> None:
-        """The lease was lost (this host stalled): stop running the session here."""
+    def lose(self, session_id: str, *, vanished: bool = False) -> None:
+        """The lease was lost (this host stalled), or the session ``vanished`` from the
+        store (Redis came back without its data): stop running the session here."""
         held = self.by_id.get(session_id)
         if held is not None:
-            log.warning("lost the lease on session %s; another host runs it now", session_id)
+            if vanished:
+                log.warning(
+                    "session %s is gone from the store (Redis lost it): no longer run here",
+                    session_id,
+                )
+            else:
+                log.warning("lost the lease on session %s; another host runs it now", session_id)
             self.drop(held)
 
     def holds(self, session_id: str) -> bool:
