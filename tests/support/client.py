@@ -156,7 +156,13 @@ class RawClient:
         await self.ws.send(payload if isinstance(payload, str | bytes) else json.dumps(payload))
 
     async def recv(self, timeout: float = 10.0) -> Any:
-        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        """The next message (TimeoutError after ``timeout`` seconds). Bounded with
+        ``asyncio.timeout``, not ``wait_for``: Python 3.11's ``wait_for`` returns the
+        frame, swallowing the cancellation, when its task is cancelled in the same loop
+        step as a frame arrives, so a reader cancelled under traffic read on for ever."""
+        async with asyncio.timeout(timeout):
+            raw = await self.ws.recv()
+        message = json.loads(raw)
         if self.checker is not None:
             self.checker.check(message)
         elif isinstance(message, dict) and message.get("id") in self._initialize_ids:
