@@ -575,11 +575,13 @@ class IndexWatch:
             await asyncio.sleep(self.probe_interval)
             if self.live and self._heard < self._sent:
                 self._restart(f"a probe went unheard for {self.probe_interval:g} s")
+            channel = self._channel
+            if channel is None:  # subscribing (again): the subscription made is probed
+                continue
             self._sent += 1
             probe = f"{self._probe}{self._sent}"
             try:
-                channel = self._channel
-                if channel is None or not await channel.ping(probe):
+                if not await channel.ping(probe):
                     await self.redis.spublish(INDEX_CHANNEL, probe)
             except asyncio.CancelledError:
                 raise
