@@ -28,7 +28,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
 from broker.errors.failures import FailureLog, describe
-from broker.errors.store import rpc_failure, store_unreachable
+from broker.errors.store import rpc_failure
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -45,7 +45,7 @@ from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.keys import CAPABILITIES_KEY, command_taken_key, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
-from broker.store.retry import STORE_AWAY, retrying
+from broker.store.retry import is_store_away, retrying
 
 from .clients import RemoteClients
 from .host import AgentHost
@@ -272,13 +272,11 @@ class HostWorker:
             missing = session_not_found(str(command.get("sid") or ""))
             await self._send(reply_to, commands.error(rid, missing))
             return
-        except STORE_AWAY as exc:  # its client is told so (not "internal error"), in one line
-            log.warning("command %s failed: %s", command.get("op"), describe(exc))
-            await self._send(reply_to, commands.error(rid, store_unreachable(exc)))
-            return
         except Exception as exc:
             failure = rpc_failure(exc)
-            if failure is None:
+            if is_store_away(exc):  # its client is told so (not "internal error"), in one line
+                log.warning("command %s failed: %s", command.get("op"), describe(exc))
+            elif failure is None:
                 log.exception("command %s failed", command.get("op"))
                 failure = RpcError(INTERNAL_ERROR, "internal error")
             await self._send(reply_to, commands.error(rid, failure))
