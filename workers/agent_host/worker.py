@@ -274,11 +274,11 @@ class HostWorker:
             return
         except Exception as exc:
             failure = rpc_failure(exc)
-            if is_store_away(exc):  # its client is told so (not "internal error"), in one line
-                log.warning("command %s failed: %s", command.get("op"), describe(exc))
-            elif failure is None:
+            if failure is None:
                 log.exception("command %s failed", command.get("op"))
                 failure = RpcError(INTERNAL_ERROR, "internal error")
+            elif is_store_away(exc):  # its client is told so (not "internal error"), in one line
+                log.warning("command %s failed: %s", command.get("op"), describe(exc))
             await self._send(reply_to, commands.error(rid, failure))
             return
         await self._send(reply_to, commands.result(rid, result))
