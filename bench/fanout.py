@@ -101,11 +101,11 @@ async def broker_feeder(
     if tree is not None:
         lua = tree / "broker" / "store" / "lua"
         append = (lua / "append.lua").read_text()
-        log._append = store.register_script(append)
+        log.appender._append = store.register_script(append)
         batch = (lua / "append_batch.lua").read_text()
-        log._append_batch = store.register_script(batch_script(append, batch))
+        log.appender._append_batch = store.register_script(batch_script(append, batch))
         if "Arguments layout 2" not in batch:
-            log._batch_call = _layout1_batch_call(log)  # type: ignore[method-assign,assignment]
+            log.appender._batch_call = _layout1_batch_call(log)  # type: ignore[method-assign,assignment]
 
     async def send(rooms: list[str]) -> None:
         now = time.time()
@@ -123,7 +123,7 @@ def _layout1_batch_call(
     [Sequence[tuple[str, str, JsonObject, str]], Sequence[str]], tuple[list[str], list[Any]]
 ]:
     """The batch script's arguments as revisions before its layout 2 take them: every
-    event's own append.lua arguments, their counts first (``SessionLog._call`` still makes
+    event's own append.lua arguments, their counts first (``LogAppender._call`` still makes
     one event's)."""
 
     def batch_call(
@@ -133,7 +133,7 @@ def _layout1_batch_call(
         counts: list[int] = []
         args: list[Any] = []
         for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
-            one_keys, one_args = log._call(
+            one_keys, one_args = log.appender._call(
                 tenant, session_id, body, mode="append", fence=fence, call=call
             )
             keys += one_keys

@@ -258,7 +258,8 @@ class Settings(BaseSettings):
     ``/livez`` and ``/readyz`` (0: any free port; unset: nowhere). ``serve`` uses its HTTP
     port."""
     health_timeout: float = Field(default=2.0, gt=0)
-    """Each readiness check of ``/readyz`` (a write probe of the store, pub/sub, loops) within this."""
+    """Each readiness check of ``/readyz`` (a write probe of the store, pub/sub, loops)
+    within this."""
     max_pending_updates: int = Field(default=10_000, ge=16)
     """Agent updates an agent host keeps, in order, while the store is unreachable; past
     that their sessions are failed (an error event once the store is back, and in the log)."""

@@ -18,7 +18,8 @@ from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.events import EventType
 from broker.store.retry import STORE_AWAY
-from workers.agent_host.host import APPEND_RETRY_PAUSES, AgentHost
+from workers.agent_host.host import AgentHost
+from workers.agent_host.recorder import APPEND_RETRY_PAUSES
 from workers.agent_host.worker import HostWorker
 
 from .conftest import demo_agent, make_settings, plain_agent

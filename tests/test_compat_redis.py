@@ -8,10 +8,11 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from redis.asyncio.cluster import PipelineStrategy, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.connection import HiredisRespSerializer
 
-from broker.compat.redis import packed_by_hiredis
+from broker.compat.redis import RELOADERS, ReloadingCluster, packed_by_hiredis
 
 
 def test_asyncio_connections_pack_commands_in_an_overridable_method() -> None:
@@ -41,3 +42,22 @@ def test_commands_are_packed_by_hiredis_to_the_bytes_redis_py_makes(
     assert b"".join(hiredis.pack_command(name, *args)) == b"".join(python.pack_command(name, *args))
     commands = [(name, *args), ("GET", "k")]
     assert b"".join(hiredis.pack_commands(commands)) == b"".join(python.pack_commands(commands))
+
+
+def test_redis_py_still_reloads_its_slot_map_by_closing_itself_where_we_expect() -> None:
+    """ReloadingCluster.aclose() tells redis-py's own reload calls by their function names."""
+    assert "await self.aclose()" in inspect.getsource(RedisCluster._execute_command)
+    assert "cluster_client.aclose()" in inspect.getsource(PipelineStrategy.execute)
+    assert {"_execute_command", "execute"} == RELOADERS
+
+
+async def test_a_close_asked_by_the_broker_closes_and_one_from_redis_py_only_reloads() -> None:
+    client = ReloadingCluster(host="127.0.0.1", port=1)
+    client._initialize = False  # as once initialized
+
+    async def _execute_command() -> None:  # named as redis-py's, but not in its module
+        await client.aclose()
+
+    await _execute_command()
+    assert client._initialize  # closed for real: RedisCluster.aclose sets it too
+    await client.aclose()

@@ -193,7 +193,7 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
             assert await direct.read(
                 "t", "sess_0001", after=after, until=until, count=count
             ) == await client.read("t", "sess_0001", after=after, until=until, count=count)
-        assert direct._direct is not None and direct._direct._connection is not None
+        assert direct.reader.direct is not None and direct.reader.direct._connection is not None
         # An entry whose fields are in another order reads the same.
         key = SessionKeys("t", "sess_0001").log
         await store.xadd(key, {"ev": '{"type":"update","update":{}}', "ts": "7"}, id="42-0")
@@ -232,7 +232,7 @@ async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_
             await target.hset(keys.meta, "k", '"v"')
         await store.set(SessionKeys("t", "sess_0001").lease, "host-a")
         direct = await log.snapshot_and_holder("t", "sess_0001")
-        assert log._direct is not None and log._direct._connection is not None
+        assert log.reader.direct is not None and log.reader.direct._connection is not None
         assert direct[1] == "host-a" and direct[0] == await log.snapshot("t", "sess_0001")
         assert direct[0].meta == {"k": "v"} and direct[0].seq == 7
         assert await on_client.snapshot_and_holder("t", "sess_0001") == (direct[0], None)

@@ -7,17 +7,20 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 from typing import Any
 
 import pytest
 
+from broker.config import AgentSpec
 from broker.protocol import commands
 from broker.protocol.commands import Op, Reply
 from broker.store.client import Store, connect, server_client
-from broker.store.keys import host_queue
+from broker.store.keys import command_taken_key, host_queue
+from workers.agent_host.taken import RUNNING_TTL_MS
 from workers.agent_host.worker import HostWorker
 
-from .conftest import make_settings
+from .conftest import demo_agent, make_settings
 from .support.client import wait_for
 from .support.redis_server import redis_server, restartable_redis
 
@@ -132,19 +135,94 @@ async def test_a_new_session_sent_again_after_a_late_acknowledgement_is_made_onc
                 await admin.xadd(host_queue(), {"m": command})
             got = await _replies(listener, 2, timeout=30.0)
             await wait_for(
-                lambda: "command n#7 was taken by a host already" in caplog.text,
+                lambda: (
+                    "command n#7 is run by another host" in caplog.text
+                    or "command n#7 was answered already" in caplog.text
+                ),
                 10.0,
-                "the copy left alone",
+                "the copy not run",
             )
             got += await _replies_for(listener, 0.5)
-            assert [(m["t"], m["rid"]) for m in got] == [
-                (Reply.ACK.value, "n#7"),
-                (Reply.REPLY.value, "n#7"),
-            ]
-            assert got[1]["result"]["sessionId"]
+            # One acknowledgement, and the one session's reply (sent again to a copy that
+            # came once it was answered: the front takes the first).
+            assert [m["t"] for m in got if m["t"] == Reply.ACK.value] == [Reply.ACK.value]
+            made = {m["result"]["sessionId"] for m in got if m["t"] == Reply.REPLY.value}
+            assert len(made) == 1
         finally:
             for worker in workers:
                 await worker.stop()
+                await worker.redis.aclose()
+            await listener.aclose()
+            await admin.aclose()
+
+
+def _new_session_command(rid: str, cwd: str, agent: str = "demo") -> str:
+    fields = {
+        "params": {"cwd": cwd, "mcpServers": []},
+        "agent": agent,
+        "kind": "shell",
+        "meta": {},
+        "origin": "test",
+    }
+    return commands.encode(commands.command(Op.NEW, rid, REPLIES, "t", None, fields))
+
+
+async def test_a_copy_of_an_answered_new_session_gets_its_reply_again(tmp_path: Any) -> None:
+    """The reply to a session/new may reach no front (Redis restarting): the front sends the
+    command again, and the copy is answered with the reply kept, not skipped until the
+    request's deadline (nor run a second time)."""
+    with redis_server() as url:
+        admin = connect(url)
+        worker = HostWorker(connect(url), make_settings())
+        listener = admin.pubsub()
+        await listener.ssubscribe(REPLIES)
+        await worker.start()
+        try:
+            command = _new_session_command("n#8", str(tmp_path))
+            await admin.xadd(host_queue(), {"m": command})
+            first = [m for m in await _replies(listener, 2, 30.0) if m["t"] == Reply.REPLY.value]
+            await admin.xadd(host_queue(), {"m": command})
+            [again] = await _replies(listener, 1, 10.0)
+            assert again["t"] == Reply.REPLY.value
+            assert again["result"]["sessionId"] == first[0]["result"]["sessionId"]
+            assert len(worker.host.held_sessions()) == 1
+        finally:
+            await worker.stop()
+            await worker.redis.aclose()
+            await listener.aclose()
+            await admin.aclose()
+
+
+async def test_a_new_session_whose_runner_stopped_is_run_by_the_next_copy(tmp_path: Any) -> None:
+    """A host that took a session/new keeps a short mark on it while it runs (a host killed
+    mid-run leaves a mark that lapses within seconds, not one that skipped every copy until
+    the request's deadline), and a host whose run was cancelled (stopping) removes its
+    mark: the next copy the front sends is run by another host."""
+    mute = AgentSpec(name="slow", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    with redis_server() as url:
+        admin: Any = connect(url)  # PTTL, beyond the Store protocol
+        stuck = HostWorker(connect(url), make_settings(agents=[mute]))
+        able = HostWorker(connect(url), make_settings(agents=[demo_agent("slow")]))
+        listener = admin.pubsub()
+        await listener.ssubscribe(REPLIES)
+        await stuck.start()
+        key = command_taken_key("n#9")
+        command = _new_session_command("n#9", str(tmp_path), agent="slow")
+        try:
+            await admin.xadd(host_queue(), {"m": command})
+            [ack] = await _replies(listener, 1, 10.0)
+            assert ack["t"] == Reply.ACK.value
+            assert 0 < await admin.pttl(key) <= RUNNING_TTL_MS
+            await stuck.stop()
+            assert not await admin.exists(key)
+            await able.start()
+            await admin.xadd(host_queue(), {"m": command})
+            got = await _replies(listener, 2, 30.0)
+            assert [m["t"] for m in got] == [Reply.ACK.value, Reply.REPLY.value]
+            assert got[1]["result"]["sessionId"]
+        finally:
+            await able.stop()
+            for worker in (stuck, able):
                 await worker.redis.aclose()
             await listener.aclose()
             await admin.aclose()

@@ -77,6 +77,28 @@ async def test_a_question_nobody_heard_is_asked_again_under_the_same_id() -> Non
     assert len(asks) == 2 and asks[0] == asks[1]
 
 
+async def test_a_question_no_front_heard_yet_is_published_again_until_one_does() -> None:
+    """After Redis came back, fronts subscribe again: a question published meanwhile reaches
+    nobody, and once counted as "no connected client" though the client was there."""
+    clients: RemoteClients
+    heard: list[int] = []
+
+    def subscribed_on_the_third(message: dict[str, Any]) -> int:
+        if message["kind"] != "creq":
+            return 1
+        heard.append(len(heard) >= 2)
+        if heard[-1]:
+            clients.on_reply({"rid": message["rid"], "node": "n1", "result": {"ok": 4}})
+        return int(heard[-1])
+
+    clients = RemoteClients(_Channel(subscribed_on_the_third), "inbox", timeout=5, reask_interval=1)
+    answer = await asyncio.wait_for(
+        clients.request_client("t", "s", "session/request_permission", {}, None), 5
+    )
+    assert answer == {"ok": 4}
+    assert heard == [False, False, True]
+
+
 async def test_a_question_nobody_answers_fails_within_its_deadline() -> None:
     clients = RemoteClients(_Channel(lambda _: 1), "inbox", timeout=0.3, reask_interval=0.1)
     with pytest.raises(RpcError, match="no client answered session/request_permission"):

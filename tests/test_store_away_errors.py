@@ -4,7 +4,6 @@ never to "internal error"; any other error reply is not taken for one."""
 
 from __future__ import annotations
 
-import itertools
 from http import HTTPStatus
 
 import pytest
@@ -20,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker.errors.store import http_failure, rpc_failure
-from broker.store.retry import is_store_away, retry_store
+from broker.store.retry import is_store_away
 
 AWAY = [
     RedisConnectionError("The previous master is now a slave"),
@@ -57,15 +56,3 @@ def test_a_store_away_is_told_as_try_again_not_internal_error(exc: Exception) ->
 def test_other_errors_are_not_taken_for_a_store_away(exc: Exception) -> None:
     assert not is_store_away(exc)
     assert rpc_failure(exc) is None
-
-
-async def test_a_reply_saying_not_now_is_tried_again() -> None:
-    calls: list[int] = []
-
-    async def call() -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise ResponseError("UNBLOCKED force unblock from blocking operation")
-        return "done"
-
-    assert await retry_store(call, itertools.repeat(0.0)) == "done" and len(calls) == 2

@@ -67,7 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"acp-broker {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(sub)
+    _add_worker(sub)
+    _add_connect(sub)
+    _add_sessions(sub)
+    _add_mcp(sub)
+    sub.add_parser(
+        "demo-agent", help="run the demo ACP agent on stdio (an agent command for --agent)"
+    )
+    _add_rebuild(sub)
+    _add_token(sub)
+    return parser
 
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``serve`` command: a whole broker node."""
     serve = sub.add_parser("serve", help="run a broker node (front, agent host and projector)")
     _common(serve, embedded=True)
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -105,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="front node only: no agent host, no projector (run them as workers)",
     )
 
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``worker`` command: one worker role."""
     worker = sub.add_parser("worker", help="run one worker role")
     roles = worker.add_subparsers(dest="role", required=True, metavar="ROLE")
     projector = roles.add_parser("projector", help="keep the session index up to date")
@@ -119,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="an ACP agent to run over stdio (repeatable; the first is the default)",
     )
 
+
+def _add_connect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``connect`` command: the stdio bridge."""
     connect = sub.add_parser(
         "connect", help="bridge stdio to a broker's WebSocket (use the broker as an editor's agent)"
     )
@@ -136,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     connect.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
     connect.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
 
+
+def _add_sessions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``sessions`` command: a page of the session list."""
     sessions = sub.add_parser(
         "sessions", help="print a page of the session list (newest created first)"
     )
@@ -148,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--cwd", help="only sessions in this working directory")
     sessions.add_argument("--cursor-secret", help="secret that signs list cursors")
 
+
+def _add_mcp(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``mcp`` command: the MCP session tools over stdio."""
     mcp = sub.add_parser(
         "mcp",
         help="serve the MCP session tools over stdio, on the broker's Redis (session_list "
@@ -156,10 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(mcp)
     mcp.add_argument("--cursor-secret", help="secret that signs list cursors")
 
-    sub.add_parser(
-        "demo-agent", help="run the demo ACP agent on stdio (an agent command for --agent)"
-    )
 
+def _add_rebuild(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``rebuild-index`` command and the archive store's commands."""
     rebuild = sub.add_parser("rebuild-index", help="rebuild the session index from the logs")
     _common(rebuild)
     rebuild.add_argument(
@@ -168,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     for operator in archive_cli.add_commands(sub):
         _common(operator)
 
+
+def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``token`` command: API tokens."""
     token = sub.add_parser("token", help="create, list and revoke API tokens")
     actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create a token (printed once)")
@@ -185,7 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = actions.add_parser("revoke", help="revoke a token by id")
     _common(revoke)
     revoke.add_argument("id", help="the token id (the part after acpb_)")
-    return parser
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:

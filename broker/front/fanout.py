@@ -27,6 +27,7 @@ from ..loops import cancel_and_wait
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store, cluster_client, is_cluster
+from ..store.cluster import follow_redirect
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
 from ..store.log import SessionLog, SessionMissing
@@ -99,6 +100,7 @@ class FanoutHub:
         self._tasks: list[asyncio.Task[Any]] = []
         self._process_lock = asyncio.Lock()
         self._node_readers: dict[str, asyncio.Task[Any]] = {}
+        self._replacing = False
         self._readers: list[asyncio.Task[Any]] = []
         self._probes_unanswered = 0
         self.read_failures = FailureLog(log, "pub/sub read")
@@ -128,16 +130,24 @@ class FanoutHub:
         log.warning("pub/sub liveness probe unanswered: resubscribing")
         readers, self._readers = self._readers, []
         self._node_readers.clear()
-        await cancel_and_wait(*readers)
-        with contextlib.suppress(Exception):  # the deaf subscription: replaced just below
-            await self._pubsub.aclose()
+        self._replacing = True  # no reader of the old subscription made meanwhile
+        try:
+            await cancel_and_wait(*readers)
+            with contextlib.suppress(Exception):  # the deaf subscription: replaced just below
+                await self._pubsub.aclose()
+        finally:
+            self._replacing = False
         await self._subscribe()
         self._probes_unanswered = 0
 
     def _watch_cluster_nodes(self) -> None:
-        """One reader per cluster node the subscriptions live on (nodes change on failover)."""
+        """One reader per cluster node the subscriptions live on (nodes change on failover
+        and resharding); none while the subscription is being made again."""
+        if self._replacing:
+            return
         for name in list(self._pubsub.node_pubsub_mapping):
-            if name not in self._node_readers:
+            reader = self._node_readers.get(name)
+            if reader is None or reader.done():
                 task = asyncio.create_task(self._read_loop(name), name=f"hub-reader-{name}")
                 self._node_readers[name] = task
                 self._readers.append(task)
@@ -241,16 +251,25 @@ class FanoutHub:
             try:
                 if node_name is None:
                     messages = await self._pubsub.read_batch()
+                elif self._node_readers.get(node_name) is not asyncio.current_task():
+                    return  # replaced: two readers of one connection fail each other
                 elif node_name not in self._pubsub.node_pubsub_mapping:
                     self._node_readers.pop(node_name, None)
                     return  # that node no longer holds any of our subscriptions
+                elif (node := cluster_client(self.redis).get_node(node_name=node_name)) is None:
+                    # Not in the client's map now (it is being reloaded): without a node,
+                    # redis-py would read every node's connection, under their own readers.
+                    await asyncio.sleep(0.1)
+                    continue
                 else:
-                    node = cluster_client(self.redis).get_node(node_name=node_name)
                     message = await self._pubsub.get_sharded_message(target_node=node, timeout=1.0)
                     messages = [] if message is None else [message]
+                    self._watch_cluster_nodes()  # a channel whose slot moved: its new node
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if node_name is not None and await follow_redirect(cluster_client(self.redis), exc):
+                    continue  # an ssubscribe sent to a slot's old owner: it moves now
                 self.read_failures.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -293,6 +312,13 @@ class FanoutHub:
         if kind == "ssubscribe":
             if not feed.confirmed.done():
                 feed.confirmed.set_result(None)
+            return
+        if kind == "sunsubscribe":
+            # Not asked by us (a feed we left is gone): the channel's slot moved to another
+            # node (or the client moved the subscription there). Subscribe where it is now;
+            # what was published meanwhile comes from the log (the next seq's gap, or the
+            # position check).
+            await self._pubsub.ssubscribe(channel)
             return
         if kind != "smessage":
             return

@@ -604,6 +604,7 @@ class IndexWatch:
 
     def _restart(self, why: str) -> None:
         self._down()
+        self._channel = None  # closing under the reader's cancellation: not to be pinged
         log.warning("page cache bypassed: %s; subscribing again", why)
         previous = self._reader
         if previous is not None:

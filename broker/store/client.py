@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
 from .breaker import StoreBreaker, gated
+from .cluster import patient_cluster
 from .sentinel import sentinel_master
 from .urls import SENTINEL_SCHEMES, tls_files_exist
 from .urls import masked_url as masked_url  # where callers have long found it
@@ -179,8 +180,9 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if sep and scheme in CLUSTER_SCHEMES:
-        return RedisCluster.from_url(
+        return patient_cluster(
             f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            patience=timeout,
             decode_responses=True,
             health_check_interval=30,
             **bounded,

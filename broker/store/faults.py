@@ -105,7 +105,7 @@ def no_master(exc: BaseException) -> str:
 
 
 def brief(exc: BaseException) -> str:
-    """:func:`~broker.failures.describe`, short for a Sentinel's "no master" failure."""
+    """:func:`~broker.errors.failures.describe`, short for a Sentinel's "no master" failure."""
     return no_master(exc) if isinstance(exc, MasterNotFoundError) else describe(exc)
 
 

@@ -22,7 +22,7 @@ converge on the newest snapshot.
 
 Every write is announced: after it, in the same pipeline where the write is one, the
 tenant's name is published on :data:`~.keys.INDEX_CHANNEL` (once per tenant per batch), and
-the hook :attr:`SessionIndex.changed` (a front's page cache) is told at once. A tenant whose
+the hook :attr:`.IndexAnnouncer.changed` (a front's page cache) is told at once. A tenant whose
 announcement could not be sent is owed one, sent with the next write's.
 """
 
@@ -35,7 +35,7 @@ import hashlib
 import json
 import operator
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -48,6 +48,7 @@ from .catalog import catalog_entries
 from .client import Store, is_cluster
 from .direct import direct_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
+from .index_announce import IndexAnnouncer
 from .keys import INDEX_CHANNEL, TenantKeys
 from .raw import RawConnection
 
@@ -424,13 +425,7 @@ class SessionIndex:
 
     def __init__(self, redis: Store, *, changed: Callable[[str], None] | None = None) -> None:
         self.redis = redis
-        self.changed = changed
-        """Called with a tenant's name as soon as a write of its index returned (or failed:
-        it may have been made), before the write's caller goes on."""
-        self._owed: dict[str, int] = {}
-        """Tenants whose announcement failed (each with the count it was owed at), sent with
-        the next write's."""
-        self._owings = 0
+        self.announcer = IndexAnnouncer(redis, changed)
         self._project = redis.register_script(_script("project.lua"))
         self._touch = redis.register_script(_script("touch.lua"))
         # Replies as bytes: a page's texts go on to the client's frame as they were read.
@@ -446,8 +441,8 @@ class SessionIndex:
         """Bring the index up to ``snapshot``; False if it already held this or a newer one.
 
         ``force`` rewrites the session's entries even at the same seq (rebuilds).
-        ``announce=False`` leaves the announcement to the caller (:meth:`announce`), which
-        writes many sessions of a tenant.
+        ``announce=False`` leaves the announcement to the caller
+        (:meth:`.IndexAnnouncer.announce`), which writes many sessions of a tenant.
         """
         keys = TenantKeys(snapshot.tenant)
         new = Version(snapshot.seq, entries_of(snapshot))
@@ -461,44 +456,6 @@ class SessionIndex:
             if await self._write(snapshot.tenant, *call, announce=announce):
                 self._remember(snapshot, new)
                 return True
-
-    async def announce(self, tenants: Collection[str]) -> None:
-        """Publish that the index of each of ``tenants`` changed (and any announcement owed):
-        one message per tenant, in one round trip."""
-        names, owed = self._announcing(tenants)
-        if not names:
-            return
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.spublish(INDEX_CHANNEL, name)
-                await pipe.execute()
-        except BaseException:
-            self._owe(names)
-            raise
-        self._paid(owed)
-
-    def _announcing(self, tenants: Iterable[str]) -> tuple[list[str], dict[str, int]]:
-        """The tenants to announce now (``tenants`` and those owed), and the owed ones as
-        they stood (:meth:`_paid` forgets only those not owed again since)."""
-        owed = dict(self._owed)
-        return sorted({*tenants, *owed}), owed
-
-    def _owe(self, tenants: Iterable[str]) -> None:
-        self._owings += 1
-        for tenant in tenants:
-            self._owed[tenant] = self._owings
-
-    def _paid(self, owed: Mapping[str, int]) -> None:
-        for tenant, mark in owed.items():
-            if self._owed.get(tenant) == mark:
-                del self._owed[tenant]
-
-    def _tell(self, tenants: Iterable[str]) -> None:
-        """The local hook, for each tenant whose index was (or may have been) written."""
-        if self.changed is not None:
-            for tenant in tenants:
-                self.changed(tenant)
 
     async def project_many(
         self, snapshots: Sequence[SessionSnapshot]
@@ -625,18 +582,18 @@ class SessionIndex:
                 # A write, made again through the client after a failure: the version check
                 # makes a second one write nothing (and the session is projected afresh).
                 with contextlib.suppress(RedisError):
-                    names, owed = self._announcing(tenants)
+                    names, owed = self.announcer.announcing(tenants)
                     sha = self._touch.sha
                     touch = ("EVALSHA", sha, len(keys), *keys, *args)
                     replies = await self._direct.calls(
                         touch, *[("SPUBLISH", INDEX_CHANNEL, name) for name in names]
                     )
-                    self._paid(owed)
+                    self.announcer.paid(owed)
                     return list(replies[0])
             done = list(await self._touch(keys=keys, args=args))
         finally:
-            self._tell(tenants)
-        await self.announce(tenants)
+            self.announcer.tell(tenants)
+        await self.announcer.announce(tenants)
         return done
 
     async def _project_each(
@@ -646,7 +603,7 @@ class SessionIndex:
             *(self.project(snapshot, announce=False) for snapshot in snapshots),
             return_exceptions=True,
         )
-        await self.announce({snapshot.tenant for snapshot in snapshots})
+        await self.announcer.announce({snapshot.tenant for snapshot in snapshots})
         failed: list[tuple[SessionSnapshot, Exception]] = []
         for snapshot, outcome in zip(snapshots, outcomes, strict=True):
             if isinstance(outcome, ValueError | KeyError | TypeError):
@@ -688,7 +645,7 @@ class SessionIndex:
     ) -> None:
         sha = self._project.sha
         tenants = {snapshot.tenant for snapshot, _, _, _ in calls}
-        names, owed = self._announcing(tenants)
+        names, owed = self.announcer.announcing(tenants)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for _, _, script_keys, args in calls:
@@ -697,12 +654,12 @@ class SessionIndex:
                     pipe.spublish(INDEX_CHANNEL, name)
                 replies = await pipe.execute(raise_on_error=False)
         finally:
-            self._tell(tenants)
+            self.announcer.tell(tenants)
         written, published = replies[: len(calls)], replies[len(calls) :]
         if any(isinstance(reply, Exception) for reply in published):
-            self._owe(names)
+            self.announcer.owe(names)
         else:
-            self._paid(owed)
+            self.announcer.paid(owed)
         again: set[str] = set()
         for (snapshot, new, _, args), done in zip(calls, written, strict=True):
             key = (snapshot.tenant, snapshot.session_id)
@@ -710,15 +667,16 @@ class SessionIndex:
                 self._remember(snapshot, new, args[2])
                 continue
             if isinstance(done, Exception) and not isinstance(done, NoScriptError):
-                self._owe(tenants)  # its failure may hide writes made after the announcement
+                # Its failure may hide writes made after the announcement.
+                self.announcer.owe(tenants)
                 raise done
             # Someone else wrote first, or the script is not loaded (a restarted Redis):
             # the one-at-a-time path reads afresh and loads the script.
             self._versions.pop(key, None)
             await self.project(snapshot, announce=False)
             again.add(snapshot.tenant)
-        if again or self._owed:
-            await self.announce(again)
+        if again or self.announcer.owing():
+            await self.announcer.announce(again)
 
     async def remove(self, tenant: str, session_id: str) -> None:
         """Take a session out of the index entirely."""
@@ -741,16 +699,16 @@ class SessionIndex:
         try:
             written = bool(await self._project(keys=script_keys, args=args))
         finally:
-            self._tell((tenant,))
+            self.announcer.tell((tenant,))
         if written and announce:
-            await self.announce((tenant,))
+            await self.announcer.announce((tenant,))
         return written
 
     async def _write_announced(self, tenant: str, script_keys: list[str], args: list[Any]) -> bool:
         """:meth:`_write` with the announcement after the write in its pipeline (one round
         trip, not two; sent even when the version check wrote nothing: a needless drop of
         cached pages, where a later one would be a stale page meanwhile)."""
-        names, owed = self._announcing((tenant,))
+        names, owed = self.announcer.announcing((tenant,))
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.evalsha(self._project.sha, len(script_keys), *script_keys, *args)
@@ -758,19 +716,19 @@ class SessionIndex:
                     pipe.spublish(INDEX_CHANNEL, name)
                 written, *published = await pipe.execute(raise_on_error=False)
         except BaseException:
-            self._owe(names)
-            self._tell((tenant,))
+            self.announcer.owe(names)
+            self.announcer.tell((tenant,))
             raise
         if any(isinstance(reply, Exception) for reply in published):
-            self._owe(names)
+            self.announcer.owe(names)
         else:
-            self._paid(owed)
+            self.announcer.paid(owed)
         if isinstance(written, NoScriptError):  # nothing written: the client's way loads it
             written = await self._write(tenant, script_keys, args, announce=False)
             if written:
-                await self.announce((tenant,))
+                await self.announcer.announce((tenant,))
             return written
-        self._tell((tenant,))
+        self.announcer.tell((tenant,))
         if isinstance(written, Exception):
             raise written
         return bool(written)

@@ -13,6 +13,8 @@ Nothing of the round trip may be lost:
   until it is answered (pub/sub may drop a message; a node's answer may have failed to reach
   the inbox): a node that is still asking its client ignores the repeat, one that already
   answered writes its answer again, so the client is never asked twice;
+* a request no front heard (none subscribed: one may be subscribing again after Redis came
+  back) is published again for a few seconds before it counts as nobody's;
 * after ``timeout`` seconds without an answer the request fails with a clear error, which the
   agent receives as the answer to its request (and which ends the prompt turn for an agent
   that cannot go on without it), never a hang.
@@ -32,8 +34,15 @@ from broker.protocol import commands
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
 from broker.store.client import Store
 from broker.store.keys import SessionKeys
+from broker.store.retry import retrying, unheard
 
 log = logging.getLogger(__name__)
+
+UNHEARD_GRACE = 3.0
+"""Seconds a request that no front heard is published again before it counts as nobody's:
+after Redis comes back, a front's subscriptions are made again within a second or so, and
+a request asked meanwhile once failed with "no connected client where the session is
+active" where the client was connected all along."""
 
 
 class NobodyAnswered(Exception):
@@ -72,8 +81,10 @@ class RemoteClients:
         timeout: float = 600.0,
         reask_interval: float = 5.0,
         reconnect_grace: float = 0.0,
+        unheard_grace: float = UNHEARD_GRACE,
     ) -> None:
         self.redis = redis
+        self.unheard_grace = unheard_grace
         self.inbox = inbox
         self.timeout = timeout
         self.reask_interval = reask_interval
@@ -111,7 +122,14 @@ class RemoteClients:
                 self._waiting[rid] = waiter  # before publishing: the answer may come first
                 try:
                     data = commands.encode(message)
-                    return await self._until_answered(channel, data, waiter, method, heard)
+                    # Within the reconnect grace the re-asking is the retry: no longer
+                    # than what is left of it for a message nobody heard.
+                    patience = self.unheard_grace
+                    if until is not None:
+                        patience = min(patience, max(0.0, until - loop.time()))
+                    return await self._until_answered(
+                        channel, data, waiter, method, heard, patience
+                    )
                 except NobodyAnswered:
                     if waiter.held:
                         heard.append(True)
@@ -138,13 +156,21 @@ class RemoteClients:
         )
 
     async def _until_answered(
-        self, channel: str, data: str, waiter: _Waiter, method: str, heard: list[bool]
+        self,
+        channel: str,
+        data: str,
+        waiter: _Waiter,
+        method: str,
+        heard: list[bool],
+        patience: float,
     ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
             try:
-                receivers = int(await self.redis.spublish(channel, data))
+                receivers: int = await retrying(
+                    lambda: self._publish(channel, data), patience, (), again=unheard
+                )
             except (RedisError, OSError) as exc:  # a socket error is the store out of reach too
                 # The store is out of reach: the answer cannot come back either. Ask again
                 # at the next interval, until the deadline.
@@ -170,6 +196,10 @@ class RemoteClients:
                     waiter.held = True
                     heard.append(True)
                 continue
+
+    async def _publish(self, channel: str, data: str) -> int:
+        """``SPUBLISH``: how many subscribers heard it."""
+        return int(await self.redis.spublish(channel, data))
 
     async def _settled(self, channel: str, rid: str) -> None:
         """Tell the other nodes the request is settled (withdraws it from their clients)."""

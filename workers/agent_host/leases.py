@@ -67,6 +67,7 @@ class Leases:
         self.redis = redis
         self.host_id = host_id
         self.ttl_ms = int(ttl * 1000)
+        self.vanished: set[str] = set()
         self._source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
         self._script = redis.register_script(self._source)
 
@@ -97,19 +98,23 @@ class Leases:
     async def renew_all(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str] | None = None
     ) -> Renewal:
-        """Renew many leases at once, in one round trip.
+        """Renew many leases at once, in one round trip. Of the leases lost, the sessions
+        the store no longer has at all (Redis came back without its data: no other host
+        took them) are in :attr:`vanished` until the next call.
 
         ``fences`` (session id -> the fencing token this host holds) lets a lease that
         lapsed be taken back when no other host took it meanwhile (see ``lease.lua``)."""
+        self.vanished = set()
         if not leases:
             return Renewal([], [])
-        results = await self._renew_all(leases, fences or {})
-        pairs = [(lease, int(ok)) for lease, ok in zip(leases, results, strict=True)]
+        results = [int(r) for r in await self._renew_all(leases, fences or {})]
+        pairs = list(zip(leases, results, strict=True))
         kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok == 1}
         if kept:
             await self.redis.zadd(leases_key(), kept)
+        self.vanished = {s for (_, s), ok in pairs if ok == -1}
         return Renewal(
-            lost=[lease for lease, ok in pairs if ok == 0],
+            lost=[lease for lease, ok in pairs if ok in (0, -1)],
             archived=[lease for lease, ok in pairs if ok == 2],
         )
 

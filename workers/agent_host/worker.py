@@ -43,23 +43,22 @@ from broker.protocol.jsonrpc import (
 from broker.store import hosts
 from broker.store.archive import ArchiveStore
 from broker.store.client import Store
-from broker.store.keys import CAPABILITIES_KEY, command_taken_key, host_inbox, host_queue
+from broker.store.keys import CAPABILITIES_KEY, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
-from broker.store.retry import is_store_away, retrying
+from broker.store.retry import is_store_away, retrying, unheard
 
 from .clients import RemoteClients
 from .host import AgentHost
 from .leases import HeldElsewhere, Leases
 from .streams import run_command_trimming
+from .taken import TakenMarks, kept_reply
 
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hosts"
 CREATING = frozenset({Op.NEW.value, Op.FORK.value})
-"""Commands that make a session: run once per call id, whichever hosts get copies of it."""
-TAKEN_TTL_MS = 600_000
-"""How long a creating command's call id is remembered: far past the time a front goes on
-sending it again (its ``route_deadline``, 30 s by default)."""
+"""Commands that make a session: run once per call id, whichever hosts get copies of it
+(see :mod:`.taken`)."""
 
 
 class HostWorker:
@@ -78,6 +77,7 @@ class HostWorker:
         self.host_id = host_id or f"host-{secrets.token_hex(6)}"
         self.inbox = host_inbox(self.host_id)
         self.leases = Leases(redis, self.host_id, ttl=settings.lease_ttl)
+        self.marks = TakenMarks(redis, self.host_id)
         self.clients = RemoteClients(
             redis,
             self.inbox,
@@ -257,21 +257,54 @@ class HostWorker:
 
     async def _execute(self, command: JsonObject) -> None:
         reply_to, rid = str(command["reply"]), command["rid"]
-        if command.get("op") in CREATING and not await self._first_to_take(str(rid)):
-            return
-        await self._send(reply_to, commands.ack(rid, self.host_id))
+        creating = command.get("op") in CREATING
+        if creating:
+            mark = await self.marks.take(str(rid))
+            if mark is not None:
+                await self._answer_copy(reply_to, rid, mark)
+                return
+        await self._acknowledge(reply_to, rid)
+        if creating:
+            async with self.marks.running(str(rid)):
+                reply = await self._reply(command)
+            await self.marks.done(str(rid), commands.encode(reply))
+        else:
+            reply = await self._reply(command)
+        await self._send(reply_to, reply)
+
+    async def _acknowledge(self, reply_to: str, rid: Any) -> None:
+        """Tell the front its command is taken: once, and when no front heard it (Redis away,
+        or the front's subscription being made again) again in the background while the
+        command runs (its reply settles the front's wait as well)."""
+        ack = commands.ack(rid, self.host_id)
+        with contextlib.suppress(RedisError, OSError):  # tried again just below
+            if not unheard(await self.redis.spublish(reply_to, commands.encode(ack))):
+                return
+        self._spawn(self._send(reply_to, ack))
+
+    async def _answer_copy(self, reply_to: str, rid: Any, mark: str) -> None:
+        """A copy of a creating command taken already (see :mod:`.taken`): answered with the
+        reply kept, acknowledged again while this host runs it, left to the host that does."""
+        kept = kept_reply(mark)
+        if kept is not None:
+            log.info("command %s was answered already: its reply sent again", rid)
+            await self._send(reply_to, json.loads(kept))
+        elif self.marks.mine(mark):
+            await self._send(reply_to, commands.ack(rid, self.host_id))
+        else:
+            log.info("command %s is run by another host (%s): not run here", rid, mark)
+
+    async def _reply(self, command: JsonObject) -> JsonObject:
+        """Run ``command``: the reply for its front (a result, an error, or "moved")."""
+        rid = command["rid"]
         try:
             result = await self._dispatch(command)
         except HeldElsewhere as exc:
-            await self._send(reply_to, commands.moved(rid, exc.holder))
-            return
+            return commands.moved(rid, exc.holder)
         except RpcError as exc:
-            await self._send(reply_to, commands.error(rid, exc))
-            return
+            return commands.error(rid, exc)
         except SessionMissing:
-            missing = session_not_found(str(command.get("sid") or ""))
-            await self._send(reply_to, commands.error(rid, missing))
-            return
+            return commands.error(rid, session_not_found(str(command.get("sid") or "")))
         except Exception as exc:
             failure = rpc_failure(exc)
             if failure is None:
@@ -279,27 +312,8 @@ class HostWorker:
                 failure = RpcError(INTERNAL_ERROR, "internal error")
             elif is_store_away(exc):  # its client is told so (not "internal error"), in one line
                 log.warning("command %s failed: %s", command.get("op"), describe(exc))
-            await self._send(reply_to, commands.error(rid, failure))
-            return
-        await self._send(reply_to, commands.result(rid, result))
-
-    async def _first_to_take(self, rid: str) -> bool:
-        """Whether this host is the first to take the command ``rid`` (False: a copy of one
-        taken already, left alone). A front sends a command again when no acknowledgement
-        came within its ``ack_timeout``; one that was only late (a host slow to read its
-        queue, an acknowledgement retried through a blip) would otherwise make a second
-        session beside the one its client is answered with. When Redis cannot say, the
-        command runs: its own writes then meet the same store."""
-        try:
-            taken = await self.redis.set(
-                command_taken_key(rid), self.host_id, nx=True, px=TAKEN_TTL_MS
-            )
-        except (RedisError, OSError) as exc:
-            log.warning("could not mark command %s as taken (%s); running it", rid, describe(exc))
-            return True
-        if not taken:
-            log.info("command %s was taken by a host already: not run again", rid)
-        return bool(taken)
+            return commands.error(rid, failure)
+        return commands.result(rid, result)
 
     async def _dispatch(self, command: JsonObject) -> Any:
         op, tenant, sid = command["op"], str(command["tenant"]), str(command.get("sid") or "")
@@ -339,12 +353,17 @@ class HostWorker:
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
 
     async def _send(self, channel: str, message: JsonObject) -> None:
-        """An acknowledgement or a reply to a front node, tried again while Redis is away;
-        one that still cannot be sent is logged (the front's deadline then fails the request
-        for its client)."""
+        """An acknowledgement or a reply to a front node, tried again while Redis is away or
+        while no front hears it (one resubscribing after Redis came back); one that still
+        cannot be sent is logged (the front's deadline then fails the request for its
+        client)."""
         data = commands.encode(message)
         try:
-            await retrying(lambda: self.redis.spublish(channel, data), self.settings.answer_timeout)
+            heard = await retrying(
+                lambda: self.redis.spublish(channel, data),
+                self.settings.answer_timeout,
+                again=unheard,  # the front resubscribing after Redis returned: it hears a retry
+            )
         except (RedisError, OSError) as exc:
             log.error(
                 "could not send %s %s to %s: %s: %s",
@@ -353,6 +372,15 @@ class HostWorker:
                 channel,
                 type(exc).__name__,
                 exc,
+            )
+            return
+        if unheard(heard):
+            log.warning(
+                "no front heard %s %s on %s within %g s (its node is gone?)",
+                message.get("t"),
+                message.get("rid"),
+                channel,
+                self.settings.answer_timeout,
             )
 
     async def _publish_capabilities(self, name: str, capabilities: JsonObject) -> None:
@@ -377,7 +405,7 @@ class HostWorker:
                 await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
                 renewal = await self.leases.renew_all(self.host.held_sessions(), self.host.fences())
                 for _, session_id in renewal.lost:
-                    self.host.lose(session_id)
+                    self.host.lose(session_id, vanished=session_id in self.leases.vanished)
                 # Archived (idle): no host needs to hold them. Side by side, so that many at
                 # once (each closed in its agent) do not hold the next renewal back.
                 await asyncio.gather(*(self.host.release(*held) for held in renewal.archived))

@@ -181,7 +181,7 @@ async def run_archiving(
 ) -> None:
     """The role's loop: a purge round and (unless ``archive_after`` is None) an archive
     round every ``interval`` seconds, until cancelled. A failed round is logged in one line
-    (summarised while failures go on, as :class:`~broker.failures.FailureLog` does) and the
+    (summarised while failures go on, as :class:`~broker.errors.failures.FailureLog` does) and the
     next one retries it (every step is idempotent)."""
     failures = FailureLog(log, "archiving")
     while True:

@@ -54,7 +54,7 @@ async def rebuild_index(redis: Store, archive: ArchiveStore | None = None) -> di
             await _sweep_listings(redis, keys, expected)
         finally:
             # Fronts drop their cached pages of the tenant: once for all its sessions.
-            await index.announce((tenant,))
+            await index.announcer.announce((tenant,))
         counts[tenant] = len(sessions)
     return counts
 

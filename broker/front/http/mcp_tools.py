@@ -109,6 +109,102 @@ def turn_text(turn: TurnView) -> str:
     return "\n".join(turn.report.text_lines(turn.live_view_url))
 
 
+_ONLY_ID = _schema({"id": _ID}, ["id"])
+
+_CREATE_TOOL = _tool(
+    "session_create",
+    "Create a session",
+    "Starts a new session on an agent, as an editor's session/new does, and "
+    "optionally runs a first prompt in it. Returns the session's line (id, status, "
+    "kind, creation time) and its live view URL, where a person can watch it; with "
+    "a prompt, the agent's reply and the stop reason. The session is an ordinary "
+    "one: editors and the web console can open it.",
+    _schema(
+        {
+            "cwd": {
+                "type": "string",
+                "description": "The absolute path the agent works in.",
+            },
+            "agent": {
+                "type": "string",
+                "description": "A configured agent's name (default: the first).",
+            },
+            "title": {"type": "string", "description": "The session's title."},
+            "userMetadata": {
+                "type": "object",
+                "description": "Your own data to keep with the session "
+                "(session_list's q searches it).",
+            },
+            "prompt": {
+                "type": "string",
+                "description": "A first prompt to run at once (optional).",
+            },
+            "wait": _WAIT,
+        },
+        ["cwd"],
+    ),
+    open_world=True,
+)
+
+_RESUME_TOOL = _tool(
+    "session_resume",
+    "Resume a session",
+    "Brings a STOPPED or ERROR session back onto an agent process (RUNNING), "
+    "nothing lost; on a running session it does nothing. Returns the session's "
+    "line and its live view URL.",
+    _ONLY_ID,
+    idempotent=True,
+    open_world=True,
+)
+
+_PROMPT_TOOL = _tool(
+    "session_prompt",
+    "Prompt a session",
+    "Runs one turn: sends text to the session's agent and returns its reply "
+    "(the message text, each tool call on a line, then `stop reason: …`). A turn "
+    "that outlives wait goes on; the result then ends with `still running`. When "
+    "the agent asks a person something (a permission), the result says so and "
+    "gives the live view URL where it is answered. Every window where the "
+    "session is open sees the turn live.",
+    _schema(
+        {
+            "id": _ID,
+            "text": {"type": "string", "description": "The prompt."},
+            "wait": _WAIT,
+        },
+        ["id", "text"],
+    ),
+    open_world=True,
+)
+
+_CANCEL_TOOL = _tool(
+    "session_cancel",
+    "Cancel a turn",
+    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`).",
+    _ONLY_ID,
+    idempotent=True,
+)
+
+_STOP_TOOL = _tool(
+    "session_stop",
+    "Stop a session",
+    "Releases the session's agent process (STOPPED); nothing is lost, and "
+    "session_resume brings it back. Returns the session's line.",
+    _ONLY_ID,
+    idempotent=True,
+)
+
+_DELETE_TOOL = _tool(
+    "session_delete",
+    "Delete a session",
+    "Deletes the session for everyone, as session/delete does; it then lists as "
+    "DELETED. Deleting it again returns its line again.",
+    _ONLY_ID,
+    destructive=True,
+    idempotent=True,
+)
+
+
 def tool_set(line: LineRenderer) -> dict[str, SessionTool]:
     """Every session tool but ``session_list``, by name; ``line`` writes session lines."""
 
@@ -143,119 +239,12 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool]:
         view = await tools.delete(tenant, session_id_of(args["id"]), base)
         return "\n".join(line([view.row]))
 
-    only_id = _schema({"id": _ID}, ["id"])
     defined = [
-        SessionTool(
-            _tool(
-                "session_create",
-                "Create a session",
-                "Starts a new session on an agent, as an editor's session/new does, and "
-                "optionally runs a first prompt in it. Returns the session's line (id, status, "
-                "kind, creation time) and its live view URL, where a person can watch it; with "
-                "a prompt, the agent's reply and the stop reason. The session is an ordinary "
-                "one: editors and the web console can open it.",
-                _schema(
-                    {
-                        "cwd": {
-                            "type": "string",
-                            "description": "The absolute path the agent works in.",
-                        },
-                        "agent": {
-                            "type": "string",
-                            "description": "A configured agent's name (default: the first).",
-                        },
-                        "title": {"type": "string", "description": "The session's title."},
-                        "userMetadata": {
-                            "type": "object",
-                            "description": "Your own data to keep with the session "
-                            "(session_list's q searches it).",
-                        },
-                        "prompt": {
-                            "type": "string",
-                            "description": "A first prompt to run at once (optional).",
-                        },
-                        "wait": _WAIT,
-                    },
-                    ["cwd"],
-                ),
-                open_world=True,
-            ),
-            Scope.WRITE,
-            create,
-        ),
-        SessionTool(
-            _tool(
-                "session_resume",
-                "Resume a session",
-                "Brings a STOPPED or ERROR session back onto an agent process (RUNNING), "
-                "nothing lost; on a running session it does nothing. Returns the session's "
-                "line and its live view URL.",
-                only_id,
-                idempotent=True,
-                open_world=True,
-            ),
-            Scope.WRITE,
-            resume,
-        ),
-        SessionTool(
-            _tool(
-                "session_prompt",
-                "Prompt a session",
-                "Runs one turn: sends text to the session's agent and returns its reply "
-                "(the message text, each tool call on a line, then `stop reason: …`). A turn "
-                "that outlives wait goes on; the result then ends with `still running`. When "
-                "the agent asks a person something (a permission), the result says so and "
-                "gives the live view URL where it is answered. Every window where the "
-                "session is open sees the turn live.",
-                _schema(
-                    {
-                        "id": _ID,
-                        "text": {"type": "string", "description": "The prompt."},
-                        "wait": _WAIT,
-                    },
-                    ["id", "text"],
-                ),
-                open_world=True,
-            ),
-            Scope.WRITE,
-            prompt,
-        ),
-        SessionTool(
-            _tool(
-                "session_cancel",
-                "Cancel a turn",
-                "Cancels the session's running turn and returns its stop reason "
-                "(`stop reason: cancelled`).",
-                only_id,
-                idempotent=True,
-            ),
-            Scope.WRITE,
-            cancel,
-        ),
-        SessionTool(
-            _tool(
-                "session_stop",
-                "Stop a session",
-                "Releases the session's agent process (STOPPED); nothing is lost, and "
-                "session_resume brings it back. Returns the session's line.",
-                only_id,
-                idempotent=True,
-            ),
-            Scope.WRITE,
-            stop,
-        ),
-        SessionTool(
-            _tool(
-                "session_delete",
-                "Delete a session",
-                "Deletes the session for everyone, as session/delete does; it then lists as "
-                "DELETED. Deleting it again returns its line again.",
-                only_id,
-                destructive=True,
-                idempotent=True,
-            ),
-            Scope.WRITE,
-            delete,
-        ),
+        SessionTool(_CREATE_TOOL, Scope.WRITE, create),
+        SessionTool(_RESUME_TOOL, Scope.WRITE, resume),
+        SessionTool(_PROMPT_TOOL, Scope.WRITE, prompt),
+        SessionTool(_CANCEL_TOOL, Scope.WRITE, cancel),
+        SessionTool(_STOP_TOOL, Scope.WRITE, stop),
+        SessionTool(_DELETE_TOOL, Scope.WRITE, delete),
     ]
     return {entry.tool.name: entry for entry in defined}

@@ -4,7 +4,9 @@
 -- ARGV: 1 op ("acquire" | "renew" | "release"), 2 host id, 3 ttl (ms)
 -- acquire: {1, fence} when this host now holds the lease (a new fence if it was free),
 --          {0, holder} when another host holds it; error NOSESSION if there is no session.
--- renew / release: 1 if this host held the lease, else 0 (renew: 2, see below).
+-- renew / release: 1 if this host held the lease, else 0; renew: 2 (archived, see below),
+-- or -1 when the lease and the session are both gone (the store lost its data: no other
+-- host holds it).
 -- renew with ARGV 4 (the fence this host holds) also takes back a lease that lapsed while
 -- nobody else took it (the fence is unchanged): a Redis that stalled past the TTL, or came
 -- back from its append-only file after it, does not take the session from a live host.
@@ -42,6 +44,9 @@ if op == 'acquire' then
     return {1, redis.call('HGET', snap, 'fence') or '0'}
   end
   return {1, tostring(redis.call('HINCRBY', snap, 'fence', 1))}
+end
+if not holder and op == 'renew' and redis.call('EXISTS', snap) == 0 then
+  return -1
 end
 if holder ~= host then
   return 0

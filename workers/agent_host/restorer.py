@@ -1,0 +1,125 @@
+"""Bringing a session back on this host: its lease taken, its agent session loaded, resumed,
+or started afresh (with a notice in the log), an abandoned prompt ended."""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker.protocol import capabilities
+from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
+from broker.protocol.trace import trace_fields, with_trace
+from broker.store.events import EventType, SessionSnapshot, Status
+from broker.store.log import SessionLog, SessionMissing
+
+from .agents import AgentPool, ask
+from .leases import Leases
+from .recorder import SessionRecorder
+from .sessions import HeldSession, HeldSessions
+
+_NO_RESTORE_NOTICE: JsonObject = {
+    "type": EventType.NOTICE,
+    "severity": "warning",
+    "title": "The agent started this session afresh",
+    "text": (
+        "The agent could not load or resume this session, so it starts afresh: it does not "
+        "remember the conversation above. The broker's log still holds all of it."
+    ),
+}
+
+_ABANDONED_PROMPT: JsonObject = {
+    "code": INTERNAL_ERROR,
+    "message": "the agent host running this prompt stopped; the session was taken over",
+}
+
+
+class SessionRestorer:
+    """Makes sure this host holds a session, taking it over (from its log) when it does not."""
+
+    def __init__(
+        self,
+        session_log: SessionLog,
+        leases: Leases,
+        agents: AgentPool,
+        sessions: HeldSessions,
+        recorder: SessionRecorder,
+    ) -> None:
+        self.log = session_log
+        self.leases = leases
+        self.agents = agents
+        self.sessions = sessions
+        self.recorder = recorder
+        self._restore_locks: dict[str, asyncio.Lock] = {}
+
+    async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
+        """Make sure an agent holds the session (for load/resume/prompt); returns the agent's reply
+        to the call that restored it ({} when it was held already)."""
+        if session_id in self.sessions.by_id:
+            return {}
+        lock = self._restore_locks.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            if session_id in self.sessions.by_id:
+                return {}
+            return await self._restore(tenant, session_id, params)
+
+    async def require(self, tenant: str, session_id: str, params: JsonObject) -> HeldSession:
+        await self.attach(tenant, session_id, params)
+        held = self.sessions.by_id.get(session_id)
+        if held is None or held.tenant != tenant:
+            raise session_not_found(session_id)
+        return held
+
+    async def _restore(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
+        try:
+            snapshot = await self.recorder.log.snapshot(tenant, session_id)
+        except SessionMissing:
+            raise session_not_found(session_id) from None
+        if snapshot.deleted:
+            raise session_not_found(session_id)
+        lease = await self.leases.acquire(tenant, session_id)
+        try:
+            return await self._restore_held(snapshot, lease.fence, params)
+        except BaseException:
+            await self.leases.release(tenant, session_id)
+            raise
+
+    async def _restore_held(
+        self, snapshot: SessionSnapshot, fence: str, params: JsonObject
+    ) -> JsonObject:
+        tenant, session_id = snapshot.tenant, snapshot.session_id
+        process = await self.agents.process(snapshot.agent)
+        capabilities.check_mcp_servers(
+            snapshot.agent, process.capabilities, params.get("mcpServers")
+        )
+        base = {
+            "cwd": snapshot.cwd,
+            "mcpServers": params.get("mcpServers") or [],
+        }
+        if params.get("additionalDirectories") or snapshot.additional_directories:
+            base["additionalDirectories"] = (
+                params.get("additionalDirectories") or snapshot.additional_directories
+            )
+        base = with_trace(base, trace_fields(params))  # the client's trace context
+        agent_sid = snapshot.agent_session_id or ""
+        if agent_sid and (process.supports_load() or process.supports("resume")):
+            method = "session/load" if process.supports_load() else "session/resume"
+            held = self.sessions.hold(tenant, session_id, process, agent_sid, fence)
+            held.restoring = True
+            try:
+                reply = await ask(process, method, {**base, "sessionId": agent_sid})
+            except RpcError:
+                self.sessions.drop(held)
+                raise
+            held.restoring = False
+        else:
+            reply = await ask(process, "session/new", base)
+            agent_sid = str(reply.get("sessionId", ""))
+            held = self.sessions.hold(tenant, session_id, process, agent_sid, fence)
+            await self.recorder.append(held, _NO_RESTORE_NOTICE)
+            await self.recorder.append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        if snapshot.prompt_id:
+            await self.recorder.end_prompt(held, snapshot.prompt_id, error=_ABANDONED_PROMPT)
+        if snapshot.status != Status.RUNNING:
+            await self.recorder.append(held, {"type": EventType.STATUS, "status": Status.RUNNING})
+        await self.recorder.log_window(held, reply)
+        await self.recorder.make_ready(held)
+        return {**reply, "sessionId": session_id}
