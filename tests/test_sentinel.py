@@ -90,36 +90,45 @@ async def _serves_through(
                 extra_args=["--no-workers"] if apart else [],
             )
         )
-        _, error = await _attempt(node)
-        assert error is None, error
-        watcher = await RawClient.initialized(node.url)
-        reply = await watcher.call("session/new", {"cwd": "/watched", "mcpServers": []}, 30)
-        watched = reply["result"]["sessionId"]
-        prompt_id = f"prompt-{time.monotonic_ns()}"
-        await watcher.send_prompt(prompt_id, watched, "/slow 30")
-        await watcher.read_chunks(watched, 3, 20)
+        try:
+            await _fault_served_through(node, sentinels, kill)
+        except BaseException:
+            print(f"the broker's log:\n{node.log_text()}")  # which request failed, and why
+            raise
 
-        loop = asyncio.get_running_loop()
-        fault_at = time.monotonic()
-        fault = loop.run_in_executor(None, sentinels.kill_master if kill else sentinels.failover)
-        recovered, errors = await _through(node, fault)
-        await fault
-        print(f"{'kill -9' if kill else 'SENTINEL FAILOVER'}: served again {recovered:.1f} s after")
-        print(f"errors meanwhile: {errors}")
-        assert recovered <= RECOVERY + SLACK, (recovered, errors)
-        assert not any("internal error" in e for e in errors), errors
-        assert all("try again" in e or e == "not listed yet" for e in errors), errors
 
-        # Ready again within the same bound (its pub/sub check passes once a probe of the
-        # new subscription is heard, a moment after the first request is served).
-        while (ready := await _readyz(node))[0] != 200:
-            assert time.monotonic() - fault_at <= RECOVERY + SLACK, ready
-            await asyncio.sleep(0.2)
-        # The prompt that streamed through the failover ends, or says clearly why not.
-        reply = await watcher.reply_to(prompt_id, timeout=60)
-        assert "result" in reply or "try again" in reply["error"]["message"], reply
-        await watcher.close()
-        assert "internal error" not in node.log_text()
+async def _fault_served_through(node: BrokerProcess, sentinels: SentinelSet, kill: bool) -> None:
+    """The fault while ``node`` serves, and what its clients see through it."""
+    _, error = await _attempt(node)
+    assert error is None, error
+    watcher = await RawClient.initialized(node.url)
+    reply = await watcher.call("session/new", {"cwd": "/watched", "mcpServers": []}, 30)
+    watched = reply["result"]["sessionId"]
+    prompt_id = f"prompt-{time.monotonic_ns()}"
+    await watcher.send_prompt(prompt_id, watched, "/slow 30")
+    await watcher.read_chunks(watched, 3, 20)
+
+    loop = asyncio.get_running_loop()
+    fault_at = time.monotonic()
+    fault = loop.run_in_executor(None, sentinels.kill_master if kill else sentinels.failover)
+    recovered, errors = await _through(node, fault)
+    await fault
+    print(f"{'kill -9' if kill else 'SENTINEL FAILOVER'}: served again {recovered:.1f} s after")
+    print(f"errors meanwhile: {errors}")
+    assert recovered <= RECOVERY + SLACK, (recovered, errors)
+    assert not any("internal error" in e for e in errors), errors
+    assert all("try again" in e or e == "not listed yet" for e in errors), errors
+
+    # Ready again within the same bound (its pub/sub check passes once a probe of the
+    # new subscription is heard, a moment after the first request is served).
+    while (ready := await _readyz(node))[0] != 200:
+        assert time.monotonic() - fault_at <= RECOVERY + SLACK, ready
+        await asyncio.sleep(0.2)
+    # The prompt that streamed through the failover ends, or says clearly why not.
+    reply = await watcher.reply_to(prompt_id, timeout=60)
+    assert "result" in reply or "try again" in reply["error"]["message"], reply
+    await watcher.close()
+    assert "internal error" not in node.log_text()
 
 
 async def test_a_sentinel_failover_is_served_through(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from ..store.archive import ArchiveCorrupt
 from ..store.faults import brief
 from ..store.log import ArchiveUnavailable, SessionFull, StoreFull, is_oom
 from ..store.quotas import TenantFull
+from ..store.retry import is_store_away
 
 STORE_FULL_MESSAGE = (
     "the session store is full (Redis reached maxmemory): nothing was written; "
@@ -39,16 +40,19 @@ def store_full(exc: BaseException) -> bool:
 
 
 def rpc_failure(exc: BaseException) -> RpcError | None:
-    """The JSON-RPC error for a store failure; None for anything else."""
+    """The JSON-RPC error for a store failure (one out of reach included:
+    :func:`~broker.store.retry.is_store_away`); None for anything else."""
     failure = _rpc_failure(exc)
     if failure is not None and isinstance(failure.data, dict):
         reason = str(failure.data.get("reason"))
-        if reason != "archive_unreadable":
+        if reason not in ("archive_unreadable", "store_unavailable"):  # not refused: unread
             metrics.WRITES_REFUSED.labels(reason).inc()
     return failure
 
 
 def _rpc_failure(exc: BaseException) -> RpcError | None:
+    if is_store_away(exc):  # a restart, a stall or a failover: "try again", never "internal"
+        return store_unreachable(exc)
     if store_full(exc):
         return RpcError(INTERNAL_ERROR, STORE_FULL_MESSAGE, {"reason": "store_full"})
     if isinstance(exc, SessionFull):
@@ -72,6 +76,8 @@ def http_failure(exc: BaseException) -> tuple[HTTPStatus, str] | None:
     """The HTTP status and message for a store failure; None for anything else."""
     if store_full(exc):
         return HTTPStatus.SERVICE_UNAVAILABLE, STORE_FULL_MESSAGE
+    if is_store_away(exc):
+        return HTTPStatus.SERVICE_UNAVAILABLE, store_unreachable(exc).message
     failure = rpc_failure(exc)
     if failure is not None:
         return HTTPStatus.INTERNAL_SERVER_ERROR, failure.message

@@ -12,11 +12,13 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from redis.exceptions import ResponseError
+
 from ..config import Settings
 from ..errors.store import store_unreachable
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
 from ..protocol.turns import PROMPT_OUTCOME
-from ..store.retry import STORE_AWAY
+from ..store.retry import STORE_AWAY, is_store_away
 
 T = TypeVar("T")
 
@@ -70,7 +72,9 @@ async def within_deadline(
                     f"{method} was not answered within {seconds:g} s; try again shortly",
                 ) from None
         raise
-    except STORE_AWAY as exc:
+    except (*STORE_AWAY, ResponseError) as exc:
+        if not is_store_away(exc):
+            raise
         raise store_unreachable(exc) from None
     finally:
         timer.cancel()

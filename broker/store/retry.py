@@ -16,6 +16,7 @@ from redis.exceptions import (
     AskError,
     ClusterError,
     ReadOnlyError,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -37,6 +38,22 @@ STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError, ReadOnlyError, *
 over: a master turned replica answers writes ``READONLY``, and the write did not run; a
 cluster moving slots); any other error reply to a command is not among them: trying it
 again would fail again."""
+
+AWAY_REPLIES = ("UNBLOCKED", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN")
+"""Error replies a server gives while its role changes (they say "not now", not "never"):
+a blocked command released as the master turns replica (``UNBLOCKED``), a replica whose
+master link is down (``MASTERDOWN``), a master without its ``min-replicas-to-write``
+(``NOREPLICAS``), keys being moved (``TRYAGAIN``). redis-py raises most of them as a plain
+:class:`~redis.exceptions.ResponseError`."""
+
+
+def is_store_away(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store is out of reach for now (:data:`STORE_AWAY`, or one
+    of :data:`AWAY_REPLIES`): the one test of it, for what clients hear on every role."""
+    if isinstance(exc, STORE_AWAY):  # MASTERDOWN and TRYAGAIN among them (cluster errors)
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(AWAY_REPLIES)
+
 
 FIRST_PAUSE = 0.05
 MAX_PAUSE = 1.0

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
 from broker.errors.failures import FailureLog, describe
-from broker.errors.store import rpc_failure, store_unreachable
+from broker.errors.store import rpc_failure
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -45,7 +45,7 @@ from broker.store.archive import ArchiveStore
 from broker.store.client import Store
 from broker.store.keys import CAPABILITIES_KEY, host_inbox, host_queue
 from broker.store.log import SessionLog, SessionMissing
-from broker.store.retry import STORE_AWAY, retrying, unheard
+from broker.store.retry import is_store_away, retrying, unheard
 
 from .clients import RemoteClients
 from .host import AgentHost
@@ -305,14 +305,13 @@ class HostWorker:
             return commands.error(rid, exc)
         except SessionMissing:
             return commands.error(rid, session_not_found(str(command.get("sid") or "")))
-        except STORE_AWAY as exc:  # its client is told so (not "internal error"), in one line
-            log.warning("command %s failed: %s", command.get("op"), describe(exc))
-            return commands.error(rid, store_unreachable(exc))
         except Exception as exc:
             failure = rpc_failure(exc)
             if failure is None:
                 log.exception("command %s failed", command.get("op"))
                 failure = RpcError(INTERNAL_ERROR, "internal error")
+            elif is_store_away(exc):  # its client is told so (not "internal error"), in one line
+                log.warning("command %s failed: %s", command.get("op"), describe(exc))
             return commands.error(rid, failure)
         return commands.result(rid, result)
 

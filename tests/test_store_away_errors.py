@@ -1,0 +1,58 @@
+"""What a client hears when the store is away: every failure a restart, a stall or a
+failover gives maps, in the one shared mapping, to "try again" (``store_unavailable``),
+never to "internal error"; any other error reply is not taken for one."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+import pytest
+from redis.asyncio.sentinel import MasterNotFoundError
+from redis.exceptions import (
+    BusyLoadingError,
+    ExecAbortError,
+    MasterDownError,
+    ReadOnlyError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from broker.errors.store import http_failure, rpc_failure
+from broker.store.retry import is_store_away
+
+AWAY = [
+    RedisConnectionError("The previous master is now a slave"),
+    MasterNotFoundError("No master found for 'acpbmaster'"),
+    BusyLoadingError("Redis is loading the dataset in memory"),
+    RedisTimeoutError("Timeout reading from socket"),
+    ReadOnlyError("You can't write against a read only replica."),
+    MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+    ResponseError("UNBLOCKED force unblock from blocking operation, instance state changed"),
+    ResponseError("NOREPLICAS Not enough good replicas to write."),
+    ConnectionResetError(104, "Connection reset by peer"),
+]
+"""What redis-py raises (the reply's prefix stripped where it maps one) while a master
+is being replaced."""
+
+NOT_AWAY = [
+    ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+    ResponseError("ERR unknown command"),
+    ExecAbortError("Transaction discarded because of previous errors."),
+    ValueError("not a store error"),
+]
+
+
+@pytest.mark.parametrize("exc", AWAY, ids=lambda e: type(e).__name__ + ":" + str(e)[:12])
+def test_a_store_away_is_told_as_try_again_not_internal_error(exc: Exception) -> None:
+    assert is_store_away(exc)
+    failure = rpc_failure(exc)
+    assert failure is not None and failure.data == {"reason": "store_unavailable"}
+    assert "try again" in failure.message and "internal error" not in failure.message
+    assert http_failure(exc) == (HTTPStatus.SERVICE_UNAVAILABLE, failure.message)
+
+
+@pytest.mark.parametrize("exc", NOT_AWAY, ids=lambda e: type(e).__name__)
+def test_other_errors_are_not_taken_for_a_store_away(exc: Exception) -> None:
+    assert not is_store_away(exc)
+    assert rpc_failure(exc) is None
