@@ -171,7 +171,10 @@ async def test_a_plain_url_to_a_demoted_master_says_so_instead_of_internal_error
             while True:  # until the demotion is seen (it takes the Sentinels a moment)
                 took, error = await _attempt(node)
                 assert took <= 2 * (REQUEST_TIMEOUT + SLACK), f"an attempt hung {took:.1f} s"
-                if error is not None:
+                # A session the old master made just before its demotion is dropped by its
+                # resync as a replica (Redis's replication did not keep it): that attempt's
+                # prompt finds no session. Not the case under test: the next attempt is.
+                if error is not None and error != "session not found":
                     break
                 assert time.monotonic() < deadline, "the old master still took writes"
             assert "try again" in error and "internal error" not in error, error
