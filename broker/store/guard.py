@@ -56,6 +56,6 @@ class StoreGuard:
             self._tasks.append(asyncio.create_task(probe, name="store probe"))
 
     async def stop(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # stopping: a probe that failed has said so
             await cancel_and_wait(*self._tasks)
         self._tasks.clear()

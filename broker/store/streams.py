@@ -22,10 +22,14 @@ deleted inside the node, whose bytes Redis frees with the whole node either way.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.exceptions import ResponseError
 
+from ..errors.failures import FailureLog
 from .client import Store
 
 
@@ -93,3 +97,24 @@ def id_key(entry_id: str) -> tuple[int, int]:
     """A stream entry id as a sortable pair."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+async def trim_every(
+    interval: float, trim: Callable[[], Awaitable[int]], what: str, log: logging.Logger
+) -> None:
+    """``await trim()`` every ``interval`` seconds, until cancelled; a failed round is logged
+    in a line (summarised while it goes on, ``what`` naming the work) and the next one
+    retries it: a trim is idempotent, and no user's data rides on it."""
+    failures = FailureLog(log, what)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            removed = await trim()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # logged; the next round retries
+            failures.failed(exc)
+        else:
+            failures.succeeded()
+            if removed:
+                log.debug("%s: %d entries removed", what, removed)

@@ -29,17 +29,15 @@ both are empty. Every host trims its own inbox and the queue (idempotent).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 from redis.exceptions import ResponseError
 
-from broker.errors.failures import FailureLog
 from broker.store.client import Store
 from broker.store.keys import host_queue
-from broker.store.streams import absent, id_key, trim_behind_group, trim_below
+from broker.store.streams import absent, id_key, trim_behind_group, trim_below, trim_every
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +96,9 @@ async def run_command_trimming(
     """Trim ``inbox`` (read up to ``read_up_to()``) and the shared queue (behind ``group``)
     every ``interval`` seconds (None: :data:`TRIM_INTERVAL`), until cancelled; a failed
     round is logged in a line (summarised while it goes on) and the next one retries it."""
-    failures = FailureLog(log, "trimming the command streams")
-    while True:
-        await asyncio.sleep(TRIM_INTERVAL if interval is None else interval)
-        try:
-            removed = await trim_inbox(redis, inbox, read_up_to())
-            removed += await trim_queue(redis, group)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # no user's data rides on a trim: the next round retries
-            failures.failed(exc)
-        else:
-            failures.succeeded()
-            if removed:
-                log.debug("trimmed %d commands read already", removed)
+
+    async def trim() -> int:
+        return await trim_inbox(redis, inbox, read_up_to()) + await trim_queue(redis, group)
+
+    pause = TRIM_INTERVAL if interval is None else interval
+    await trim_every(pause, trim, "trimming the command streams", log)

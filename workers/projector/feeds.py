@@ -10,13 +10,11 @@ the bound on what stays): once every notice is acknowledged, a feed holds none.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from broker.errors.failures import FailureLog
 from broker.store.client import Store
 from broker.store.keys import PARTITIONS, feed_key
-from broker.store.streams import trim_behind_group
+from broker.store.streams import trim_behind_group, trim_every
 
 from .worker import GROUP
 
@@ -40,16 +38,4 @@ async def run_feed_trimming(redis: Store, interval: float) -> None:
     """Trim every feed every ``interval`` seconds, until cancelled; a failed round is
     logged in a line (summarised while it goes on), and the next one retries it (a trim is
     idempotent)."""
-    failures = FailureLog(log, "trimming the change feeds")
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            removed = await trim_feeds(redis)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # no user's data rides on a trim: the next round retries
-            failures.failed(exc)
-        else:
-            failures.succeeded()
-            if removed:
-                log.debug("trimmed %d consumed change notices", removed)
+    await trim_every(interval, lambda: trim_feeds(redis), "trimming the change feeds", log)
