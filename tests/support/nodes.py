@@ -36,6 +36,11 @@ def holding(cache: PageCache, count: int) -> Callable[[], bool]:
     return lambda: len(cache) == count
 
 
+def invalidations() -> float:
+    """How many times the fronts' page caches in this process dropped a tenant's pages."""
+    return REGISTRY.get_sample_value("acp_broker_page_cache_invalidations_total") or 0.0
+
+
 def asked_of_the_cache() -> dict[str, float]:
     """The pages asked of the fronts' caches in this process so far, by outcome (its
     metrics: ``hit``, ``miss``, ``bypass``)."""
