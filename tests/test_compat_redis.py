@@ -21,6 +21,7 @@ from redis.asyncio.cluster import (
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 
 from broker.compat.redis import (
     RELOADERS,
@@ -202,5 +203,38 @@ async def test_a_gated_cluster_refuses_commands_pipelines_and_reloads_before_red
             await pipe.execute()
         assert len(pipe) == 0  # reset, as redis-py's execute leaves it
         assert gate.refused == 3
+    finally:
+        await client.aclose()
+
+
+class _ClosingGate(_Gate):
+    """A gate that lets the first command by, then refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    @property
+    def away(self) -> bool:
+        self.asked += 1
+        return self.asked > 1
+
+    @away.setter
+    def away(self, value: bool) -> None:
+        pass
+
+
+async def test_a_reload_the_gate_closed_under_fails_with_the_gates_error() -> None:
+    """redis-py's reload asks each startup node and, when none answers, raises its own
+    ``RedisClusterException`` (the node's error as its cause): once the gate closed, the
+    gate's error is raised instead."""
+    gate = _ClosingGate()
+    client = GatedCluster(host="127.0.0.1", port=free_port())
+    client.install_gate(gate)
+    try:
+        with pytest.raises(_Refused) as refused:
+            await client.initialize()
+        assert isinstance(refused.value.__context__, RedisClusterException)
+        assert isinstance(refused.value.__context__.__cause__, _Refused)  # the node's
     finally:
         await client.aclose()

@@ -160,9 +160,14 @@ class GatedCluster(ReloadingCluster):
 
     async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
         # redis-py reloads its map here before trying a failed command again: a command
-        # already in flight when the gate closed fails then, with the gate's error.
+        # already in flight when the gate closed fails then, with the gate's error (also
+        # when it closed during the reload, which then found no node to ask).
         self.check_gate()
-        return await super().initialize(*args, **kwargs)
+        try:
+            return await super().initialize(*args, **kwargs)
+        except RedisClusterException:
+            self.check_gate()
+            raise
 
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
