@@ -41,6 +41,7 @@ XDIST_GROUPS = {
     "test_chaos": "faults",
     "test_cluster": "faults",
     "test_cluster_resharding": "faults",
+    "test_cluster_breaker": "faults",
     "test_fail_fast": "faults",
     "test_split_recovery": "faults",
     "test_permission_roundtrip": "faults",

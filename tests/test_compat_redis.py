@@ -6,13 +6,34 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from redis.asyncio.cluster import PipelineStrategy, RedisCluster
-from redis.asyncio.connection import AbstractConnection, Connection
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import (
+    ClusterNode,
+    ClusterPipeline,
+    NodesManager,
+    PipelineCommand,
+    PipelineStrategy,
+    RedisCluster,
+)
+from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 
-from broker.compat.redis import RELOADERS, ReloadingCluster, packed_by_hiredis
+from broker.compat.redis import (
+    RELOADERS,
+    GatedCluster,
+    ReloadingCluster,
+    answers_ping,
+    gated,
+    packed_by_hiredis,
+)
+
+from .support.redis_server import free_port
 
 
 def test_asyncio_connections_pack_commands_in_an_overridable_method() -> None:
@@ -61,3 +82,180 @@ async def test_a_close_asked_by_the_broker_closes_and_one_from_redis_py_only_rel
     await _execute_command()
     assert client._initialize  # closed for real: RedisCluster.aclose sets it too
     await client.aclose()
+
+
+class _Refused(RedisConnectionError):
+    """What the test's gate raises (a ``ConnectionError``, as the store's breaker's)."""
+
+
+class _Gate:
+    """A gate that refuses every command while :attr:`away`, and counts them."""
+
+    def __init__(self) -> None:
+        self.away = True
+        self.refused = 0
+
+    def check(self) -> None:
+        self.refused += 1
+        raise _Refused("the gate is closed")
+
+
+def test_a_gated_connection_packs_nothing_while_its_gate_refuses() -> None:
+    gate = _Gate()
+    connection = gated(packed_by_hiredis(Connection), gate)()
+    commands = [("SET", "k", "v"), ("GET", "k")]
+    with pytest.raises(_Refused):
+        connection.pack_command("GET", "k")
+    with pytest.raises(_Refused):  # a pipeline's: each of its commands through pack_command
+        connection.pack_commands(commands)
+    gate.away = False
+    python = Connection()
+    assert connection.pack_commands(commands) == python.pack_commands(commands)
+    assert gate.refused == 2
+
+
+async def test_every_command_of_a_client_goes_through_the_gate_pipelines_too(
+    redis_url: str,
+) -> None:
+    """Commands, scripts, both kinds of pipeline and pub/sub: refused without a byte
+    written (nothing of a refused pipeline ran), and served once the gate lets them by."""
+    gate = _Gate()
+    pool = ConnectionPool.from_url(redis_url, decode_responses=True)
+    pool.connection_class = gated(pool.connection_class, gate)
+    client = Redis.from_pool(pool)
+    gate.away = False
+    assert await client.ping()  # a connection made while open, kept in the pool
+    gate.away = True
+    try:
+        with pytest.raises(_Refused):
+            await client.set("k", "v")
+        with pytest.raises(_Refused):
+            await client.eval("return redis.call('SET', KEYS[1], 'v')", 1, "k")
+        for transaction in (False, True):
+            async with client.pipeline(transaction=transaction) as pipe:
+                pipe.set("k", "v")
+                pipe.incr("n")
+                with pytest.raises(_Refused):
+                    await pipe.execute()
+        pubsub = client.pubsub()
+        with pytest.raises(_Refused):
+            await pubsub.subscribe("channel")
+        await pubsub.aclose()
+        refused = gate.refused
+        gate.away = False
+        assert await client.mget("k", "n") == [None, None]  # nothing of them ran
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.set("k", "v")
+            pipe.incr("n")
+            assert await pipe.execute() == [True, 1]
+        assert refused >= 5  # one each (more if redis-py tried one again)
+    finally:
+        await client.aclose()
+
+
+async def test_a_gated_clusters_nodes_found_later_open_gated_connections(
+    redis_url: str,
+) -> None:
+    """``install_gate`` leans on redis-py building every node from the client's own
+    ``connection_kwargs`` (the NodesManager's too), and each node opening connections of
+    its ``connection_class``, for its commands and its share of a pipeline alike."""
+    gate = _Gate()
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    client = GatedCluster(host="127.0.0.1", port=port, decode_responses=True)
+    client.install_gate(gate)
+    assert client.nodes_manager.connection_kwargs is client.connection_kwargs
+    for found_later in (NodesManager.initialize, NodesManager.move_slot):
+        assert "**self.connection_kwargs" in inspect.getsource(found_later)
+    later = ClusterNode("127.0.0.1", port, **client.connection_kwargs)
+    try:
+        for node in [*client.nodes_manager.startup_nodes.values(), later]:
+            gate.away = True
+            with pytest.raises(_Refused):
+                await node.execute_command("SET", "k", "v")
+            with pytest.raises(_Refused):
+                await node.execute_pipeline([PipelineCommand(0, "SET", "k", "v")])
+            gate.away = False
+            assert await node.execute_command("GET", "k") is None
+    finally:
+        await later.disconnect()
+        await client.aclose()
+
+
+async def test_a_gated_cluster_refuses_commands_pipelines_and_reloads_before_redis_py() -> None:
+    """Refused before redis-py's cluster machinery runs (no connection is tried: the port
+    is free); its pipeline is the one redis-py's ``pipeline()`` would make."""
+    assert list(inspect.signature(RedisCluster.pipeline).parameters) == [
+        "self",
+        "transaction",
+        "shard_hint",
+    ]
+    assert "ClusterPipeline(self, transaction)" in inspect.getsource(RedisCluster.pipeline)
+    gate = _Gate()
+    client = GatedCluster(host="127.0.0.1", port=free_port())
+    client.install_gate(gate)
+    try:
+        with pytest.raises(_Refused):
+            await client.get("k")
+        with pytest.raises(_Refused):
+            await client.initialize()
+        pipe = client.pipeline()
+        assert isinstance(pipe, ClusterPipeline)
+        pipe.set("k", "v")
+        with pytest.raises(_Refused):
+            await pipe.execute()
+        assert len(pipe) == 0  # reset, as redis-py's execute leaves it
+        assert gate.refused == 3
+    finally:
+        await client.aclose()
+
+
+class _ClosingGate(_Gate):
+    """A gate that lets the first command by, then refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    @property
+    def away(self) -> bool:
+        self.asked += 1
+        return self.asked > 1
+
+    @away.setter
+    def away(self, value: bool) -> None:
+        pass
+
+
+async def test_a_reload_the_gate_closed_under_fails_with_the_gates_error() -> None:
+    """redis-py's reload asks each startup node and, when none answers, raises its own
+    ``RedisClusterException`` (the node's error as its cause): once the gate closed, the
+    gate's error is raised instead."""
+    gate = _ClosingGate()
+    client = GatedCluster(host="127.0.0.1", port=free_port())
+    client.install_gate(gate)
+    try:
+        with pytest.raises(_Refused) as refused:
+            await client.initialize()
+        assert isinstance(refused.value.__context__, RedisClusterException)
+        assert isinstance(refused.value.__context__.__cause__, _Refused)  # the node's
+    finally:
+        await client.aclose()
+
+
+async def test_redis_py_parses_a_decoded_bulk_reply_to_ping_as_a_message_of_its_first_letter() -> (
+    None
+):
+    """What :func:`answers_ping` assumes: Redis 7.0 answers a ``PING`` on a connection
+    subscribed to shard channels alone with a bulk string, which redis-py takes for a pong
+    as bytes only; every pub/sub message keeps its own type."""
+    pubsub = PubSub(ConnectionPool(), ignore_subscribe_messages=False)
+    as_bytes = await pubsub.handle_message(b"acpb:probe:1")
+    assert as_bytes is not None and as_bytes["type"] == "pong"
+    decoded = await pubsub.handle_message("acpb:probe:1")
+    assert decoded is not None and decoded["type"] == "a"  # the data is lost
+    assert answers_ping(decoded) and answers_ping(as_bytes)
+    pong = await pubsub.handle_message(["pong", "acpb:probe:1"])
+    assert pong is not None and answers_ping(pong)
+    for reply in (["smessage", "ch", "x"], ["ssubscribe", "ch", 1], ["message", "ch", "x"]):
+        message = await pubsub.handle_message(reply)
+        assert message is not None and not answers_ping(message), message

@@ -165,9 +165,8 @@ def _library_imports(tree: ast.Module) -> dict[str, str]:
 
 
 NOT_YET_IN_COMPAT = {
-    # Arrived with the store engine's work (Sentinel, the breaker); each is to move to
+    # Arrived with the store engine's work (Sentinel); each is to move to
     # broker/compat/redis.py with a test of what it assumes. No other may be added.
-    ("broker.store.breaker", "GatedConnection", "AbstractConnection"),
     ("broker.store.sentinel", "BlockingSentinelPool", "SentinelConnectionPool"),
     ("broker.store.sentinel", "BlockingSentinelPool", "BlockingConnectionPool"),
 }

@@ -644,9 +644,10 @@ async def test_probes_are_pings_on_the_subscription_not_messages_to_every_front(
     try:
         async with _front(store) as node:
             watch = node.index_watch
-            start = watch._heard
+            await wait_for(lambda: watch.live, 10, "subscribed")
+            start, reader = watch._heard, watch._reader
             await wait_for(lambda: watch._heard >= start + 3, 10, "three probes heard")
-            assert watch.live
+            assert watch.live and watch._reader is reader  # heard, not subscribed again
             # What anyone published on the channel before the marker reaches the listener
             # before it (one channel, one order).
             marker = f"{PROBE_MARK}test-marker"

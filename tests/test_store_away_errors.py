@@ -13,6 +13,7 @@ from redis.exceptions import (
     ExecAbortError,
     MasterDownError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -20,6 +21,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker.errors.store import http_failure, rpc_failure
 from broker.store.retry import is_store_away
+
+
+def _caused_by(cause: Exception) -> Exception:
+    """What a cluster client raises when no node answered its reload of the slot map."""
+    unreachable = RedisClusterException(
+        f"Redis Cluster cannot be connected. Please provide at least one reachable node: {cause}"
+    )
+    unreachable.__cause__ = cause
+    return unreachable
+
 
 AWAY = [
     RedisConnectionError("The previous master is now a slave"),
@@ -31,6 +42,7 @@ AWAY = [
     ResponseError("UNBLOCKED force unblock from blocking operation, instance state changed"),
     ResponseError("NOREPLICAS Not enough good replicas to write."),
     ConnectionResetError(104, "Connection reset by peer"),
+    _caused_by(RedisTimeoutError("Timeout reading from 127.0.0.1:7000")),
 ]
 """What redis-py raises (the reply's prefix stripped where it maps one) while a master
 is being replaced."""
@@ -40,6 +52,7 @@ NOT_AWAY = [
     ResponseError("ERR unknown command"),
     ExecAbortError("Transaction discarded because of previous errors."),
     ValueError("not a store error"),
+    RedisClusterException("Cluster mode is not enabled on this node"),
 ]
 
 

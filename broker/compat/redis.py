@@ -1,22 +1,32 @@
 """redis-py's internals the broker relies on, in one place: commands packed by hiredis,
-and a cluster client that reloads its slot map without cutting the connections in use.
+connections and cluster clients that send nothing while a gate is closed, and a cluster
+client that reloads its slot map without cutting the connections in use.
 
 :func:`packed_by_hiredis` mixes into a pool's ``connection_class`` an override of
 ``AbstractConnection.pack_command`` (redis-py's asyncio connections pack in Python) using
 ``redis.connection.HiredisRespSerializer`` (redis-py's synchronous client's packer); both
 are redis-py internals. ``tests/test_compat_redis.py`` checks that the override packs the
 bytes redis-py's own packer makes, so an upgrade that changes either fails there by name.
+
+:func:`gated` mixes in another override of ``pack_command``, which asks a :class:`Gate`
+first (the store's breaker, :mod:`broker.store.breaker`); :class:`GatedCluster` asks it
+before redis-py's cluster machinery runs, and installs the gated connection class in the
+cluster's node factory. :func:`answers_ping` knows how redis-py parses a reply to a
+``PING`` on a pub/sub connection. ``tests/test_compat_redis.py`` checks what each assumes.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from redis.asyncio import RedisCluster
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.connection import AbstractConnection
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, RedisClusterException
 
 
 class _HiredisPacking(AbstractConnection):
@@ -41,6 +51,39 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
         name = f"Hiredis{connection_class.__name__}"
         _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
     return _PACKED[connection_class]
+
+
+class Gate(Protocol):
+    """What a gated connection or cluster client asks before it sends a command."""
+
+    away: bool
+    """False: every command passes (all a command costs while the store answers)."""
+
+    def check(self) -> None:
+        """Asked while :attr:`away`: raise the error a refused command fails with, or
+        return to let this one pass (a probe's own command)."""
+        ...
+
+
+class GatedConnection(AbstractConnection):
+    """A connection that sends nothing its class's :attr:`gate` refuses. It leans on
+    redis-py's asyncio connections packing every command with ``pack_command`` before
+    writing any of it, a pipeline's with ``pack_commands``, which packs each command with
+    ``pack_command``: a refused command has written nothing."""
+
+    gate: Gate
+
+    def pack_command(self, *args: Any) -> Any:
+        gate = self.gate
+        if gate.away:
+            gate.check()
+        return super().pack_command(*args)
+
+
+def gated(connection_class: type[AbstractConnection], gate: Gate) -> type[AbstractConnection]:
+    """``connection_class`` behind ``gate`` (a class of its own for each client)."""
+    name = f"Gated{connection_class.__name__}"
+    return type(name, (GatedConnection, connection_class), {"gate": gate})
 
 
 class ReloadingCluster(RedisCluster):
@@ -83,3 +126,89 @@ async def follow_redirect(redis: RedisCluster, exc: BaseException) -> bool:
     # calls on a MOVED, and it notifies the pub/sub objects.
     await redis.nodes_manager.move_slot(exc)
     return True
+
+
+class GatedCluster(ReloadingCluster):
+    """A cluster client whose commands, pipelines and slot-map reloads are refused at once
+    while its :attr:`gate` says so, before redis-py's own handling sees anything: a refusal
+    that reached it from a node's connection would count as that node failing (its free
+    connections cut, the slot map reloaded through the same closed gate, a pipeline tried
+    again three times, a quarter of a second apart). :meth:`install_gate` also gates every
+    connection to every node (pub/sub, and what redis-py sends on its own, included)."""
+
+    gate: Gate | None = None
+
+    def install_gate(self, gate: Gate) -> None:
+        """Put this client and every connection it will open behind ``gate``. Call it
+        before the client's first command. Leans on redis-py building every ``ClusterNode``
+        (those found later included) from the client's own ``connection_kwargs``, the one
+        dict its ``NodesManager`` holds too, and on the nodes it made already (the startup
+        nodes) keeping a ``connection_class`` they open connections of."""
+        kwargs = self.connection_kwargs
+        kind = gated(kwargs["connection_class"], gate)
+        kwargs["connection_class"] = kind
+        for node in [*self.nodes_manager.startup_nodes.values(), *self.get_nodes()]:
+            node.connection_class = kind  # type: ignore[assignment]  # typed as Connection
+        self.gate = gate
+
+    def check_gate(self) -> None:
+        """Raise the gate's error if it refuses a command now."""
+        gate = self.gate
+        if gate is not None and gate.away:
+            gate.check()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        self.check_gate()
+        return await super().execute_command(*args, **kwargs)
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        # redis-py reloads its map here before trying a failed command again: a command
+        # already in flight when the gate closed fails then, with the gate's error (also
+        # when it closed during the reload, which then found no node to ask).
+        self.check_gate()
+        try:
+            return await super().initialize(*args, **kwargs)
+        except RedisClusterException:
+            self.check_gate()
+            raise
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        if shard_hint:  # as redis-py's own pipeline(), which makes the same pipeline
+            raise RedisClusterException("shard_hint is deprecated in cluster mode")
+        # mypy reads an attribute redis-py's own ClusterPipeline sets as abstract
+        return GatedClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class GatedClusterPipeline(ClusterPipeline):
+    """A :class:`GatedCluster`'s pipeline: refused at once while the client's gate says
+    so (its commands are sent by ``execute`` alone)."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        client = self.cluster_client
+        if isinstance(client, GatedCluster):
+            try:
+                client.check_gate()
+            except BaseException:
+                await self.reset()  # as redis-py's own execute leaves it
+                raise
+        return await super().execute(raise_on_error, allow_redirections)
+
+
+PUBSUB_TYPES = frozenset(
+    {*PubSub.PUBLISH_MESSAGE_TYPES, *PubSub.UNSUBSCRIBE_MESSAGE_TYPES}
+    | {"subscribe", "psubscribe", "ssubscribe"}
+)
+"""The types of the pub/sub messages redis-py parses (the pong aside)."""
+
+
+def answers_ping(message: Mapping[str, Any]) -> bool:
+    """Whether ``message``, as redis-py's pub/sub parsed it, is the reply to a ``PING`` sent
+    on its connection: a pong, or what redis-py makes of the reply of a Redis (7.0) that
+    answers a ``PING`` on a connection subscribed to shard channels alone as outside pub/sub,
+    with a bulk string. redis-py takes such a reply for a pong when it is bytes; decoded (a
+    ``str``) it parses it as a message whose type is its first character, and the ``PING``'s
+    data is lost (replies come in order: the caller knows which ``PING`` it answers)."""
+    kind = message.get("type")
+    return kind == "pong" or kind not in PUBSUB_TYPES

@@ -56,11 +56,12 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..compat.redis import answers_ping
 from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics
@@ -416,6 +417,7 @@ class _ClusterChannel:
         self._redis = cluster_client(redis)
         self._pubsub = redis.pubsub()
         self._node: Any = None
+        self._pings: deque[str] = deque()  # sent, not yet answered, oldest first
 
     async def ssubscribe(self, channel: str) -> None:
         await self._redis.initialize()
@@ -428,14 +430,23 @@ class _ClusterChannel:
             # answer None at once, without waiting, for ever.
             raise ConnectionError("the channel's node holds no subscription of ours")
         message = await self._pubsub.get_sharded_message(target_node=self._node, timeout=1.0)
-        return [] if message is None else [message]
+        if message is None:
+            return []
+        if answers_ping(message):  # the oldest ping's (its data may not come back with it)
+            message = {"type": "pong", "data": self._pings.popleft() if self._pings else None}
+        return [message]
 
     async def ping(self, data: str) -> bool:
         """``PING`` on the connection to the channel's node (its pong comes back there)."""
         pubsub = self._pubsub.node_pubsub_mapping.get(self._node.name) if self._node else None
         if pubsub is None:
             raise ConnectionError("the channel's node holds no subscription of ours")
-        await pubsub.ping(data)
+        self._pings.append(data)  # before: its answer may be read before ping() returns
+        try:
+            await pubsub.ping(data)
+        except BaseException:
+            self._pings.pop()
+            raise
         return True
 
     async def aclose(self) -> None:

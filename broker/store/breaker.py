@@ -14,8 +14,17 @@ up than Redis stalled). While open it probes every :data:`AWAY_INTERVAL` seconds
 first answer closes it, so the first request after Redis returns is served normally. The probe's
 own commands pass the gate (a context variable marks them); nothing else does.
 
-The gate sits where every command of a client is packed (:class:`GatedConnection`), so a
-healthy store costs one attribute check a command.
+The gate sits where every command of a client is packed
+(:class:`~broker.compat.redis.GatedConnection`), so a healthy store costs one attribute
+check a command.
+
+**A Redis Cluster** has one breaker for the whole cluster, away when *no* master answers:
+the probe pings every master the client knows at once, and a round is answered by the first
+``PONG``. One master stalled or failing over leaves it closed (the others answer): its
+commands wait for their own timeout and are tried again by the cluster client
+(:mod:`.cluster`), as without a breaker. The gate is the cluster client's own
+(:class:`~broker.compat.redis.GatedCluster`: commands, pipelines, reloads of the slot map)
+and that of every connection to every node.
 """
 
 from __future__ import annotations
@@ -26,9 +35,9 @@ import logging
 import time
 from typing import Any
 
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors.failures import describe
@@ -62,6 +71,12 @@ class StoreBreaker:
         self.returns = 0
         """How many times it closed again (what was known before a return may be stale)."""
 
+    def check(self) -> None:
+        """Raise :class:`StoreAway` while away, but for the probe's own commands (what a
+        gate asks: :class:`~broker.compat.redis.Gate`)."""
+        if self.away and not _PROBING.get():
+            raise self.error()
+
     def error(self) -> StoreAway:
         return StoreAway(
             f"the store has not answered for {time.monotonic() - self.since:.0f} s "
@@ -88,7 +103,7 @@ class StoreBreaker:
         unanswered = 0
         while True:
             try:
-                await asyncio.wait_for(redis.ping(), PROBE_TIMEOUT)
+                await asyncio.wait_for(_ping(redis), PROBE_TIMEOUT)
             except TimeoutError:
                 unanswered += 1
                 if unanswered >= 2 or self.away:
@@ -102,29 +117,54 @@ class StoreBreaker:
             await asyncio.sleep(AWAY_INTERVAL if self.away or unanswered else INTERVAL)
 
 
-class GatedConnection(AbstractConnection):
-    """A connection that sends nothing while its :attr:`breaker` says the store is away."""
-
-    breaker: StoreBreaker
-
-    def pack_command(self, *args: Any) -> Any:
-        if self.breaker.away and not _PROBING.get():
-            raise self.breaker.error()
-        return super().pack_command(*args)
-
-
-def gated(
-    connection_class: type[AbstractConnection], breaker: StoreBreaker
-) -> type[AbstractConnection]:
-    """``connection_class`` behind ``breaker``'s gate (a class of its own for each client)."""
-    name = f"Gated{connection_class.__name__}"
-    return type(name, (GatedConnection, connection_class), {"breaker": breaker})
-
-
 def breaker_of(redis: Any) -> StoreBreaker | None:
-    """The breaker that gates client ``redis``; None for a client without one (a cluster,
-    the embedded store)."""
-    pool = getattr(redis, "connection_pool", None)
-    kind = getattr(pool, "connection_class", None)
-    found = getattr(kind, "breaker", None)
+    """The breaker that gates client ``redis``; None for a client without one (the
+    embedded store)."""
+    found = getattr(redis, "gate", None)  # a cluster client's (GatedCluster)
+    if found is None:
+        pool = getattr(redis, "connection_pool", None)
+        found = getattr(getattr(pool, "connection_class", None), "gate", None)
     return found if isinstance(found, StoreBreaker) else None
+
+
+async def _ping(redis: Any) -> None:
+    if isinstance(redis, RedisCluster):
+        await _any_master(redis)
+    else:
+        await redis.ping()
+
+
+async def _any_master(cluster: RedisCluster) -> None:
+    """``PING`` every master ``cluster`` knows, at once, on each one's own connections (not
+    through the client, which would take a silent master for failed and reload its slot
+    map); return at the first answer. When every one failed, raise a ``ConnectionError``
+    saying so; while any is silent, wait (the caller's timeout ends it)."""
+    masters = cluster.get_primaries()
+    if not masters:  # never initialized: nothing known yet
+        try:
+            await cluster.initialize()
+        except RedisClusterException as exc:
+            raise RedisConnectionError(describe(exc)) from exc
+        masters = cluster.get_primaries()
+    if not masters:
+        raise RedisConnectionError("the cluster client knows no master")
+    pings = {asyncio.ensure_future(node.execute_command("PING")) for node in masters}
+    for ping in pings:
+        ping.add_done_callback(_retrieved)  # those still running when one answers
+    failure: BaseException = RedisConnectionError("no answer")
+    try:
+        while pings:
+            done, pings = await asyncio.wait(pings, return_when=asyncio.FIRST_COMPLETED)
+            for ping in done:
+                if ping.exception() is None:
+                    return
+                failure = ping.exception() or failure
+        raise RedisConnectionError(f"no master answered PING ({describe(failure)})")
+    finally:
+        for ping in pings:
+            ping.cancel()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # not "never retrieved": a failure of one master says little

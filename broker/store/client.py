@@ -18,8 +18,9 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ..compat.redis import gated
 from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
-from .breaker import StoreBreaker, gated
+from .breaker import StoreBreaker
 from .cluster import patient_cluster
 from .sentinel import sentinel_master
 from .urls import SENTINEL_SCHEMES, tls_files_exist
@@ -179,15 +180,16 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     tls_files_exist(url)
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    breaker = StoreBreaker()  # see guard.StoreGuard: its probe opens and closes it
     if sep and scheme in CLUSTER_SCHEMES:
         return patient_cluster(
             f"{CLUSTER_SCHEMES[scheme]}://{rest}",
             patience=timeout,
+            gate=breaker,
             decode_responses=True,
             health_check_interval=30,
             **bounded,
         )
-    breaker = StoreBreaker()  # see guard.StoreGuard: its probe opens and closes it
     if sep and scheme in SENTINEL_SCHEMES:
         return sentinel_master(
             url,

@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 
-from ..compat.redis import ReloadingCluster
+from ..compat.redis import Gate, GatedCluster
 from ..compat.redis import follow_redirect as follow_redirect  # where the hub finds it
 from .retry import STORE_MOVING, retrying
 
@@ -34,17 +34,22 @@ REINITIALIZE_STEPS = 0
 never; a MOVED patches its slot (``NodesManager.move_slot``), a connection error reloads."""
 
 
-def patient_cluster(url: str, *, patience: float, **options: Any) -> RedisCluster:
+def patient_cluster(
+    url: str, *, patience: float, gate: Gate | None = None, **options: Any
+) -> RedisCluster:
     """A cluster client for ``url`` (``redis://`` or ``rediss://`` naming any node), with
     ``options`` as ``RedisCluster.from_url`` takes them; a command the cluster did not run
-    because it is moving slots or failing over is tried again for ``patience`` seconds."""
+    because it is moving slots or failing over is tried again for ``patience`` seconds.
+    With ``gate`` (the store's breaker), nothing is sent while it refuses commands."""
     client = PatientCluster.from_url(url, reinitialize_steps=REINITIALIZE_STEPS, **options)
     assert isinstance(client, PatientCluster)
     client.patience = patience
+    if gate is not None:
+        client.install_gate(gate)
     return client
 
 
-class PatientCluster(ReloadingCluster):
+class PatientCluster(GatedCluster):
     """A cluster client whose commands (scripts included: ``EVALSHA``, ``FCALL``) are tried
     again, with a growing pause, while the cluster answers that it did not run them
     (:data:`~.retry.STORE_MOVING`). The caller's own deadline still bounds the wait (it

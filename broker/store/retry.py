@@ -16,6 +16,7 @@ from redis.exceptions import (
     AskError,
     ClusterError,
     ReadOnlyError,
+    RedisClusterException,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -48,10 +49,15 @@ master link is down (``MASTERDOWN``), a master without its ``min-replicas-to-wri
 
 
 def is_store_away(exc: BaseException) -> bool:
-    """Whether ``exc`` says the store is out of reach for now (:data:`STORE_AWAY`, or one
-    of :data:`AWAY_REPLIES`): the one test of it, for what clients hear on every role."""
+    """Whether ``exc`` says the store is out of reach for now (:data:`STORE_AWAY`, one of
+    :data:`AWAY_REPLIES`, or a cluster client's "cannot be connected" caused by one): the
+    one test of it, for what clients hear on every role."""
     if isinstance(exc, STORE_AWAY):  # MASTERDOWN and TRYAGAIN among them (cluster errors)
         return True
+    if isinstance(exc, RedisClusterException) and exc.__cause__ is not None:
+        # A cluster client that reached no node to reload its slot map from says so with
+        # this, the last node's error as its cause.
+        return is_store_away(exc.__cause__)
     return isinstance(exc, ResponseError) and str(exc).startswith(AWAY_REPLIES)
 
 
