@@ -15,9 +15,11 @@ which knows how to recover; the connection is opened afresh on the next call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from .breaker import StoreBreaker, breaker_of
 from .client import Store
@@ -115,3 +117,59 @@ class DirectCalls:
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
+
+
+def store_calls(redis: Store, *, bare: bool = True, encoding: str | None = "utf-8") -> StoreCalls:
+    """:class:`StoreCalls` on ``redis``; ``bare``: on a bare connection where the topology
+    allows one (else always through the client)."""
+    return StoreCalls(redis, direct_calls(redis, encoding) if bare else None)
+
+
+class StoreCalls:
+    """Commands whose callers write them once, in the shape RESP gives their replies: on a
+    bare connection (:class:`DirectCalls`) where there is one, else through the client;
+    and through the client again when the bare connection fails (a cut connection, an
+    error reply, the breaker open), which knows how to recover and fails as every other
+    call through it does (its breaker, its reconnecting retry). The client's replies are
+    put back in RESP's shape (:func:`as_resp`)."""
+
+    def __init__(self, redis: Store, direct: DirectCalls | None) -> None:
+        self.redis = redis
+        self.direct = direct
+        """The bare connection's calls; None where the client carries every call."""
+
+    async def call(self, *command: Any, bare: bool = True) -> Any:
+        """The reply to ``command``; ``bare=False``: through the client only (the bare
+        connection just failed it)."""
+        if self.direct is not None and bare:
+            with contextlib.suppress(RedisError):  # the client's way recovers from anything
+                return await self.direct.call(*command)
+        return as_resp(command[0], await self.redis.execute_command(*command))
+
+    async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
+        """The replies to several commands sent together (one round trip on one server);
+        ``shared``: reads whose replies may be shared (see :class:`~.raw.RawConnection`)."""
+        if self.direct is not None:
+            with contextlib.suppress(RedisError):  # the client's way recovers from anything
+                return await self.direct.calls(*commands, shared=shared)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = await pipe.execute()
+        return [as_resp(c[0], r) for c, r in zip(commands, replies, strict=True)]
+
+    def close(self) -> None:
+        if self.direct is not None:
+            self.direct.close()
+
+
+def as_resp(name: str, reply: Any) -> Any:
+    """``reply`` as a bare connection reads it: redis-py's reply callbacks undone for the
+    commands read through :class:`StoreCalls` whose shape they change (a hash's fields and
+    values as one flat list, a stream entry's too)."""
+    kind = name.upper()
+    if kind == "HGETALL" and isinstance(reply, dict):
+        return [x for pair in reply.items() for x in pair]
+    if kind in ("XRANGE", "XREVRANGE") and isinstance(reply, list):
+        return [[i, [x for pair in (f or {}).items() for x in pair]] for i, f in reply]
+    return reply
