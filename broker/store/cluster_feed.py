@@ -30,6 +30,9 @@ WAIT = 1.0
 """Seconds :meth:`ClusterFeed.read_batch` waits for messages before it answers none."""
 READ_PAUSE = 0.5
 """Seconds a node's reader waits after a failed read."""
+HELD = 10_000
+"""Messages read and not yet taken by :meth:`ClusterFeed.read_batch` past which the nodes'
+readers wait for it (as a server's socket would fill, rather than the feed's memory)."""
 
 
 class ClusterFeed:
@@ -42,6 +45,7 @@ class ClusterFeed:
         self._arrived: list[Message] = []
         self._failure: ConnectionError | None = None
         self._wake = asyncio.Event()
+        self._taken = asyncio.Event()
         self._mapped = False
         self._closed = False
 
@@ -72,6 +76,7 @@ class ClusterFeed:
                     await self._wake.wait()
         self._wake.clear()
         batch, self._arrived = self._arrived, []
+        self._taken.set()
         if batch:
             if self._failure is not None:
                 self._wake.set()  # raised by the next read
@@ -136,6 +141,9 @@ class ClusterFeed:
             if message is not None:
                 self._arrived.append(message)
                 self._wake.set()
+                if len(self._arrived) >= HELD:
+                    self._taken.clear()
+                    await self._taken.wait()
             self._watch()  # a channel whose slot moved: its new node
 
 
