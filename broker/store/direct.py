@@ -18,8 +18,11 @@ import asyncio
 import contextlib
 from typing import Any
 
+from hiredis import ReplyError
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .breaker import StoreBreaker, breaker_of
 from .client import Store
@@ -158,9 +161,57 @@ class StoreCalls:
             replies = await pipe.execute()
         return [as_resp(c[0], r) for c, r in zip(commands, replies, strict=True)]
 
+    async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """The reply of ``script`` (what ``redis.register_script`` made) run on ``keys`` and
+        ``args``, an error among its replies as ``ResponseError``: by ``EVALSHA`` on the bare
+        connection, else (or when that fails: an unknown script, a cut or stalled
+        connection, the breaker open) through the client (:meth:`run_script`).
+
+        Both tries share one deadline, the bare connection's reply timeout: a stalled
+        server fails the call once it passed, not after the client's timeout again. The
+        bare connection's first open (connect, AUTH, SELECT) shares it too. A script sent
+        twice must be one that a second run does no harm (the log's appends carry their
+        call ids)."""
+        direct = self.direct
+        if direct is None:
+            return await self.run_script(script, keys, args)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + direct.timeout
+        try:
+            reply = await direct.call(
+                "EVALSHA", script.sha, len(keys), *keys, *args, deadline=deadline
+            )
+        except RedisError:
+            if loop.time() >= deadline:
+                raise  # stalled a whole timeout: the caller decides whether to try again
+        else:
+            return _errors_as_redis_py(reply)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self.run_script(script, keys, args)
+        except TimeoutError:
+            raise RedisTimeoutError(f"no reply within {direct.timeout:g} s") from None
+
+    async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """``script`` run through the client. A node that just became a master may not know
+        the script, and redis-py's reload can go to the nodes it knew before the failover:
+        then ``EVAL`` goes by key."""
+        try:
+            return await script(keys=keys, args=args)
+        except NoScriptError:
+            return await self.redis.eval(script.script, len(keys), *keys, *args)
+
     def close(self) -> None:
         if self.direct is not None:
             self.direct.close()
+
+
+def _errors_as_redis_py(reply: Any) -> Any:
+    """A script's reply read by hiredis, with each error among its items as redis-py's
+    ``ResponseError`` (as the client gives them)."""
+    if isinstance(reply, list):
+        return [ResponseError(str(r)) if isinstance(r, ReplyError) else r for r in reply]
+    return reply
 
 
 def as_resp(name: str, reply: Any) -> Any:
