@@ -210,14 +210,14 @@ async def test_a_batch_whose_bare_call_fails_at_once_goes_through_the_client(
     made again through the client (which loads it), with what is left of its timeout."""
     log = SessionLog(store)
     through_client = 0
-    script = log.appender.script
+    script = log.appender.calls.run_script
 
     async def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal through_client
         through_client += 1
         return await script(*args, **kwargs)
 
-    log.appender.script = counted  # type: ignore[method-assign]
+    log.appender.calls.run_script = counted  # type: ignore[method-assign]
     try:
         created = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
         await log.create("t", "s", created)

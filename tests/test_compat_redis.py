@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import (
     ClusterNode,
     ClusterPipeline,
@@ -28,7 +27,6 @@ from broker.compat.redis import (
     RELOADERS,
     GatedCluster,
     ReloadingCluster,
-    answers_ping,
     gated,
     packed_by_hiredis,
 )
@@ -240,22 +238,3 @@ async def test_a_reload_the_gate_closed_under_fails_with_the_gates_error() -> No
         assert isinstance(refused.value.__context__.__cause__, _Refused)  # the node's
     finally:
         await client.aclose()
-
-
-async def test_redis_py_parses_a_decoded_bulk_reply_to_ping_as_a_message_of_its_first_letter() -> (
-    None
-):
-    """What :func:`answers_ping` assumes: Redis 7.0 answers a ``PING`` on a connection
-    subscribed to shard channels alone with a bulk string, which redis-py takes for a pong
-    as bytes only; every pub/sub message keeps its own type."""
-    pubsub = PubSub(ConnectionPool(), ignore_subscribe_messages=False)
-    as_bytes = await pubsub.handle_message(b"acpb:probe:1")
-    assert as_bytes is not None and as_bytes["type"] == "pong"
-    decoded = await pubsub.handle_message("acpb:probe:1")
-    assert decoded is not None and decoded["type"] == "a"  # the data is lost
-    assert answers_ping(decoded) and answers_ping(as_bytes)
-    pong = await pubsub.handle_message(["pong", "acpb:probe:1"])
-    assert pong is not None and answers_ping(pong)
-    for reply in (["smessage", "ch", "x"], ["ssubscribe", "ch", 1], ["message", "ch", "x"]):
-        message = await pubsub.handle_message(reply)
-        assert message is not None and not answers_ping(message), message

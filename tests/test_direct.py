@@ -193,7 +193,10 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
             assert await direct.read(
                 "t", "sess_0001", after=after, until=until, count=count
             ) == await client.read("t", "sess_0001", after=after, until=until, count=count)
-        assert direct.reader.direct is not None and direct.reader.direct._connection is not None
+        assert (
+            direct.reader.calls.direct is not None
+            and direct.reader.calls.direct._connection is not None
+        )
         # An entry whose fields are in another order reads the same.
         key = SessionKeys("t", "sess_0001").log
         await store.xadd(key, {"ev": '{"type":"update","update":{}}', "ts": "7"}, id="42-0")
@@ -232,7 +235,9 @@ async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_
             await target.hset(keys.meta, "k", '"v"')
         await store.set(SessionKeys("t", "sess_0001").lease, "host-a")
         direct = await log.snapshot_and_holder("t", "sess_0001")
-        assert log.reader.direct is not None and log.reader.direct._connection is not None
+        assert (
+            log.reader.calls.direct is not None and log.reader.calls.direct._connection is not None
+        )
         assert direct[1] == "host-a" and direct[0] == await log.snapshot("t", "sess_0001")
         assert direct[0].meta == {"k": "v"} and direct[0].seq == 7
         assert await on_client.snapshot_and_holder("t", "sess_0001") == (direct[0], None)
@@ -324,3 +329,73 @@ async def test_calls_asked_before_a_cut_fail_and_the_next_ones_reconnect(redis_u
     finally:
         direct.close()
         await store.aclose()
+
+
+async def test_a_call_written_once_reads_the_same_on_every_path(redis_url: str) -> None:
+    """``StoreCalls``: the bare connection, the client of the same server and the embedded
+    store give one shape of reply (RESP's) to the same commands."""
+    from broker.store.direct import store_calls
+
+    server: Any = connect(redis_url)
+    embedded: Any = connect(None)
+    paths = [
+        (server, store_calls(server)),
+        (server, store_calls(server, bare=False)),
+        (embedded, store_calls(embedded)),
+    ]
+    commands = [
+        ("HGETALL", "{s}:h"),
+        ("HGETALL", "{s}:none"),
+        ("HMGET", "{s}:h", "a", "z"),
+        ("XRANGE", "{s}:x", "-", "+"),
+        ("XRANGE", "{s}:x", "(1-0", "+", "COUNT", 1),
+        ("GET", "{s}:none"),
+        ("ZRANGE", "{s}:z", 0, -1),
+    ]
+    try:
+        replies = []
+        for target, calls in paths:
+            await target.delete("{s}:h", "{s}:x", "{s}:z")
+            await target.hset("{s}:h", mapping={"a": "1", "b": "é"})
+            await target.xadd("{s}:x", {"ts": "5", "ev": "{}"}, id="1-0")
+            await target.xadd("{s}:x", {"ev": "{}", "ts": "6"}, id="2-0")
+            await target.zadd("{s}:z", {"m1": 1, "m2": 2})
+            replies.append(await calls.calls(*commands))
+            assert [await calls.call(*c) for c in commands] == replies[-1]
+        assert replies[0] == replies[1] == replies[2]
+        assert replies[0][0] == ["a", "1", "b", "é"]
+        assert replies[0][3] == [["1-0", ["ts", "5", "ev", "{}"]], ["2-0", ["ev", "{}", "ts", "6"]]]
+        assert paths[0][1].direct is not None and paths[0][1].direct._connection is not None
+        assert paths[1][1].direct is None and paths[2][1].direct is None
+    finally:
+        for _, calls in paths:
+            calls.close()
+        await server.aclose()
+        await embedded.aclose()
+
+
+async def test_a_call_written_once_fails_fast_on_both_paths_while_the_store_is_away(
+    redis_url: str,
+) -> None:
+    """While the store's breaker is open, the bare connection sends nothing and neither
+    does the client it falls back to: the call fails at once with ``StoreAway``."""
+    from broker.store.breaker import StoreAway, breaker_of
+    from broker.store.direct import store_calls
+
+    server: Any = connect(redis_url)
+    calls = store_calls(server)
+    breaker = breaker_of(server)
+    assert breaker is not None and calls.direct is not None
+    try:
+        assert await calls.call("GET", "k") is None  # the bare connection is open
+        breaker.open(RedisConnectionError("test: the store is away"))
+        with pytest.raises(StoreAway):
+            await calls.call("GET", "k")
+        with pytest.raises(StoreAway):
+            await calls.calls(("GET", "k"), ("GET", "j"))
+        breaker.close()
+        assert await calls.calls(("GET", "k")) == [None]
+    finally:
+        breaker.close()
+        calls.close()
+        await server.aclose()

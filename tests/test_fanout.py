@@ -179,7 +179,7 @@ async def test_a_deaf_subscription_is_noticed_and_nothing_is_lost(broker, url: s
     client, session_id = await _a_session_checked_often(broker, url)
     hub = broker.hub
     # Make the subscription deaf: unsubscribe behind the hub's back.
-    await hub._pubsub.sunsubscribe(*hub._feeds, hub.node_channel)
+    await hub._live.sunsubscribe(*hub._feeds, hub.node_channel)
     reply = await client.call(
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 5")}
     )

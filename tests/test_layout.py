@@ -138,6 +138,70 @@ def test_a_part_does_not_import_what_it_must_not(importer: str, imported: str) -
     assert _importers(importer, imported) == []
 
 
+ROLES = ("broker.front", "broker.clients", "workers")
+"""The roles: what they need of the store goes through its interfaces (``Store``, the live
+feed, the log, the index, the queues), whatever the store's topology."""
+
+TOPOLOGY_MODULES = (
+    "broker.store.raw",  # bare connections
+    "broker.store.direct",
+    "broker.store.subscriber",  # the live feed's engines, chosen by broker.store.live
+    "broker.store.cluster_feed",
+    "broker.store.cluster",
+    "broker.store.sentinel",
+)
+"""Store modules that know one topology: only the store itself imports them."""
+
+TOPOLOGY_NAMES = frozenset(
+    {
+        "Topology",
+        "topology",
+        "is_cluster",
+        "is_single_server",
+        "cluster_client",
+        "server_client",
+        "open_subscriber",
+        "direct_calls",
+        "bare_options",
+    }
+)
+"""Names of :mod:`broker.store.client` (and formerly elsewhere) that tell or use the
+store's topology."""
+
+
+def _role_modules() -> list[str]:
+    return [n for n in MODULES if any(n == r or n.startswith(r + ".") for r in ROLES)]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_role_does_not_import_a_topologys_module(role: str) -> None:
+    found = [
+        (name, target)
+        for name in _role_modules()
+        if name == role or name.startswith(role + ".")
+        for target in GRAPH[name]
+        if target in TOPOLOGY_MODULES
+    ]
+    assert found == []
+
+
+def test_a_role_does_not_ask_the_stores_topology() -> None:
+    found = []
+    for name in _role_modules():
+        tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = {alias.name for alias in node.names}
+            elif isinstance(node, ast.Attribute):
+                names = {node.attr}
+            elif isinstance(node, ast.Name):
+                names = {node.id}
+            else:
+                continue
+            found += [(name, n) for n in sorted(names & TOPOLOGY_NAMES)]
+    assert found == []
+
+
 # -- the shape of the code ---------------------------------------------------------------------
 
 LIBRARIES = ("websockets", "uvicorn", "redis", "starlette", "h11", "hiredis")

@@ -291,7 +291,7 @@ async def test_a_running_projector_takes_agent_updates_in_place(
             await task
     assert sum(touched) >= 4  # the chunks after the creation and after the rename
     if store_kind == "redis":
-        assert projector._reads  # the feeds were read on the bare connection
+        assert projector.reads.bare  # the feeds were read on the bare connection
     fast = await _whole_index(store, tenant)
     alone = SessionIndex(store)
     await alone.project(await log.snapshot(tenant, session_id), force=True)

@@ -10,19 +10,14 @@ import pytest
 import redis.asyncio as redis
 
 from broker.store.client import connect
-from broker.store.subscriber import (
-    BatchSubscriber,
-    Message,
-    RedisPySubscriber,
-    Subscriber,
-    open_subscriber,
-)
+from broker.store.live import LiveFeed, Message, open_live_feed
+from broker.store.subscriber import BatchSubscriber, RedisPySubscriber
 from tests.support.redis_server import password_server
 
 TIMEOUT = 10.0
 
 
-async def _read_until(sub: Subscriber, count: int, kind: str = "smessage") -> list[Message]:
+async def _read_until(sub: LiveFeed, count: int, kind: str = "smessage") -> list[Message]:
     """Read (bounded) until ``count`` messages of ``kind`` have arrived."""
     got: list[Message] = []
     async with asyncio.timeout(TIMEOUT):
@@ -31,7 +26,7 @@ async def _read_until(sub: Subscriber, count: int, kind: str = "smessage") -> li
     return got
 
 
-async def _hears_what_is_published(sub: Subscriber, store: Any) -> None:
+async def _hears_what_is_published(sub: LiveFeed, store: Any) -> None:
     """Subscribe, publish one message, read it; then close the subscriber."""
     try:
         await sub.ssubscribe("{a}:one")
@@ -46,8 +41,8 @@ async def test_a_single_server_gets_the_batch_reader_and_others_redis_py(redis_u
     store = connect(redis_url)
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     try:
-        assert isinstance(open_subscriber(store), BatchSubscriber)
-        assert isinstance(open_subscriber(embedded), RedisPySubscriber)
+        assert isinstance(open_live_feed(store), BatchSubscriber)
+        assert isinstance(open_live_feed(embedded), RedisPySubscriber)
     finally:
         await store.aclose()
         await embedded.aclose()
@@ -55,7 +50,7 @@ async def test_a_single_server_gets_the_batch_reader_and_others_redis_py(redis_u
 
 async def test_messages_arrive_in_order_with_their_confirmations(redis_url: str) -> None:
     store = connect(redis_url)
-    sub = open_subscriber(store)
+    sub = open_live_feed(store)
     try:
         await sub.ssubscribe("{a}:one", "{b}:two")
         confirmed = await _read_until(sub, 2, kind="ssubscribe")
@@ -82,7 +77,7 @@ async def test_a_dropped_connection_is_reported_then_reopened_with_every_channel
     redis_url: str,
 ) -> None:
     store: Any = connect(redis_url)
-    sub = open_subscriber(store)
+    sub = open_live_feed(store)
     try:
         await sub.ssubscribe("{a}:one", "{b}:two")
         await _read_until(sub, 2, kind="ssubscribe")
@@ -101,7 +96,7 @@ async def test_a_dropped_connection_is_reported_then_reopened_with_every_channel
 
 
 async def test_a_closed_subscriber_reads_nothing(redis_url: str) -> None:
-    sub = open_subscriber(connect(redis_url))
+    sub = open_live_feed(connect(redis_url))
     await sub.ssubscribe("{a}:one")
     await sub.aclose()
     with pytest.raises(ConnectionError):
@@ -111,9 +106,9 @@ async def test_a_closed_subscriber_reads_nothing(redis_url: str) -> None:
 def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -> None:
     async def check(url: str) -> None:
         store = connect(url.replace("redis://", "redis://:s3cret@"))
-        await _hears_what_is_published(open_subscriber(store), store)
+        await _hears_what_is_published(open_live_feed(store), store)
         await store.aclose()
-        wrong = open_subscriber(connect(url.replace("redis://", "redis://:wrong@")))
+        wrong = open_live_feed(connect(url.replace("redis://", "redis://:wrong@")))
         with pytest.raises(ConnectionError, match="handshake refused: WRONGPASS"):
             await wrong.ssubscribe("{a}:one")
         await wrong.aclose()
@@ -131,7 +126,7 @@ async def test_the_redis_py_engine_reads_the_same_messages() -> None:
 async def test_an_unreachable_server_is_a_connection_error() -> None:
     from tests.support.redis_server import free_port
 
-    sub = open_subscriber(redis.Redis(port=free_port()))
+    sub = open_live_feed(redis.Redis(port=free_port()))
     with pytest.raises(ConnectionError):
         await sub.ssubscribe("{a}:one")
     await sub.aclose()

@@ -11,18 +11,15 @@ bytes redis-py's own packer makes, so an upgrade that changes either fails there
 :func:`gated` mixes in another override of ``pack_command``, which asks a :class:`Gate`
 first (the store's breaker, :mod:`broker.store.breaker`); :class:`GatedCluster` asks it
 before redis-py's cluster machinery runs, and installs the gated connection class in the
-cluster's node factory. :func:`answers_ping` knows how redis-py parses a reply to a
-``PING`` on a pub/sub connection. ``tests/test_compat_redis.py`` checks what each assumes.
+cluster's node factory. ``tests/test_compat_redis.py`` checks what each assumes.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from redis.asyncio import RedisCluster
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.connection import AbstractConnection
 from redis.connection import HiredisRespSerializer
@@ -194,21 +191,3 @@ class GatedClusterPipeline(ClusterPipeline):
                 await self.reset()  # as redis-py's own execute leaves it
                 raise
         return await super().execute(raise_on_error, allow_redirections)
-
-
-PUBSUB_TYPES = frozenset(
-    {*PubSub.PUBLISH_MESSAGE_TYPES, *PubSub.UNSUBSCRIBE_MESSAGE_TYPES}
-    | {"subscribe", "psubscribe", "ssubscribe"}
-)
-"""The types of the pub/sub messages redis-py parses (the pong aside)."""
-
-
-def answers_ping(message: Mapping[str, Any]) -> bool:
-    """Whether ``message``, as redis-py's pub/sub parsed it, is the reply to a ``PING`` sent
-    on its connection: a pong, or what redis-py makes of the reply of a Redis (7.0) that
-    answers a ``PING`` on a connection subscribed to shard channels alone as outside pub/sub,
-    with a bulk string. redis-py takes such a reply for a pong when it is bytes; decoded (a
-    ``str``) it parses it as a message whose type is its first character, and the ``PING``'s
-    data is lost (replies come in order: the caller knows which ``PING`` it answers)."""
-    kind = message.get("type")
-    return kind == "pong" or kind not in PUBSUB_TYPES

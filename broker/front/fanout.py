@@ -26,13 +26,12 @@ from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
-from ..store.client import Store, cluster_client, is_cluster
-from ..store.cluster import follow_redirect
+from ..store.client import Store
 from ..store.events import LogEvent
 from ..store.keys import SessionKeys, node_channel
+from ..store.live import LiveFeed, Message, open_live_feed
 from ..store.log import SessionLog, SessionMissing
 from ..store.retry import STORE_AWAY
-from ..store.subscriber import Message, open_subscriber
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +95,9 @@ class FanoutHub:
         self.node_channel = node_channel(self.node_id)
         self.listener: HubListener | None = None
         self._feeds: dict[str, SessionFeed] = {}
-        self._pubsub: Any = None
+        self._live: LiveFeed | None = None  # the subscriptions (see broker.store.live)
         self._tasks: list[asyncio.Task[Any]] = []
         self._process_lock = asyncio.Lock()
-        self._node_readers: dict[str, asyncio.Task[Any]] = {}
-        self._replacing = False
         self._readers: list[asyncio.Task[Any]] = []
         self._probes_unanswered = 0
         self.read_failures = FailureLog(log, "pub/sub read")
@@ -108,49 +105,27 @@ class FanoutHub:
         self.catch_up_failures = FailureLog(log, "catch-up read")
 
     async def start(self) -> None:
-        if is_cluster(self.redis):
-            await cluster_client(self.redis).initialize()  # pub/sub needs the slot map first
         await self._subscribe()
         self._tasks.append(asyncio.create_task(self._check_loop(), name="hub-position-check"))
 
     async def _subscribe(self) -> None:
-        """Open the subscription connection(s): this node's channel, every live session's."""
-        cluster = is_cluster(self.redis)
-        self._pubsub = self.redis.pubsub() if cluster else open_subscriber(self.redis)
-        await self._pubsub.ssubscribe(self.node_channel)
+        """Open the subscriptions: this node's channel, every live session's."""
+        self._live = live = open_live_feed(self.redis)
+        await live.ssubscribe(self.node_channel)
         for channel in self._feeds:
-            await self._pubsub.ssubscribe(channel)
-        if is_cluster(self.redis):
-            self._watch_cluster_nodes()
-        else:
-            self._readers.append(asyncio.create_task(self._read_loop(), name="hub-reader"))
+            await live.ssubscribe(channel)
+        self._readers.append(asyncio.create_task(self._read_loop(live), name="hub-reader"))
 
     async def _resubscribe(self) -> None:
         """The subscription went deaf: start it over, then fill the gap from the logs."""
         log.warning("pub/sub liveness probe unanswered: resubscribing")
         readers, self._readers = self._readers, []
-        self._node_readers.clear()
-        self._replacing = True  # no reader of the old subscription made meanwhile
-        try:
-            await cancel_and_wait(*readers)
+        await cancel_and_wait(*readers)
+        if self._live is not None:
             with contextlib.suppress(Exception):  # the deaf subscription: replaced just below
-                await self._pubsub.aclose()
-        finally:
-            self._replacing = False
+                await self._live.aclose()
         await self._subscribe()
         self._probes_unanswered = 0
-
-    def _watch_cluster_nodes(self) -> None:
-        """One reader per cluster node the subscriptions live on (nodes change on failover
-        and resharding); none while the subscription is being made again."""
-        if self._replacing:
-            return
-        for name in list(self._pubsub.node_pubsub_mapping):
-            reader = self._node_readers.get(name)
-            if reader is None or reader.done():
-                task = asyncio.create_task(self._read_loop(name), name=f"hub-reader-{name}")
-                self._node_readers[name] = task
-                self._readers.append(task)
 
     def loops(self) -> list[asyncio.Task[Any]]:
         """The hub's loops: the position check and the pub/sub reader(s)."""
@@ -168,9 +143,9 @@ class FanoutHub:
 
     async def stop(self) -> None:
         await cancel_and_wait(*self._tasks, *self._readers)
-        if self._pubsub is not None:
+        if self._live is not None:
             with contextlib.suppress(Exception):  # stopping: nothing reads it any more
-                await self._pubsub.aclose()
+                await self._live.aclose()
 
     async def join(self, tenant: str, session_id: str, subscriber: Subscriber) -> int:
         """Subscribe ``subscriber`` to a session; it gets every event after the returned seq.
@@ -209,7 +184,7 @@ class FanoutHub:
             # Best effort: the open's own error is raised; a stray channel only costs
             # messages nobody reads, until the resubscription after a fault drops it.
             with contextlib.suppress(Exception):
-                await self._pubsub.sunsubscribe(feed.keys.channel)
+                await self._subscriptions().sunsubscribe(feed.keys.channel)
             raise
 
     async def leave(self, tenant: str, session_id: str, subscriber: Subscriber) -> None:
@@ -224,16 +199,19 @@ class FanoutHub:
             # Nobody here watches it any more: a channel left subscribed only costs messages
             # nobody reads, until the resubscription after a fault drops it.
             with contextlib.suppress(Exception):
-                await self._pubsub.sunsubscribe(channel)
+                await self._subscriptions().sunsubscribe(channel)
 
     def subscribers(self, session_id: str, tenant: str) -> list[Subscriber]:
         feed = self._feeds.get(SessionKeys(tenant, session_id).channel)
         return list(feed.subscribers) if feed else []
 
+    def _subscriptions(self) -> LiveFeed:
+        if self._live is None:
+            raise RuntimeError("the fan-out hub is not started")
+        return self._live
+
     async def _open(self, feed: SessionFeed) -> None:
-        await self._pubsub.ssubscribe(feed.keys.channel)
-        if is_cluster(self.redis):
-            self._watch_cluster_nodes()
+        await self._subscriptions().ssubscribe(feed.keys.channel)
         await asyncio.wait_for(asyncio.shield(feed.confirmed), 10.0)
         snap = await self.redis.hmget(feed.keys.snapshot, ["seq", "epoch"])
         if snap[0] is None:
@@ -245,31 +223,14 @@ class FanoutHub:
                 await self._accept(feed, seq, epoch, event)
         feed.ready.set_result(None)
 
-    async def _read_loop(self, node_name: str | None = None) -> None:
-        """Read live messages: from the one connection, or from one cluster node's."""
+    async def _read_loop(self, live: LiveFeed) -> None:
+        """Read the live messages and handle them, a read's batch at a time."""
         while True:
             try:
-                if node_name is None:
-                    messages = await self._pubsub.read_batch()
-                elif self._node_readers.get(node_name) is not asyncio.current_task():
-                    return  # replaced: two readers of one connection fail each other
-                elif node_name not in self._pubsub.node_pubsub_mapping:
-                    self._node_readers.pop(node_name, None)
-                    return  # that node no longer holds any of our subscriptions
-                elif (node := cluster_client(self.redis).get_node(node_name=node_name)) is None:
-                    # Not in the client's map now (it is being reloaded): without a node,
-                    # redis-py would read every node's connection, under their own readers.
-                    await asyncio.sleep(0.1)
-                    continue
-                else:
-                    message = await self._pubsub.get_sharded_message(target_node=node, timeout=1.0)
-                    messages = [] if message is None else [message]
-                    self._watch_cluster_nodes()  # a channel whose slot moved: its new node
+                messages = await live.read_batch()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                if node_name is not None and await follow_redirect(cluster_client(self.redis), exc):
-                    continue  # an ssubscribe sent to a slot's old owner: it moves now
+            except Exception as exc:  # the feed reconnects on the next read
                 self.read_failures.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -318,7 +279,7 @@ class FanoutHub:
             # node (or the client moved the subscription there). Subscribe where it is now;
             # what was published meanwhile comes from the log (the next seq's gap, or the
             # position check).
-            await self._pubsub.ssubscribe(channel)
+            await self._subscriptions().ssubscribe(feed.keys.channel)
             return
         if kind != "smessage":
             return
@@ -408,8 +369,6 @@ class FanoutHub:
         would only do the work twice. The snapshots are read a slice at a time, so that a
         node with thousands of sessions does not stall its deliveries while it checks.
         """
-        if is_cluster(self.redis):
-            self._watch_cluster_nodes()
         quiet = []
         for feed in self._feeds.values():
             if feed.heard:

@@ -56,19 +56,18 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..compat.redis import answers_ping
 from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from ..ops import metrics
 from ..store.breaker import StoreBreaker, breaker_of
-from ..store.client import Store, cluster_client, is_cluster
+from ..store.client import Store
 from ..store.keys import INDEX_CHANNEL
-from ..store.subscriber import Message, open_subscriber
+from ..store.live import LiveFeed, Message, open_live_feed
 
 log = logging.getLogger(__name__)
 
@@ -409,50 +408,6 @@ class HeldPages:
         )
 
 
-class _ClusterChannel:
-    """The channel through redis-py's cluster pub/sub: one connection, to the node that
-    holds the channel's slot (found afresh on every subscription)."""
-
-    def __init__(self, redis: Store) -> None:
-        self._redis = cluster_client(redis)
-        self._pubsub = redis.pubsub()
-        self._node: Any = None
-        self._pings: deque[str] = deque()  # sent, not yet answered, oldest first
-
-    async def ssubscribe(self, channel: str) -> None:
-        await self._redis.initialize()
-        await self._pubsub.ssubscribe(channel)
-        self._node = self._redis.get_node_from_key(channel)
-
-    async def read_batch(self) -> list[Message]:
-        if self._node is None or self._node.name not in self._pubsub.node_pubsub_mapping:
-            # The node gave the channel up (a failover: ``sunsubscribe``): redis-py would
-            # answer None at once, without waiting, for ever.
-            raise ConnectionError("the channel's node holds no subscription of ours")
-        message = await self._pubsub.get_sharded_message(target_node=self._node, timeout=1.0)
-        if message is None:
-            return []
-        if answers_ping(message):  # the oldest ping's (its data may not come back with it)
-            message = {"type": "pong", "data": self._pings.popleft() if self._pings else None}
-        return [message]
-
-    async def ping(self, data: str) -> bool:
-        """``PING`` on the connection to the channel's node (its pong comes back there)."""
-        pubsub = self._pubsub.node_pubsub_mapping.get(self._node.name) if self._node else None
-        if pubsub is None:
-            raise ConnectionError("the channel's node holds no subscription of ours")
-        self._pings.append(data)  # before: its answer may be read before ping() returns
-        try:
-            await pubsub.ping(data)
-        except BaseException:
-            self._pings.pop()
-            raise
-        return True
-
-    async def aclose(self) -> None:
-        await self._pubsub.aclose()
-
-
 class IndexListener(Protocol):
     """What else hears the index's announcements (:class:`~.list_changes.ListChanges`)."""
 
@@ -488,7 +443,7 @@ class IndexWatch:
         self._probe = f"{PROBE_MARK}{secrets.token_hex(8)}:"
         self._sent = 0
         self._heard = 0
-        self._channel: Any = None  # the subscription the reader holds, while it holds one
+        self._channel: LiveFeed | None = None  # the reader's subscription, while it holds one
         self._reader: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
         self.failures = FailureLog(log, "index announcements")
@@ -512,9 +467,7 @@ class IndexWatch:
         if previous is not None:
             await cancel_and_wait(previous)
         while True:
-            channel: Any = _ClusterChannel(self.redis) if is_cluster(self.redis) else None
-            if channel is None:
-                channel = open_subscriber(self.redis)
+            channel = open_live_feed(self.redis)
             try:
                 self._channel = channel
                 await channel.ssubscribe(INDEX_CHANNEL)

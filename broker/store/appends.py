@@ -10,14 +10,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
 
-from hiredis import ReplyError
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from ..ops import metrics, tracing
 from .client import Store, is_cluster
-from .direct import DirectCalls
+from .direct import DirectCalls, StoreCalls
 from .durability import replicated
 from .events import (
     EventType,
@@ -64,8 +62,9 @@ class LogAppender:
         max_events: int,
     ) -> None:
         self.redis = redis
-        self.direct_appends: DirectCalls | None = direct
-        """Where :meth:`append_many` goes first on a single server (opened on first use)."""
+        self.calls = StoreCalls(redis, direct)
+        """Where :meth:`append_many` goes: first on a bare connection on a single server
+        (opened on first use)."""
         self.restore = restore
         self.feed_maxlen = feed_maxlen
         self.max_events = max_events
@@ -80,7 +79,7 @@ class LogAppender:
         :mod:`.durability`); 0: no waiting. Appends then go through the client."""
         if replicas and not is_cluster(self.redis):
             self._wait = (replicas, timeout)
-            self.direct_appends = None
+            self.calls = StoreCalls(self.redis, None)
 
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
         """Start a new log with its ``created`` event, under a fresh random epoch."""
@@ -267,54 +266,38 @@ class LogAppender:
         metrics.EVENTS_APPENDED.inc()
         return Position(int(seq), str(got_epoch))
 
+    @property
+    def direct_appends(self) -> DirectCalls | None:
+        """The bare connection :meth:`append_many` goes on first (None: there is none)."""
+        return self.calls.direct
+
     async def _batch_script(self, keys: list[str], args: list[Any]) -> list[Any]:
         """One ``append_batch.lua`` call: its replies, an event's error as ``ResponseError``.
 
-        On a single server it goes on a bare connection (:mod:`.direct`): redis-py's layers
-        (its packing walks the ~900 arguments of 64 events once more in Python, then the
-        pool, the retry and the timeout) were about half of a batch append's CPU in the
-        agent host's process. Anything going wrong there (a cut or stalled connection, an
-        error reply for the whole call: an unknown script, a full store) sends the same call
-        again through the client, which knows how to recover: every append in it carries
-        its call id, so one the first try applied appends nothing the second time.
-
-        Both tries share one deadline, the bare connection's reply timeout: a stalled
-        server fails the call once it passed, not after the client's timeout again. The
-        bare connection's first open (connect, AUTH, SELECT) shares it too: a handshake
-        answered late leaves the script only what is left."""
-        direct = self.direct_appends
-        if direct is None:
+        On a single server it goes on a bare connection (:meth:`.StoreCalls.script`):
+        redis-py's layers (its packing walks the ~900 arguments of 64 events once more in
+        Python, then the pool, the retry and the timeout) were about half of a batch
+        append's CPU in the agent host's process. Anything going wrong there sends the same
+        call again through the client, within the same deadline: every append in it carries
+        its call id, so one the first try applied appends nothing the second time."""
+        if self._wait is not None:
             return list(await self.script(self._append_batch, keys, args))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + direct.timeout
-        sha = self._append_batch.sha
         try:
-            replies = await direct.call("EVALSHA", sha, len(keys), *keys, *args, deadline=deadline)
-        except RedisError:
-            if loop.time() >= deadline:
-                raise  # stalled a whole timeout: the caller tries again, with the call ids
-        else:
-            return [ResponseError(str(r)) if isinstance(r, ReplyError) else r for r in replies]
-        try:
-            async with asyncio.timeout_at(deadline):
-                return list(await self.script(self._append_batch, keys, args))
-        except TimeoutError:
-            raise RedisTimeoutError(f"no reply within {direct.timeout:g} s") from None
+            return list(await self.calls.script(self._append_batch, keys, args))
+        except ResponseError as exc:
+            if is_oom(exc):
+                raise StoreFull(str(exc)) from None
+            raise
 
     async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
-        """Call one of the log's scripts."""
+        """Call one of the log's scripts, through the client."""
         try:
             if self._wait is not None and script in (self._append, self._append_batch):
                 replicas, timeout = self._wait
                 return await replicated(
                     self.redis, script, keys, args, replicas=replicas, timeout=timeout
                 )
-            try:
-                return await script(keys=keys, args=args)
-            except NoScriptError:
-                # A node that just became a master may not know the script, and redis-py's
-                # reload can go to the nodes it knew before the failover: EVAL goes by key.
-                return await self.redis.eval(script.script, len(keys), *keys, *args)
+            return await self.calls.run_script(script, keys, args)
         except ResponseError as exc:
             if is_oom(exc):
                 raise StoreFull(str(exc)) from None

@@ -6,18 +6,29 @@ dispatcher and a stream reader on its way out and back: 73 µs of CPU a call, wh
 connection spends 30 (``python -m bench requests``). :class:`DirectCalls` keeps one
 :class:`~.raw.RawConnection` to the store's server (its credentials, its database), on
 which calls overlap as Redis pipelines them. When anything goes wrong (a cut connection,
-an error reply) the caller makes the call again through the client,
-which knows how to recover; the connection is opened afresh on the next call.
+an error reply) the call is made again through the client,
+which knows how to recover; the connection is opened afresh on the next call. (The 73
+and 30 µs were measured on a script call, when a page was one.)
 
-(The 73 and 30 µs were measured on a script call, when a page was one.)
+Callers write a call once, on :class:`StoreCalls` (:func:`store_calls`), which makes that
+choice: the bare connection where the topology allows one (a single server over plain TCP or
+a Unix socket), the client otherwise (a cluster, TLS, a Sentinel master, the embedded store)
+and whenever the bare connection fails; either way the reply has one shape (RESP's). Both
+paths fail alike while the store is away: the bare connection honours the client's breaker
+(:mod:`.breaker`), and the client it falls back to retries as every call through it does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
+from hiredis import ReplyError
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .breaker import StoreBreaker, breaker_of
 from .client import Store
@@ -115,3 +126,107 @@ class DirectCalls:
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
+
+
+def store_calls(redis: Store, *, bare: bool = True, encoding: str | None = "utf-8") -> StoreCalls:
+    """:class:`StoreCalls` on ``redis``; ``bare``: on a bare connection where the topology
+    allows one (else always through the client)."""
+    return StoreCalls(redis, direct_calls(redis, encoding) if bare else None)
+
+
+class StoreCalls:
+    """Commands whose callers write them once, in the shape RESP gives their replies: on a
+    bare connection (:class:`DirectCalls`) where there is one, else through the client;
+    and through the client again when the bare connection fails (a cut connection, an
+    error reply, the breaker open), which knows how to recover and fails as every other
+    call through it does (its breaker, its reconnecting retry). The client's replies are
+    put back in RESP's shape (:func:`as_resp`)."""
+
+    def __init__(self, redis: Store, direct: DirectCalls | None) -> None:
+        self.redis = redis
+        self.direct = direct
+        """The bare connection's calls; None where the client carries every call."""
+
+    async def call(self, *command: Any, bare: bool = True) -> Any:
+        """The reply to ``command``; ``bare=False``: through the client only (the bare
+        connection just failed it)."""
+        if self.direct is not None and bare:
+            with contextlib.suppress(RedisError):  # the client's way recovers from anything
+                return await self.direct.call(*command)
+        return as_resp(command[0], await self.redis.execute_command(*command))
+
+    async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
+        """The replies to several commands sent together (one round trip on one server);
+        ``shared``: reads whose replies may be shared (see :class:`~.raw.RawConnection`)."""
+        if self.direct is not None:
+            with contextlib.suppress(RedisError):  # the client's way recovers from anything
+                return await self.direct.calls(*commands, shared=shared)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = await pipe.execute()
+        return [as_resp(c[0], r) for c, r in zip(commands, replies, strict=True)]
+
+    async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """The reply of ``script`` (what ``redis.register_script`` made) run on ``keys`` and
+        ``args``, an error among its replies as ``ResponseError``: by ``EVALSHA`` on the bare
+        connection, else (or when that fails: an unknown script, a cut or stalled
+        connection, the breaker open) through the client (:meth:`run_script`).
+
+        Both tries share one deadline, the bare connection's reply timeout: a stalled
+        server fails the call once it passed, not after the client's timeout again. The
+        bare connection's first open (connect, AUTH, SELECT) shares it too. A script sent
+        twice must be one that a second run does no harm (the log's appends carry their
+        call ids)."""
+        direct = self.direct
+        if direct is None:
+            return await self.run_script(script, keys, args)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + direct.timeout
+        try:
+            reply = await direct.call(
+                "EVALSHA", script.sha, len(keys), *keys, *args, deadline=deadline
+            )
+        except RedisError:
+            if loop.time() >= deadline:
+                raise  # stalled a whole timeout: the caller decides whether to try again
+        else:
+            return _errors_as_redis_py(reply)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self.run_script(script, keys, args)
+        except TimeoutError:
+            raise RedisTimeoutError(f"no reply within {direct.timeout:g} s") from None
+
+    async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """``script`` run through the client. A node that just became a master may not know
+        the script, and redis-py's reload can go to the nodes it knew before the failover:
+        then ``EVAL`` goes by key."""
+        try:
+            return await script(keys=keys, args=args)
+        except NoScriptError:
+            return await self.redis.eval(script.script, len(keys), *keys, *args)
+
+    def close(self) -> None:
+        if self.direct is not None:
+            self.direct.close()
+
+
+def _errors_as_redis_py(reply: Any) -> Any:
+    """A script's reply read by hiredis, with each error among its items as redis-py's
+    ``ResponseError`` (as the client gives them)."""
+    if isinstance(reply, list):
+        return [ResponseError(str(r)) if isinstance(r, ReplyError) else r for r in reply]
+    return reply
+
+
+def as_resp(name: str, reply: Any) -> Any:
+    """``reply`` as a bare connection reads it: redis-py's reply callbacks undone for the
+    commands read through :class:`StoreCalls` whose shape they change (a hash's fields and
+    values as one flat list, a stream entry's too)."""
+    kind = name.upper()
+    if kind == "HGETALL" and isinstance(reply, dict):
+        return [x for pair in reply.items() for x in pair]
+    if kind in ("XRANGE", "XREVRANGE") and isinstance(reply, list):
+        return [[i, [x for pair in (f or {}).items() for x in pair]] for i, f in reply]
+    return reply

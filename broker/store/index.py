@@ -46,7 +46,7 @@ from redis.exceptions import NoScriptError, RedisError
 from .. import fastjson
 from .catalog import catalog_entries
 from .client import Store, is_cluster
-from .direct import direct_calls
+from .direct import store_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
 from .keys import INDEX_CHANNEL, TenantKeys
@@ -429,7 +429,8 @@ class SessionIndex:
         self._project = redis.register_script(_script("project.lua"))
         self._touch = redis.register_script(_script("touch.lua"))
         # Replies as bytes: a page's texts go on to the client's frame as they were read.
-        self._direct = direct_calls(redis, encoding=None)
+        self._calls = store_calls(redis, encoding=None)
+        self._direct = self._calls.direct
         self._versions: dict[tuple[str, str], tuple[str, Version | None, bool | None]] = {}
         """(tenant, session) -> the version last written or read by :meth:`project_many`
         (its text, itself) and whether the row written shows the updated time as its
@@ -768,10 +769,7 @@ class SessionIndex:
         return page_of(connection.result(future), limit)
 
     async def _read(self, *command: Any, direct: bool = True) -> Any:
-        if self._direct is not None and direct:
-            with contextlib.suppress(RedisError):  # the client's way recovers from anything
-                return await self._direct.call(*command)
-        return await self.redis.execute_command(*command)
+        return await self._calls.call(*command, bare=direct)
 
     async def _bare_page(self, tenant: str, members: list[bytes], limit: int) -> Page:
         """A page where some members are bare positions (written before members carried

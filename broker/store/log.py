@@ -18,7 +18,7 @@ from .archive import ArchivedLog, ArchiveStore
 from .archived import RESTORE_CHUNK as RESTORE_CHUNK
 from .archived import ArchivedLogs
 from .client import Store
-from .direct import direct_calls
+from .direct import direct_calls, store_calls
 from .events import EventRow, JsonObject, LogEvent, Position, SessionSnapshot
 from .keys import SessionKeys
 from .log_errors import ArchiveUnavailable as ArchiveUnavailable
@@ -47,16 +47,16 @@ class SessionLog:
         direct_reads: bool = False,
     ) -> None:
         self.redis = redis
-        direct = direct_calls(redis) if direct_reads else None
+        reads = store_calls(redis, bare=direct_reads)
         self.appender = LogAppender(
             redis,
-            direct=direct or direct_calls(redis),
+            direct=reads.direct or direct_calls(redis),
             restore=self.restore,
             feed_maxlen=feed_maxlen,
             max_events=max_events,
         )
         self.archives = ArchivedLogs(redis, archive, self.appender)
-        self.reader = LogReader(redis, direct, self.archives)
+        self.reader = LogReader(redis, reads, self.archives)
 
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         """See :meth:`.LogAppender.wait_for_replicas`."""
@@ -146,8 +146,7 @@ class SessionLog:
     def close(self) -> None:
         """Close the connection :meth:`read` reads on, if one was opened (the next read
         opens it again)."""
-        if self.reader.direct is not None:
-            self.reader.direct.close()
+        self.reader.calls.close()
         appends = self.appender.direct_appends
-        if appends is not None and appends is not self.reader.direct:
+        if appends is not None and appends is not self.reader.calls.direct:
             appends.close()

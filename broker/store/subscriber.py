@@ -1,6 +1,4 @@
-"""Sharded pub/sub subscriptions of a front node, read in batches.
-
-The hub reads its subscriptions through :class:`Subscriber`, which has two engines:
+"""Two engines of the live feed (:mod:`.live`) on one server: read in bulk, or by redis-py.
 
 * :class:`BatchSubscriber`, for a single Redis server over TCP or a Unix socket: it
   reads whatever the socket holds, parses it with hiredis in one go and hands every
@@ -8,12 +6,10 @@ The hub reads its subscriptions through :class:`Subscriber`, which has two engin
   through a timeout context, a retry wrapper, a health check and a push-message
   handler; on a front fanning a thousand busy sessions out, that was a third of its
   CPU time (py-spy, ``bench fanout`` S=1000/W=2).
-* :class:`RedisPySubscriber`: redis-py's ``PubSub``, for everything else (TLS, the
-  embedded store). Redis Cluster keeps redis-py's cluster pub/sub (see the hub).
+* :class:`RedisPySubscriber`: redis-py's ``PubSub``, for TLS, a Sentinel master and the
+  embedded store. (Redis Cluster has its own, :mod:`.cluster_feed`.)
 
-Both deliver the same messages: ``{"type", "channel", "data"}`` with type
-``smessage``, ``ssubscribe`` or ``sunsubscribe``; and ``pong`` (channel None) for a
-:meth:`Subscriber.ping`, where the engine can send one.
+Both deliver the messages :mod:`.live` describes.
 """
 
 from __future__ import annotations
@@ -21,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 import hiredis
+from redis.exceptions import RedisError
 
 from ..ops import metrics
-from .raw import CONNECT_TIMEOUT, bare_options, command, handshake
+from .raw import CONNECT_TIMEOUT, command, handshake
 
 Message = dict[str, Any]
 
@@ -35,54 +32,28 @@ log = logging.getLogger(__name__)
 _READ_BYTES = 1 << 16
 
 
-class Subscriber(Protocol):
-    """A node's sharded pub/sub subscriptions: subscribe, unsubscribe, read."""
-
-    async def ssubscribe(self, *channels: str) -> None: ...
-
-    async def sunsubscribe(self, *channels: str) -> None: ...
-
-    async def read_batch(self) -> list[Message]:
-        """The messages that have arrived: waits for some (an engine may return none after
-        a while, so that its caller gets to look around).
-
-        Raises ConnectionError when the connection failed; the next call reconnects
-        and subscribes to every channel again (what arrived meanwhile is lost: the
-        hub's position check finds it in the logs).
-        """
-        ...
-
-    async def ping(self, data: str) -> bool:
-        """Send ``PING data`` on the subscription's own connection: its ``pong`` (``data``)
-        comes back among the messages, after every message pushed before it. False: this
-        engine cannot (the caller probes another way)."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-def open_subscriber(redis: Any) -> Subscriber:
-    """The fastest engine that can reach ``redis`` (a single server, not a cluster)."""
-    options = bare_options(redis)
-    if options is not None:
-        return BatchSubscriber(options)
-    return RedisPySubscriber(redis.pubsub())
-
-
 class RedisPySubscriber:
     """redis-py's ``PubSub``, one message per read."""
 
     def __init__(self, pubsub: Any) -> None:
         self._pubsub = pubsub
+        self._closed = False
 
     async def ssubscribe(self, *channels: str) -> None:
+        if self._closed:
+            raise ConnectionError("the subscriber is closed")
         await self._pubsub.ssubscribe(*channels)
 
     async def sunsubscribe(self, *channels: str) -> None:
         await self._pubsub.sunsubscribe(*channels)
 
     async def read_batch(self) -> list[Message]:
-        message = await self._pubsub.get_message(timeout=1.0)
+        if self._closed:  # redis-py's would answer None, at once, for ever
+            raise ConnectionError("the subscriber is closed")
+        try:
+            message = await self._pubsub.get_message(timeout=1.0)
+        except RedisError as exc:  # redis-py's own: the contract's is the builtin one
+            raise ConnectionError(f"pub/sub read failed: {exc!r}") from exc
         return [] if message is None else [message]
 
     async def ping(self, data: str) -> bool:
@@ -91,6 +62,7 @@ class RedisPySubscriber:
         return False
 
     async def aclose(self) -> None:
+        self._closed = True
         await self._pubsub.aclose()
 
 

@@ -12,7 +12,6 @@ is how surviving hosts find the sessions of a host that died.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,9 +20,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.store.client import Store, is_cluster
+from broker.store.client import Store
 from broker.store.keys import SessionKeys, leases_key
 from broker.store.log import SessionMissing
+from broker.store.scripts import call_each
 
 
 class HeldElsewhere(Exception):
@@ -68,8 +68,8 @@ class Leases:
         self.host_id = host_id
         self.ttl_ms = int(ttl * 1000)
         self.vanished: set[str] = set()
-        self._source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
-        self._script = redis.register_script(self._source)
+        source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
+        self._script = redis.register_script(source)
 
     async def acquire(self, tenant: str, session_id: str) -> Lease:
         """Hold the session; raises :class:`HeldElsewhere` or :class:`SessionMissing`."""
@@ -121,29 +121,12 @@ class Leases:
     async def _renew_all(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str]
     ) -> list[Any]:
-        if is_cluster(self.redis):
-            # redis-py refuses scripts in a cluster pipeline: one call each, all at once.
-            return list(
-                await asyncio.gather(
-                    *(
-                        self._script(
-                            keys=[keys.lease, keys.snapshot],
-                            args=["renew", self.host_id, self.ttl_ms, fences.get(s, "")],
-                        )
-                        for s, keys in ((s, SessionKeys(t, s)) for t, s in leases)
-                    )
-                )
-            )
-        # One round trip for all of them (the script is loaded first, so EVALSHA finds it).
-        sha = await self.redis.script_load(self._source)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tenant, session_id in leases:
-                keys = SessionKeys(tenant, session_id)
-                fence = fences.get(session_id, "")
-                pipe.evalsha(
-                    sha, 2, keys.lease, keys.snapshot, "renew", self.host_id, self.ttl_ms, fence
-                )
-            return list(await pipe.execute())
+        calls = []
+        for tenant, session_id in leases:
+            keys = SessionKeys(tenant, session_id)
+            fence = fences.get(session_id, "")
+            calls.append(([keys.lease, keys.snapshot], ["renew", self.host_id, self.ttl_ms, fence]))
+        return await call_each(self.redis, self._script, calls)
 
     async def release(self, tenant: str, session_id: str, *, hand_over: bool = False) -> None:
         """Give the lease up; ``hand_over`` lists it as expired so another host takes it now."""

@@ -14,17 +14,16 @@ import logging
 import secrets
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from broker.config import Settings
 from broker.errors.failures import FailureLog
 from broker.ops import metrics
-from broker.store.client import Store, is_cluster
-from broker.store.direct import direct_calls
+from broker.store.client import Store
+from broker.store.groups import Entries, GroupReads
 from broker.store.index import Notice, SessionIndex
 from broker.store.keys import PARTITIONS, feed_key
 from broker.store.log import SessionLog, SessionMissing
-from broker.store.raw import command
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +49,13 @@ class Projector:
         self.log = SessionLog(redis)
         self.index = SessionIndex(redis)
         self.batch = batch
-        self.poll_interval = 0.05
-        self.block_ms = block_ms
         self.name = name or f"projector-{secrets.token_hex(4)}"
         self.feeds = [feed_key(p) for p in range(PARTITIONS)]
         self.claim_idle_ms = claim_idle_ms
         self.coalesce = coalesce
         self._last_read = 0.0
-        self._unacked: list[tuple[str, list[str]]] = []
-        self._direct = direct_calls(redis)
-        self._reads: dict[tuple[str, bool], bytes] = {}
+        self.reads = GroupReads(redis, GROUP, self.name, self.feeds, batch=batch, block_ms=block_ms)
+        """The feeds' reads (with their acknowledgements)."""
         self.failures = FailureLog(log, "projection")
 
     async def ensure_groups(self) -> None:
@@ -78,8 +74,7 @@ class Projector:
         try:
             await self._run()
         finally:
-            if self._direct is not None:
-                self._direct.close()
+            self.reads.close()
             self.index.close()
 
     async def _run(self) -> None:
@@ -119,76 +114,12 @@ class Projector:
             # projected together, a session once for all of its events.
             await asyncio.sleep(max(0.0, self._last_read + self.coalesce - loop.time()))
             self._last_read = loop.time()
-            entries = await self._read(pending)
+            entries = await self.reads.read(pending)
             if not entries:
                 return
             await self._apply(entries)
             if not pending:
                 return
-
-    async def _read(self, pending: bool) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
-        """Notices from every feed: one blocking read, or (Cluster) a poll of each feed."""
-        start = "0" if pending else ">"
-        if self._direct is not None:
-            with contextlib.suppress(RedisError):  # the client's way recovers from anything
-                return await self._read_direct(start, pending)
-        if not is_cluster(self.redis):
-            # The previous batch's acknowledgements travel with this read: one round trip.
-            async with self.redis.pipeline(transaction=False) as pipe:
-                self._queue_acks(pipe)
-                pipe.xreadgroup(
-                    GROUP,
-                    self.name,
-                    dict.fromkeys(self.feeds, start),
-                    count=self.batch,
-                    block=None if pending else self.block_ms,
-                )
-                replies = (await pipe.execute())[-1]
-            return [(feed, entries) for feed, entries in replies or [] if entries]
-        await self._flush_acks()
-        # The feeds live in different slots, which one command may not span in a cluster.
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for feed in self.feeds:
-                pipe.xreadgroup(GROUP, self.name, {feed: start}, count=self.batch)
-            replies = await pipe.execute()
-        found = [(f, e) for reply in replies for f, e in (reply or []) if e]
-        if not found and not pending:
-            await asyncio.sleep(self.poll_interval)
-        return found
-
-    async def _read_direct(
-        self, start: str, pending: bool
-    ) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
-        """:meth:`_read` on a bare connection: the acknowledgements and the read in one
-        write, the reply parsed by hiredis (redis-py's pipeline, its packing and its reply
-        callbacks were a quarter of a projector's samples at the soak)."""
-        assert self._direct is not None
-        acks, self._unacked = self._unacked, []
-        packed = b"".join([command("XACK", feed, GROUP, *ids) for feed, ids in acks])
-        try:
-            replies = await self._direct.send(
-                packed + self._read_command(start, pending), len(acks) + 1, self.block_ms / 1000
-            )
-        except RedisError:
-            self._unacked = acks + self._unacked  # sent again with the next read
-            raise
-        found = []
-        for feed, entries in replies[-1] or []:
-            if entries:
-                found.append((feed, [(i, _fields(f)) for i, f in entries]))
-        return found
-
-    def _read_command(self, start: str, pending: bool) -> bytes:
-        """The read of every feed, packed once (515 arguments: its packing was a tenth of a
-        projector's samples at the soak)."""
-        key = (start, pending)
-        if key not in self._reads:
-            read: list[Any] = ["XREADGROUP", "GROUP", GROUP, self.name, "COUNT", self.batch]
-            if not pending:
-                read += ["BLOCK", self.block_ms]
-            read += ["STREAMS", *self.feeds, *[start] * len(self.feeds)]
-            self._reads[key] = command(*read)
-        return self._reads[key]
 
     async def claim_abandoned(self) -> None:
         """Take over notices another consumer read long ago and never acknowledged."""
@@ -202,7 +133,7 @@ class Projector:
             log.info("claimed %d abandoned notices", sum(len(e) for _, e in claimed))
             await self._apply(claimed)
 
-    async def _apply(self, replies: list[tuple[str, list[tuple[str, dict[str, str]]]]]) -> None:
+    async def _apply(self, replies: list[tuple[str, Entries]]) -> None:
         notices: dict[tuple[str, str], list[Notice]] = {}
         for _, entries in replies:
             for _, fields in entries:
@@ -216,20 +147,8 @@ class Projector:
         await self._project_all(sorted(full))
         # Acknowledged with the next read (or by :meth:`_flush_acks`): a projector that dies
         # before then leaves them pending, and they are projected again (idempotent).
-        self._unacked += [
-            (feed, [entry_id for entry_id, _ in entries]) for feed, entries in replies
-        ]
-
-    def _queue_acks(self, pipe: Any) -> None:
-        for feed, ids in self._unacked:
-            pipe.xack(feed, GROUP, *ids)
-        self._unacked = []
-
-    async def _flush_acks(self) -> None:
-        if self._unacked:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                self._queue_acks(pipe)
-                await pipe.execute()
+        for feed, entries in replies:
+            self.reads.ack(feed, [entry_id for entry_id, _ in entries])
 
     async def _project_all(self, sessions: list[tuple[str, str]]) -> None:
         """Project a batch's sessions in a few round trips for all (a few round trips per
@@ -261,11 +180,6 @@ class Projector:
                     backlog += int(group.get("lag") or 0)
         metrics.PROJECTOR_BACKLOG.set(backlog)
         return backlog
-
-
-def _fields(flat: list[str] | None) -> dict[str, str]:
-    """A stream entry's fields from hiredis's flat list (None: an entry trimmed meanwhile)."""
-    return dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
 
 
 def _notice(fields: dict[str, str]) -> Notice:

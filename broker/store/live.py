@@ -1,0 +1,82 @@
+"""The live feed: sharded pub/sub subscriptions, whatever the store's topology.
+
+The roles hear what is published live (a session's events, a node's replies, the index's
+announcements) through a :class:`LiveFeed`, which :func:`open_live_feed` makes: the one
+place that chooses how, by the store's topology (:func:`~.client.topology`):
+
+* one Redis server over plain TCP or a Unix socket: :class:`~.subscriber.BatchSubscriber`,
+  one bare connection read in bulk and parsed by hiredis (the fan-out's fast path);
+* a Redis Cluster: :class:`~.cluster_feed.ClusterFeed`, redis-py's sharded pub/sub with a
+  reader per node the subscriptions live on, following MOVED and slot moves;
+* anything else (TLS, a Sentinel master, the embedded store):
+  :class:`~.subscriber.RedisPySubscriber`, redis-py's ``PubSub``.
+
+Every engine delivers the same messages, ``{"type", "channel", "data"}``, in the order the
+server pushed them on a connection:
+
+* ``smessage``: a message published on a subscribed channel;
+* ``ssubscribe``: a channel is subscribed, the first time and again after every reconnection
+  the engine made by itself (what was published in between is unknown to the feed: the
+  signal to read it from the log, or to start a cache empty);
+* ``sunsubscribe``: a channel left, asked for or not (a slot that moved to another node, a
+  failover): the caller subscribes again where it wants the channel still;
+* ``pong`` (channel None): the answer to :meth:`LiveFeed.ping`, after every message pushed
+  to that connection before it.
+
+A feed that went deaf raises ``ConnectionError`` from :meth:`LiveFeed.read_batch`; the
+next read reconnects and subscribes again to every channel. A feed that stays silent while
+its caller's probes go unheard is closed by its caller and replaced by a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .client import Store, Topology, topology
+from .cluster_feed import ClusterFeed
+from .raw import bare_options
+from .subscriber import BatchSubscriber, Message, RedisPySubscriber
+
+__all__ = ["LiveFeed", "Message", "open_live_feed"]
+
+
+class LiveFeed(Protocol):
+    """A node's sharded pub/sub subscriptions: subscribe, unsubscribe, read, probe, close."""
+
+    async def ssubscribe(self, *channels: str) -> None:
+        """Subscribe to ``channels`` (their ``ssubscribe`` confirmations come as messages)."""
+        ...
+
+    async def sunsubscribe(self, *channels: str) -> None:
+        """Leave ``channels`` (best effort; their ``sunsubscribe`` may come as messages)."""
+        ...
+
+    async def read_batch(self) -> list[Message]:
+        """The messages that have arrived, in order: waits for some (an engine may return
+        none after a while, so that its caller gets to look around).
+
+        Raises ConnectionError when the connection failed; the next call reconnects and
+        subscribes to every channel again (what arrived meanwhile is lost: the caller
+        finds it elsewhere, e.g. in the log)."""
+        ...
+
+    async def ping(self, data: str) -> bool:
+        """Send ``PING data`` on the subscription's own connection(s): its ``pong``
+        (``data``) comes back among the messages. False: this engine cannot (the caller
+        probes another way, e.g. by publishing to itself)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the feed: its subscriptions end, :meth:`read_batch` raises from now."""
+        ...
+
+
+def open_live_feed(redis: Store) -> LiveFeed:
+    """A new, empty feed on the store ``redis`` is a client of, by the fastest engine its
+    topology allows (see the module's description)."""
+    if topology(redis) is Topology.CLUSTER:
+        return ClusterFeed(redis)
+    options = bare_options(redis)
+    if options is not None:
+        return BatchSubscriber(options)
+    return RedisPySubscriber(redis.pubsub())
