@@ -123,13 +123,14 @@ async def test_a_load_replays_the_history_before_the_live_events() -> None:
     assert outbox.said() == ["one", "two", "three"]
 
 
-async def test_a_position_no_longer_in_the_log_is_refused_and_the_session_left() -> None:
+async def test_a_position_in_seqs_a_rewound_log_skipped_replays_what_follows() -> None:
+    """Seqs 2 and 3 were lost in a failover and never given again (store/floors.py): a
+    client that saw them resumes with the events after them, and nothing is refused."""
     hub = Hub(head=5)
-    sessions, _ = _sessions(hub, Log([_row(4, "four"), _row(5, "five")]))
-    with pytest.raises(RpcError) as refused:
-        await sessions.activate("t", "s1", replay_after=1, replay_now=True)
-    assert refused.value.code == -32602
-    assert sessions.active == {} and hub.left == ["s1"]
+    sessions, outbox = _sessions(hub, Log([_row(4, "four"), _row(5, "five")]))
+    await sessions.activate("t", "s1", replay_after=2, replay_now=True)
+    assert outbox.said() == ["four", "five"]
+    assert "s1" in sessions.active and hub.left == []
 
 
 async def test_a_waiter_resumes_once_its_event_is_sent() -> None:

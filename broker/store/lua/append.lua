@@ -13,10 +13,12 @@
 --       digits; the same call made again, once applied, appends nothing and returns the
 --       session's position), 12 the most events a session may have (0: no bound),
 --       13 "1" if the event deletes the session, 14 "1" if it changes nothing the session
---       index shows but the seq and (activity) updatedAt, then the snapshot operations,
+--       index shows but the seq and (activity) updatedAt, 15 the floor: the highest seq
+--       the appender knows this log reached ("0": none), then the snapshot operations,
 --       (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
--- Returns {seq, epoch}, or an error reply: NOSESSION, EXISTS, FENCED, ARCHIVED (the log is
+-- Returns {seq, epoch}, or {seq, epoch, stored seq} when the floor was past the stored seq
+-- (the log was rewound: see below), or an error reply: NOSESSION, EXISTS, FENCED, ARCHIVED (the log is
 -- in the archive store: restore it, then append again), LIMIT (the session is full).
 -- The first write is an HSET (create) or the log's XADD, so a Redis at maxmemory refuses
 -- the script before it changes anything.
@@ -38,7 +40,7 @@ if call ~= '' and string.find(recent, call .. ',', 1, true) then
   return {tonumber(head[2]), head[3]}
 end
 
-local epoch, seq
+local epoch, seq, rewound
 if mode == 'create' then
   if redis.call('EXISTS', snap) == 1 then
     return redis.error_reply('EXISTS session already exists')
@@ -58,7 +60,16 @@ else
   if head[5] then
     return redis.error_reply('ARCHIVED the session log is in the archive store')
   end
-  seq = tonumber(head[2] or 0) + 1
+  -- A log behind the floor lost events its appender saw acknowledged (a failover to a
+  -- replica that had not received them): the new event takes the seq after the floor, so
+  -- that no seq is given to two events and a watcher that saw the lost ones skips nothing.
+  local stored, floor = tonumber(head[2] or 0), tonumber(ARGV[15])
+  if floor > stored then
+    rewound = stored
+    seq = floor + 1
+  else
+    seq = stored + 1
+  end
   local bound = tonumber(ARGV[12])
   if bound > 0 and seq > bound then
     return redis.error_reply('LIMIT the session has reached its limit of ' .. bound .. ' events')
@@ -84,7 +95,7 @@ end
 redis.call('HSET', snap, unpack(fields))
 
 for i = 0, tonumber(ARGV[9]) - 1 do
-  local op, field, value = ARGV[15 + 3 * i], ARGV[16 + 3 * i], ARGV[17 + 3 * i]
+  local op, field, value = ARGV[16 + 3 * i], ARGV[17 + 3 * i], ARGV[18 + 3 * i]
   if op == 'set' then
     redis.call('HSET', snap, field, value)
   elseif op == 'del' then
@@ -115,4 +126,7 @@ else
 end
 redis.call('SPUBLISH', channel,
   '{"seq":' .. q .. ',"epoch":"' .. epoch .. '","ts":' .. now .. ',"event":' .. body .. '}')
+if rewound then
+  return {seq, epoch, rewound}
+end
 return {seq, epoch}
