@@ -14,6 +14,9 @@ In one run, alternating round by round so the machine's noise hits all alike:
   while the client above watches the session through the front node.
 * **raw XADD** (the ceiling): the same bodies, ``XADD`` one after another from one
   redis-py client, and 64 per round trip (pipelined).
+* with ``--baseline REV``: the append script rows again with the appender of git revision
+  REV (its ``store/appends.py`` and its Lua scripts; the rest of the Python is this tree's),
+  in the same rounds: what a change to the append path costs.
 * with ``--wait-replicas``: Redis gets a replica (every row then pays for replication),
   and the append script runs again with ``redis_wait_replicas`` = 1 (each call followed by
   ``WAIT 1``): the cost of an acknowledged event surviving the loss of the master.
@@ -24,7 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench import common
@@ -42,6 +48,32 @@ def body(i: int) -> dict[str, Any]:
     return {"type": "update", "update": update}
 
 
+def baseline_log(store: Any, rev: str) -> Any:
+    """A ``SessionLog`` whose appender is revision ``rev``'s: its ``store/appends.py``, loaded
+    into this tree's ``broker.store`` package, appending with its own Lua scripts."""
+    from broker.store.log import SessionLog
+
+    tree = common.baseline_tree(rev)
+    name = f"broker.store._appends_{rev.replace('/', '_').replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, tree / "broker" / "store" / "appends.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    lua = Path(tree) / "broker" / "store" / "lua"
+    setattr(module, "lua_script", lambda script: (lua / script).read_text())  # noqa: B010
+    log = SessionLog(store)
+    mine = log.appender
+    log.appender = module.LogAppender(
+        store,
+        direct=mine.direct_appends,
+        restore=log.restore,
+        feed_maxlen=mine.feed_maxlen,
+        max_events=mine.max_events,
+    )
+    return log
+
+
 async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
     import redis.asyncio as redis
 
@@ -57,6 +89,9 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
             else []
         )
     }
+    for rev in args.baseline:
+        rates[f"append script, one at a time ({rev})"] = []
+        rates[f"append script, 64 per round trip ({rev})"] = []
     rates |= {
         "agent host": [],
         "append script, one at a time": [],
@@ -153,6 +188,16 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 "append script, 64 per round trip": append_pipelined,
                 "raw XADD, 64 per round trip": raw_pipelined,
             }
+            for rev in args.baseline:
+                # Its own session: a baseline appender knows nothing of this one's floors.
+                other = await client.new_session(CWD)
+                base = baseline_log(store, rev)
+                systems[f"append script, one at a time ({rev})"] = functools.partial(
+                    append_script, base, other
+                )
+                systems[f"append script, 64 per round trip ({rev})"] = functools.partial(
+                    append_pipelined, base, other
+                )
             if args.wait_replicas:
                 systems["append script, one at a time, WAIT 1"] = functools.partial(
                     append_script, waiting, waited
@@ -202,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="give Redis a replica and add the append script with WAIT 1 (redis_wait_replicas)",
     )
+    common.add_baseline(p)
     asyncio.run(run(p.parse_args(argv)))
 
 
