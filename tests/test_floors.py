@@ -146,6 +146,21 @@ async def test_an_append_after_a_rewind_takes_the_seq_after_the_last_acknowledge
         assert (await other.append("t", "s", _update("other"))).seq == 8
 
 
+async def test_a_floor_is_left_only_past_the_log_and_its_floor_in_its_epoch(
+    redis_url: str,
+) -> None:
+    async with _log(redis_url) as (store, log):
+        await log.create("t", "s", CREATED)
+        await log.append("t", "s", _update("one"))  # seq 2
+        epoch = (await log.snapshot("t", "s")).epoch
+        assert not await log.leave_floor("t", "s", 2, epoch)  # the log is there already
+        assert not await log.leave_floor("t", "s", 9, "another-log")
+        assert not await log.leave_floor("t", "nobody", 9, epoch)
+        assert await log.leave_floor("t", "s", 9, epoch)
+        assert not await log.leave_floor("t", "s", 7, epoch)  # below the floor left
+        assert (await SessionLog(store).append("t", "s", _update("two"))).seq == 10
+
+
 async def test_a_front_appends_past_what_its_hub_handed_out(redis_url: str) -> None:
     """A front that appended nothing itself passes the seq its hub handed out as the floor."""
     async with _log(redis_url) as (store, log):
@@ -246,12 +261,17 @@ async def test_a_hub_ahead_of_a_rewound_log_says_so_once_and_skips_nothing_after
             assert _rewinds("fanout") == before + 1
             warned = [r for r in caplog.records if "delivered here" in r.message]
             assert len(warned) == 1, warned
-            # The front's own append (a title, say) passes what its hub handed out.
-            assert (await front.append("t", "s", _update("title"))).seq == 6
-            # The agent host's: past its own acknowledged appends.
-            assert (await host.append("t", "s", _update("after"))).seq == 7
-            await wait_for(lambda: window.seqs[-1:] == [7], what="the new events")
-            assert window.seqs == [2, 3, 4, 5, 6, 7]
+            # The hub left what it handed out as the session's floor: an appender that never
+            # saw seqs 4 and 5 (a host that took the session over) goes past it.
+            assert await store.hget(SessionKeys("t", "s").snapshot, "floor") == "5"
+            taken_over = SessionLog(store)
+            assert (await taken_over.append("t", "s", _update("taken over"))).seq == 6
+            assert await store.hget(SessionKeys("t", "s").snapshot, "floor") is None
+            # The front's own append (a title, say) and the first host's go on after it.
+            assert (await front.append("t", "s", _update("title"))).seq == 7
+            assert (await host.append("t", "s", _update("after"))).seq == 8
+            await wait_for(lambda: window.seqs[-1:] == [8], what="the new events")
+            assert window.seqs == [2, 3, 4, 5, 6, 7, 8]
         finally:
             await hub.stop()
             await front_store.aclose()

@@ -26,7 +26,7 @@ from broker.store.keys import SessionKeys
 from broker.store.log import SessionLog
 
 from .conftest import make_settings
-from .support.client import RawClient
+from .support.client import RawClient, wait_for
 from .support.redis_proxy import switching_proxy
 from .support.redis_server import redis_server
 
@@ -76,9 +76,13 @@ async def _wait_replicated(master: str, replica: str, key: str) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("host_remembers", [True, False], ids=["host-floor", "hub-floor"])
 async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothing(
-    master_and_replica: tuple[str, str], caplog: pytest.LogCaptureFixture
+    master_and_replica: tuple[str, str], caplog: pytest.LogCaptureFixture, host_remembers: bool
 ) -> None:
+    """``host-floor``: the agent host that appended the lost events appends the next ones.
+    ``hub-floor``: it forgot them (as a host that took the session over never knew them),
+    and the floor the front's hub left in the snapshot keeps the next seqs past them."""
     master, replica = master_and_replica
     caplog.set_level(logging.WARNING)
     async with switching_proxy(_port(master)) as proxy:
@@ -146,6 +150,14 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
             finally:
                 await early.close()
 
+            if not host_remembers:
+                await wait_for(
+                    lambda: any("delivered here" in r.message for r in caplog.records),
+                    timeout=20,
+                    what="the hub's position check to find the log behind",
+                )
+                assert node.worker is not None
+                node.worker.host.log.appender.floors.forget(session_id)
             await _prompt(prompter, session_id, "/chunks 3 after")
             await watcher.read_until(lambda: len(watcher.chunks(session_id)) >= 9, timeout=30)
 

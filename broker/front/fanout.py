@@ -437,11 +437,14 @@ class FanoutHub:
             for feed, head in zip(feeds, heads, strict=True):
                 if head is None or feed.last is None or feed.heard:
                     continue
-                if int(head) < feed.last != feed.rewound:
+                if int(head) < feed.last != feed.rewound and feed.epoch is not None:
                     # The log lost events handed out here (a failover lost acknowledged
-                    # writes). The appenders' floors give the next event a seq past them.
+                    # writes): left as the session's floor, the next event goes past them,
+                    # whoever appends it (store/floors.py).
+                    keys = feed.keys
+                    await self.log.leave_floor(keys.tenant, keys.session_id, feed.last, feed.epoch)
                     feed.rewound = feed.last
-                    rewound(feed.keys.session_id, int(head), feed.last, found_by="fanout")
+                    rewound(keys.session_id, int(head), feed.last, found_by="fanout")
                 if feed.behind > feed.last:
                     log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)
                     await self._catch_up(feed)

@@ -74,6 +74,7 @@ class LogAppender:
         self._append_batch = redis.register_script(
             batch_script(lua_script("append.lua"), lua_script("append_batch.lua"))
         )
+        self._floor = redis.register_script(lua_script("floor.lua"))
         self._wait: tuple[int, float] | None = None
         self.floors = SeqFloors()
         """The highest seq of each session's log this process knows: each append passes it
@@ -92,7 +93,7 @@ class LogAppender:
         if body.get("type") != EventType.CREATED:
             raise ValueError("a log starts with a 'created' event")
         return await self._run(
-            session_id, 0, *self._call(tenant, session_id, body, mode="create", epoch=_new_epoch())
+            session_id, *self._call(tenant, session_id, body, mode="create", epoch=_new_epoch())
         )
 
     async def append(
@@ -116,7 +117,6 @@ class LogAppender:
             try:
                 return await self._run(
                     session_id,
-                    floor,
                     *self._call(
                         tenant, session_id, body, mode="append", fence=fence, call=call, floor=floor
                     ),
@@ -287,9 +287,8 @@ class LogAppender:
             return 0, 0
         return self.max_events, self.max_events + BOOKKEEPING_ROOM
 
-    async def _run(self, session_id: str, floor: int, keys: list[str], args: list[Any]) -> Position:
-        """One call of the append script (keys and arguments from :meth:`_call`, which
-        passed ``floor``)."""
+    async def _run(self, session_id: str, keys: list[str], args: list[Any]) -> Position:
+        """One call of the append script (keys and arguments from :meth:`_call`)."""
         try:
             with tracing.span("acp-broker append", events=1):
                 reply = await self.script(self._append, keys, args)
@@ -298,7 +297,7 @@ class LogAppender:
         metrics.EVENTS_APPENDED.inc()
         seq = int(reply[0])
         if len(reply) > 2:
-            rewound(session_id, int(reply[2]), floor, found_by="append")
+            rewound(session_id, int(reply[2]), seq - 1, found_by="append")
         self.floors.reached(session_id, seq)
         return Position(seq, str(reply[1]))
 
@@ -335,6 +334,13 @@ class LogAppender:
                 return list(await self.script(self._append_batch, keys, args))
         except TimeoutError:
             raise RedisTimeoutError(f"no reply within {direct.timeout:g} s") from None
+
+    async def leave_floor(self, tenant: str, session_id: str, seq: int, epoch: str) -> bool:
+        """Leave ``seq`` (of log ``epoch``) in the session's snapshot as a floor every
+        appender's next event goes past (``lua/floor.lua``): a watcher was handed it, and
+        the log is now found behind it. False when the log is at or past it already."""
+        keys = [session_keys(tenant, session_id).snapshot]
+        return bool(await self.script(self._floor, keys, [seq, epoch]))
 
     async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Call one of the log's scripts."""

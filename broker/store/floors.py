@@ -9,8 +9,11 @@ every watcher that saw the lost event would take the new one for a duplicate and
 So each append passes a floor, the highest seq its process knows the session's log reached
 (its own acknowledged appends, and, for a front, what its fan-out hub delivered), and the
 append script gives the next event the seq after the larger of the floor and the stored
-seq (``lua/append.lua``). After a rewind the log skips the lost seqs: readers take a seq
-the log does not hold as nothing there. The lost events stay lost.
+seq (``lua/append.lua``). A front whose fan-out hub finds a quiet session's log behind
+what it handed out leaves that seq in the snapshot as a floor every appender's next event
+goes past (``lua/floor.lua``): for an appender that never saw the lost seqs (an agent host
+that took the session over). After a rewind the log skips the lost seqs: readers take a
+seq the log does not hold as nothing there. The lost events stay lost.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def rewound(session_id: str, stored: int, floor: int, *, found_by: str) -> None:
     if found_by == "append":
         what, then = "acknowledged", f"this event took seq {floor + 1}"
     else:
-        what, then = "delivered here", "later events are handed out as they come"
+        what, then = "delivered here", f"left as its floor: the next event takes seq {floor + 1}"
     log.warning(
         "session %s: its log ends at seq %d, behind seq %d %s: Redis lost acknowledged "
         "writes (a failover to a replica that had not received them); %s",

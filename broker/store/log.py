@@ -67,6 +67,10 @@ class SessionLog:
         """See :meth:`.SeqFloors.add_source`."""
         self.appender.floors.add_source(source)
 
+    async def leave_floor(self, tenant: str, session_id: str, seq: int, epoch: str) -> bool:
+        """See :meth:`.LogAppender.leave_floor`."""
+        return await self.appender.leave_floor(tenant, session_id, seq, epoch)
+
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
         """See :meth:`.LogAppender.create`."""
         return await self.appender.create(tenant, session_id, body)

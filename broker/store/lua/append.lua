@@ -17,9 +17,10 @@
 --       the appender knows this log reached ("0": none), then the snapshot operations,
 --       (op, field, value) triples:
 --         set/del  a snapshot field;  mset/mdel  a metadata key;  mclear  all metadata.
--- Returns {seq, epoch}, or {seq, epoch, stored seq} when the floor was past the stored seq
--- (the log was rewound: see below), or an error reply: NOSESSION, EXISTS, FENCED, ARCHIVED (the log is
--- in the archive store: restore it, then append again), LIMIT (the session is full).
+-- Returns {seq, epoch}, or {seq, epoch, stored seq} when a floor (this one, or the one
+-- lua/floor.lua left in the snapshot) was past the stored seq (the log was rewound: see
+-- below), or an error reply: NOSESSION, EXISTS, FENCED, ARCHIVED (the log is in the
+-- archive store: restore it, then append again), LIMIT (the session is full).
 -- The first write is an HSET (create) or the log's XADD, so a Redis at maxmemory refuses
 -- the script before it changes anything.
 local log, snap, meta, feed, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -27,10 +28,11 @@ local hot, deleted = KEYS[6], KEYS[7]
 local now, body, mode, call = ARGV[1], ARGV[2], ARGV[3], ARGV[11]
 local RECENT_BYTES = 16 * 13  -- the last 16 calls' ids ("<12 hex>," each), newest first
 
--- What the checks below read, in one call: the last calls' ids, seq, epoch, fence and
--- whether the log is archived (an HGET or HEXISTS each was a third of the script's calls,
--- and each call costs Redis about a microsecond before it does anything).
-local head = redis.call('HMGET', snap, 'calls', 'seq', 'epoch', 'fence', 'archived')
+-- What the checks below read, in one call: the last calls' ids, seq, epoch, fence,
+-- whether the log is archived, and the floor a watcher left (an HGET or HEXISTS each was a
+-- third of the script's calls, and each call costs Redis about a microsecond before it
+-- does anything).
+local head = redis.call('HMGET', snap, 'calls', 'seq', 'epoch', 'fence', 'archived', 'floor')
 local recent = head[1] or ''
 
 -- A call whose reply was lost (a connection cut, a failover) is sent again by its
@@ -63,7 +65,11 @@ else
   -- A log behind the floor lost events its appender saw acknowledged (a failover to a
   -- replica that had not received them): the new event takes the seq after the floor, so
   -- that no seq is given to two events and a watcher that saw the lost ones skips nothing.
+  -- The snapshot's own floor is one a watcher found the log behind (lua/floor.lua).
   local stored, floor = tonumber(head[2] or 0), tonumber(ARGV[15])
+  if head[6] and tonumber(head[6]) > floor then
+    floor = tonumber(head[6])
+  end
   if floor > stored then
     rewound = stored
     seq = floor + 1
@@ -84,6 +90,9 @@ local q = tostring(seq)
 -- has changed. Then seq, updatedAt and the calls' ids in one HSET (none of them a field
 -- a snapshot operation sets).
 redis.call('XADD', log, q .. '-0', 'ts', now, 'ev', body)
+if rewound and head[6] then
+  redis.call('HDEL', snap, 'floor')  -- the log is past it now
+end
 local fields = {'seq', q}
 if ARGV[10] == '1' then
   fields[3], fields[4] = 'updated', now
