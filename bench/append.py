@@ -16,7 +16,9 @@ In one run, alternating round by round so the machine's noise hits all alike:
   redis-py client, and 64 per round trip (pipelined).
 * with ``--baseline REV``: the append script rows again with the appender of git revision
   REV (its ``store/appends.py`` and its Lua scripts; the rest of the Python is this tree's),
-  in the same rounds: what a change to the append path costs.
+  in the same rounds: what a change to the append path costs. And Redis's own time per
+  script call (``INFO commandstats``), this tree's scripts and REV's each on a private
+  server, in alternated rounds: the scripts' cost without the clients' noise.
 * with ``--wait-replicas``: Redis gets a replica (every row then pays for replication),
   and the append script runs again with ``redis_wait_replicas`` = 1 (each call followed by
   ``WAIT 1``): the cost of an acknowledged event surviving the loss of the master.
@@ -215,6 +217,47 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
     return rates
 
 
+async def script_time(rev: str, n: int, rounds: int) -> dict[str, list[float]]:
+    """Redis's µs per event of the append scripts, this tree's and ``rev``'s, each appending
+    to a private server: one at a time and 64 per call, ``n`` events a round."""
+    import redis as sync_redis
+
+    from broker.store.client import connect
+    from broker.store.log import SessionLog
+
+    created = {"type": "created", "cwd": CWD, "agent": "demo", "kind": "shell"}
+    times: dict[str, list[float]] = {}
+    with common.private_redis() as mine_url, common.private_redis() as base_url:
+        stores = {"": connect(mine_url), f" ({rev})": connect(base_url)}
+        logs = {"": SessionLog(stores[""]), f" ({rev})": baseline_log(stores[f" ({rev})"], rev)}
+        urls = {"": mine_url, f" ({rev})": base_url}
+        for log in logs.values():
+            await log.create(TENANT, "one", created)
+            await log.create(TENANT, "many", created)
+        for r in range(rounds):
+            for tag in common.in_turn(list(logs), r):
+                log, admin = logs[tag], sync_redis.Redis.from_url(urls[tag])
+                for many in (False, True):
+                    admin.config_resetstat()
+                    if many:
+                        for start in range(0, n, 64):
+                            items = [
+                                (TENANT, "many", body(i), "") for i in range(start, start + 64)
+                            ]
+                            await log.append_many(items)
+                    else:
+                        for i in range(n):
+                            await log.append(TENANT, "one", body(i))
+                    stats = admin.info("commandstats")["cmdstat_evalsha"]
+                    name = f"{'64 per call' if many else 'one at a time'}{tag}"
+                    per_event = stats["usec_per_call"] / (64 if many else 1)
+                    times.setdefault(name, []).append(per_event)
+                admin.close()
+        for store in stores.values():
+            await store.aclose()
+    return times
+
+
 async def run(args: Any) -> None:
     n = 200 if args.quick else 10_000
     rounds = 1 if args.quick else 5
@@ -232,12 +275,23 @@ async def run(args: Any) -> None:
         ["path", "events/s", "÷ raw XADD one at a time (≥0.5)", "÷ raw XADD 64 per trip"],
         rows,
     )
-    common.report(
-        "append",
-        [text],
-        {"quick": args.quick, "events": n, "median": med, "rounds": all_rates},
-        args.out,
-    )
+    tables, data = [text], {"quick": args.quick, "events": n, "median": med, "rounds": all_rates}
+    for rev in args.baseline:
+        times = await script_time(rev, min(n, 3000), 2 * rounds)
+        base = {name: common.median(v) for name, v in times.items()}
+        rows = [
+            [name, value, "" if name.endswith(f"({rev})") else value / base[f"{name} ({rev})"]]
+            for name, value in base.items()
+        ]
+        tables.append(
+            common.table(
+                f"Redis's time per event in the append scripts (INFO commandstats), vs {rev}",
+                ["script call", "µs per event", f"÷ {rev}"],
+                rows,
+            )
+        )
+        data[f"script µs per event vs {rev}"] = times
+    common.report("append", tables, data, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
