@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from broker.protocol.render import POSITION_META, session_updates
+from broker.protocol.v2 import REPLAY_POSITION
 from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.keys import SessionKeys
@@ -29,6 +30,7 @@ from .conftest import make_settings
 from .support.client import RawClient, wait_for
 from .support.redis_proxy import switching_proxy
 from .support.redis_server import redis_server
+from .support.wire import CheckedClient
 
 TENANT = "default"
 
@@ -126,9 +128,8 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
             # clear error, not a hang and not a gap.
             early = await RawClient.initialized(url)
             try:
-                meta = {
-                    "acpBroker/replayAfter": {"seq": lost_at, "epoch": _epoch(watcher, session_id)}
-                }
+                epoch = _epoch(watcher, session_id)
+                meta = {"acpBroker/replayAfter": {"seq": lost_at, "epoch": epoch}}
                 deadline = time.monotonic() + 20
                 while True:
                     reply = await early.call(
@@ -191,6 +192,20 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
                 assert replayed == expected
             finally:
                 await late.close()
+            # A v2 client resuming from the event after the lost position: the same events.
+            v2 = await CheckedClient.open(url, 2)
+            try:
+                replay_from = {"type": REPLAY_POSITION, "seq": lost_at + 1, "epoch": epoch}
+                reply = await v2.call(
+                    "session/resume",
+                    {"sessionId": session_id, "cwd": "/rewind", "replayFrom": replay_from},
+                )
+                assert "result" in reply, reply
+                seqs = [_seq(u) for u in v2.updates(session_id)]
+                assert seqs == sorted(seqs) and set(seqs) <= {e.seq for e in events}
+                assert seqs[0] == events[0].seq and seqs[-1] >= expected[-1][0]  # v2: the end too
+            finally:
+                await v2.close()
             rewinds = [r for r in caplog.records if "Redis lost acknowledged writes" in r.message]
             assert rewinds, "the rewind was not reported"
         finally:
