@@ -158,6 +158,8 @@ async def test_a_floor_is_left_only_past_the_log_and_its_floor_in_its_epoch(
         assert not await log.leave_floor("t", "nobody", 9, epoch)
         assert await log.leave_floor("t", "s", 9, epoch)
         assert not await log.leave_floor("t", "s", 7, epoch)  # below the floor left
+        snapshot = await log.snapshot("t", "s")
+        assert (snapshot.seq, snapshot.floor, snapshot.given) == (2, 9, 9)  # resumable to 9
         assert (await SessionLog(store).append("t", "s", _update("two"))).seq == 10
 
 

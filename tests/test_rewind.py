@@ -159,6 +159,14 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
                 )
                 assert node.worker is not None
                 node.worker.host.log.appender.floors.forget(session_id)
+                # With the floor left, a resume from the lost position is taken (nothing
+                # to replay yet), and what comes next reaches it live.
+                floored = await RawClient.initialized(url)
+                reply = await floored.call(
+                    "session/resume",
+                    {"sessionId": session_id, "cwd": "/rewind", "mcpServers": [], "_meta": meta},
+                )
+                assert "result" in reply and floored.updates(session_id) == [], reply
             await _prompt(prompter, session_id, "/chunks 3 after")
             await watcher.read_until(lambda: len(watcher.chunks(session_id)) >= 9, timeout=30)
 
@@ -178,6 +186,10 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
             ]
             got = [(_seq(u), u["update"]) for u in watcher.updates(session_id)[before:]]
             assert got == expected
+            if not host_remembers:
+                await floored.read_until(lambda: len(floored.chunks(session_id)) >= 3)
+                assert [(_seq(u), u["update"]) for u in floored.updates(session_id)] == expected
+                await floored.close()
 
             # A client resuming from the lost position is sent exactly those events.
             late = await RawClient.initialized(url)
