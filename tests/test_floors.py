@@ -85,6 +85,9 @@ def test_an_archive_out_of_order_or_shorter_than_its_header_is_corrupt() -> None
     shuffled = ArchivedLog("t", "s", "e", 2, [(2, 1, "b"), (1, 1, "a")])
     with pytest.raises(ArchiveCorrupt, match="after"):
         decode(encode(shuffled), "t", "s")
+    headless = ArchivedLog("t", "s", "e", 3, [(2, 1, "b"), (3, 1, "c")])
+    with pytest.raises(ArchiveCorrupt, match="entry 1 has seq 2"):
+        decode(encode(headless), "t", "s")
     short = ArchivedLog("t", "s", "e", 9, [(1, 1, "a"), (5, 1, "b")])
     with pytest.raises(ArchiveCorrupt, match="ends at seq 5, not 9"):
         decode(encode(short), "t", "s")

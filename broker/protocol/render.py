@@ -18,8 +18,8 @@ from .jsonrpc import invalid_params, notification
 POSITION_META = "acpBroker/position"
 """``_meta`` key of every ``session/update`` the broker sends: ``{"seq": n, "epoch": e}``."""
 LOG_END_DATA = "acpBroker/logEnd"
-"""``data`` key of the -32602 a position ahead of the session's log gets: the log's last
-position, ``{"seq": n, "epoch": e}`` (a client that saw events Redis then lost in a failover
+"""``data`` key of the -32602 a position ahead of the session's log gets: the last position
+the log gave out, ``{"seq": n, "epoch": e}`` (a client that saw events Redis then lost in a failover
 resumes from there: docs/redis-recovery.md)."""
 NOTICE_META = "acpBroker/notice"
 """``_meta`` key marking a notice (or its ``agent_message_chunk`` stand-in) the broker wrote,

@@ -205,8 +205,8 @@ class LogReader:
             if after[0] == seq:
                 break
         rows = _client_rows(entries)
-        # Every seq up to the snapshot's, but those a rewound log skipped (store/floors.py).
-        if (rows[-1][0] if rows else 0) != int(seq) or (rows and rows[0][0] < 1):
+        # From 1 to the snapshot's seq, but for those a rewound log skipped (store/floors.py).
+        if (rows[-1][0] if rows else 0) != int(seq) or (rows and rows[0][0] != 1):
             raise ArchiveCorrupt(
                 f"session {session_id}'s log in Redis ends at seq "
                 f"{rows[-1][0] if rows else 0}, its snapshot at {seq}"

@@ -79,8 +79,8 @@ def decode(blob: bytes, tenant: str, session_id: str) -> ArchivedLog:
         for number, line in enumerate(lines, 1):
             text, ts, event = line.split(" ", 2)
             seq = int(text)
-            if seq <= last:
-                raise ValueError(f"entry {number} has seq {seq}, after {last}")
+            if seq <= last or (last == 0 and seq != 1):
+                raise ValueError(f"entry {number} has seq {seq}, after {last or 'none'}")
             entries.append((seq, int(ts), event))
             last = seq
     except (zlib.error, UnicodeDecodeError, ValueError) as exc:
