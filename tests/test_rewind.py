@@ -14,10 +14,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from acp import text_block
 
 from broker.protocol.render import POSITION_META, session_updates
 from broker.protocol.v2 import REPLAY_POSITION
@@ -31,6 +33,7 @@ from .support.client import RawClient, wait_for
 from .support.redis_proxy import switching_proxy
 from .support.redis_server import redis_server
 from .support.wire import CheckedClient
+from .test_bridge_e2e import _initialize, bridged
 
 TENANT = "default"
 
@@ -228,3 +231,53 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
 
 def _epoch(client: RawClient, session_id: str) -> str:
     return str(client.updates(session_id)[-1]["_meta"][POSITION_META]["epoch"])
+
+
+async def test_the_bridge_resumes_after_a_lost_position_and_the_editor_misses_nothing(
+    master_and_replica: tuple[str, str], tmp_path: Path
+) -> None:
+    """The stdio bridge forwarded events the store then lost, and its WebSocket drops: its
+    resume from the lost position is refused as ahead of the log, it resumes from the log's
+    end, and the editor gets every later event once."""
+    master, replica = master_and_replica
+    async with (
+        switching_proxy(_port(master)) as redis_proxy,
+        asyncio.timeout(90),
+    ):
+        node = Broker(make_settings(redis_url=redis_proxy.url, request_timeout=20))
+        await node.start()
+        try:
+            async with (
+                switching_proxy(node.port) as ws_proxy,
+                bridged(f"ws://127.0.0.1:{ws_proxy.port}/acp", tmp_path) as (conn, editor, _),
+            ):
+                await _initialize(conn)
+                session_id = (await conn.new_session(cwd="/rewind", mcp_servers=[])).session_id
+                keys = SessionKeys(TENANT, session_id)
+                one = "".join(f"chunk {i}" for i in range(1, 4))
+
+                async def prompt(words: str, chunks: str) -> None:
+                    reply = await conn.prompt(session_id=session_id, prompt=[text_block(words)])
+                    assert reply.stop_reason == "end_turn"
+                    await wait_for(lambda: editor.texts(session_id) == chunks, timeout=20)
+
+                await prompt("/chunks 3 kept", one)
+                await _wait_replicated(master, replica, keys.snapshot)
+                with redis.Redis.from_url(replica) as r:
+                    r.replicaof("no", "one")
+                await prompt("/chunks 3 lost", one * 2)
+
+                redis_proxy.switch(_port(replica))  # the failover
+                ws_proxy.switch(node.port)  # the bridge's connection drops: it resumes
+                stderr = tmp_path / "bridge.stderr"
+                await wait_for(
+                    lambda: "its last events were lost" in stderr.read_text(),
+                    timeout=30,
+                    what="the bridge to resume from the log's end",
+                )
+                await prompt("/chunks 3 after", one * 3)
+                await asyncio.sleep(0.5)  # nothing more comes (no event twice)
+                assert editor.texts(session_id) == one * 3
+                assert "could not be resumed" not in stderr.read_text()
+        finally:
+            await node.stop()
