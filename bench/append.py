@@ -14,6 +14,11 @@ In one run, alternating round by round so the machine's noise hits all alike:
   while the client above watches the session through the front node.
 * **raw XADD** (the ceiling): the same bodies, ``XADD`` one after another from one
   redis-py client, and 64 per round trip (pipelined).
+* with ``--baseline REV``: the append script rows again with the appender of git revision
+  REV (its ``store/appends.py`` and its Lua scripts; the rest of the Python is this tree's),
+  in the same rounds: what a change to the append path costs. And Redis's own time per
+  script call (``INFO commandstats``), this tree's scripts and REV's each on a private
+  server, in alternated rounds: the scripts' cost without the clients' noise.
 * with ``--wait-replicas``: Redis gets a replica (every row then pays for replication),
   and the append script runs again with ``redis_wait_replicas`` = 1 (each call followed by
   ``WAIT 1``): the cost of an acknowledged event surviving the loss of the master.
@@ -24,7 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench import common
@@ -42,6 +50,32 @@ def body(i: int) -> dict[str, Any]:
     return {"type": "update", "update": update}
 
 
+def baseline_log(store: Any, rev: str) -> Any:
+    """A ``SessionLog`` whose appender is revision ``rev``'s: its ``store/appends.py``, loaded
+    into this tree's ``broker.store`` package, appending with its own Lua scripts."""
+    from broker.store.log import SessionLog
+
+    tree = common.baseline_tree(rev)
+    name = f"broker.store._appends_{rev.replace('/', '_').replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, tree / "broker" / "store" / "appends.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    lua = Path(tree) / "broker" / "store" / "lua"
+    setattr(module, "lua_script", lambda script: (lua / script).read_text())  # noqa: B010
+    log = SessionLog(store)
+    mine = log.appender
+    log.appender = module.LogAppender(
+        store,
+        direct=mine.direct_appends,
+        restore=log.restore,
+        feed_maxlen=mine.feed_maxlen,
+        max_events=mine.max_events,
+    )
+    return log
+
+
 async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
     import redis.asyncio as redis
 
@@ -57,6 +91,9 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
             else []
         )
     }
+    for rev in args.baseline:
+        rates[f"append script, one at a time ({rev})"] = []
+        rates[f"append script, 64 per round trip ({rev})"] = []
     rates |= {
         "agent host": [],
         "append script, one at a time": [],
@@ -153,6 +190,16 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
                 "append script, 64 per round trip": append_pipelined,
                 "raw XADD, 64 per round trip": raw_pipelined,
             }
+            for rev in args.baseline:
+                # Its own session: a baseline appender knows nothing of this one's floors.
+                other = await client.new_session(CWD)
+                base = baseline_log(store, rev)
+                systems[f"append script, one at a time ({rev})"] = functools.partial(
+                    append_script, base, other
+                )
+                systems[f"append script, 64 per round trip ({rev})"] = functools.partial(
+                    append_pipelined, base, other
+                )
             if args.wait_replicas:
                 systems["append script, one at a time, WAIT 1"] = functools.partial(
                     append_script, waiting, waited
@@ -168,6 +215,47 @@ async def run_once(args: Any, n: int, rounds: int) -> dict[str, list[float]]:
             await store.aclose()
             await raw.aclose()
     return rates
+
+
+async def script_time(rev: str, n: int, rounds: int) -> dict[str, list[float]]:
+    """Redis's µs per event of the append scripts, this tree's and ``rev``'s, each appending
+    to a private server: one at a time and 64 per call, ``n`` events a round."""
+    import redis as sync_redis
+
+    from broker.store.client import connect
+    from broker.store.log import SessionLog
+
+    created = {"type": "created", "cwd": CWD, "agent": "demo", "kind": "shell"}
+    times: dict[str, list[float]] = {}
+    with common.private_redis() as mine_url, common.private_redis() as base_url:
+        stores = {"": connect(mine_url), f" ({rev})": connect(base_url)}
+        logs = {"": SessionLog(stores[""]), f" ({rev})": baseline_log(stores[f" ({rev})"], rev)}
+        urls = {"": mine_url, f" ({rev})": base_url}
+        for log in logs.values():
+            await log.create(TENANT, "one", created)
+            await log.create(TENANT, "many", created)
+        for r in range(rounds):
+            for tag in common.in_turn(list(logs), r):
+                log, admin = logs[tag], sync_redis.Redis.from_url(urls[tag])
+                for many in (False, True):
+                    admin.config_resetstat()
+                    if many:
+                        for start in range(0, n, 64):
+                            items = [
+                                (TENANT, "many", body(i), "") for i in range(start, start + 64)
+                            ]
+                            await log.append_many(items)
+                    else:
+                        for i in range(n):
+                            await log.append(TENANT, "one", body(i))
+                    stats = admin.info("commandstats")["cmdstat_evalsha"]
+                    name = f"{'64 per call' if many else 'one at a time'}{tag}"
+                    per_event = stats["usec_per_call"] / (64 if many else 1)
+                    times.setdefault(name, []).append(per_event)
+                admin.close()
+        for store in stores.values():
+            await store.aclose()
+    return times
 
 
 async def run(args: Any) -> None:
@@ -187,12 +275,23 @@ async def run(args: Any) -> None:
         ["path", "events/s", "÷ raw XADD one at a time (≥0.5)", "÷ raw XADD 64 per trip"],
         rows,
     )
-    common.report(
-        "append",
-        [text],
-        {"quick": args.quick, "events": n, "median": med, "rounds": all_rates},
-        args.out,
-    )
+    tables, data = [text], {"quick": args.quick, "events": n, "median": med, "rounds": all_rates}
+    for rev in args.baseline:
+        times = await script_time(rev, min(n, 3000), 2 * rounds)
+        base = {name: common.median(v) for name, v in times.items()}
+        rows = [
+            [name, value, "" if name.endswith(f"({rev})") else value / base[f"{name} ({rev})"]]
+            for name, value in base.items()
+        ]
+        tables.append(
+            common.table(
+                f"Redis's time per event in the append scripts (INFO commandstats), vs {rev}",
+                ["script call", "µs per event", f"÷ {rev}"],
+                rows,
+            )
+        )
+        data[f"script µs per event vs {rev}"] = times
+    common.report("append", tables, data, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -202,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="give Redis a replica and add the append script with WAIT 1 (redis_wait_replicas)",
     )
+    common.add_baseline(p)
     asyncio.run(run(p.parse_args(argv)))
 
 

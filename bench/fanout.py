@@ -104,8 +104,11 @@ async def broker_feeder(
         log.appender._append = store.register_script(append)
         batch = (lua / "append_batch.lua").read_text()
         log.appender._append_batch = store.register_script(batch_script(append, batch))
+        floors = "floor" in append  # revisions before floors take no ARGV[15]
         if "Arguments layout 2" not in batch:
-            log.appender._batch_call = _layout1_batch_call(log)  # type: ignore[method-assign,assignment]
+            log.appender._batch_call = _layout1_batch_call(log, floors)  # type: ignore[method-assign,assignment]
+        elif not floors:
+            log.appender._batch_call = _floorless_batch_call(log)  # type: ignore[method-assign,assignment]
 
     async def send(rooms: list[str]) -> None:
         now = time.time()
@@ -117,14 +120,37 @@ async def broker_feeder(
     return send, store.aclose
 
 
-def _layout1_batch_call(
+def _floorless_batch_call(
     log: SessionLog,
+) -> Callable[
+    [Sequence[tuple[str, str, JsonObject, str]], Sequence[str]], tuple[list[str], list[Any]]
+]:
+    """The batch script's layout 2 arguments as revisions before floors take them: this
+    tree's, each event's floor (the 7th of its arguments) left out."""
+    mine = log.appender._batch_call
+
+    def batch_call(
+        items: Sequence[tuple[str, str, JsonObject, str]], ids: Sequence[str]
+    ) -> tuple[list[str], list[Any]]:
+        keys, args = mine(items, ids)
+        out, at = args[:5], 5
+        for _ in items:
+            ops = int(args[at + 7])
+            out += args[at : at + 6] + args[at + 7 : at + 8 + 3 * ops]
+            at += 8 + 3 * ops
+        return keys, out
+
+    return batch_call
+
+
+def _layout1_batch_call(
+    log: SessionLog, floors: bool = True
 ) -> Callable[
     [Sequence[tuple[str, str, JsonObject, str]], Sequence[str]], tuple[list[str], list[Any]]
 ]:
     """The batch script's arguments as revisions before its layout 2 take them: every
     event's own append.lua arguments, their counts first (``LogAppender._call`` still makes
-    one event's)."""
+    one event's; ``floors``: the revision's append.lua takes a floor)."""
 
     def batch_call(
         items: Sequence[tuple[str, str, JsonObject, str]], ids: Sequence[str]
@@ -136,6 +162,8 @@ def _layout1_batch_call(
             one_keys, one_args = log.appender._call(
                 tenant, session_id, body, mode="append", fence=fence, call=call
             )
+            if not floors:
+                del one_args[14]  # ARGV[15], the floor
             keys += one_keys
             counts.append(len(one_args))
             args += one_args

@@ -301,6 +301,10 @@ class Relay:
         resumes = state.resumes()
         answers = await asyncio.gather(*(link.call(r) for _, r in resumes))
         for (session_id, _), answer in zip(resumes, answers, strict=True):
+            again = state.resume_from_log_end(session_id, answer.get("error"))
+            if again is not None:
+                report(f"session {session_id}: its last events were lost by the store")
+                answer = await link.call(again)
             if "error" in answer:
                 report(f"session {session_id} could not be resumed: {answer['error']}")
                 state.resume_failed(session_id)

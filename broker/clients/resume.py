@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject
-from ..protocol.render import LET_GO_META, POSITION_META
+from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
+from ..protocol.render import LET_GO_META, LOG_END_DATA, POSITION_META
 from ..protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME
 from ..protocol.v2 import REPLAY_POSITION, V2
 from .echoes import OwnPrompts
@@ -200,6 +200,31 @@ class BridgeState:
             seq, epoch = position
             params["_meta"] = {REPLAY_AFTER_META: {"seq": seq, "epoch": epoch}}
         return {"jsonrpc": "2.0", "id": self.next_id(), "method": method, "params": params}
+
+    def resume_from_log_end(self, session_id: str, error: Any) -> JsonObject | None:
+        """The request that resumes a session again from its log's end, when the resume was
+        refused for a position ahead of the log (Redis lost the last events the editor was
+        sent, in a failover): that end is taken as the last update forwarded, so what the
+        log gets next reaches the editor. None for any other refusal."""
+        session = self.sessions.get(session_id)
+        known = self.positions.get(session_id)
+        data = error.get("data") if isinstance(error, dict) else None
+        end = (
+            _position_of({"_meta": {POSITION_META: data.get(LOG_END_DATA)}})
+            if isinstance(data, dict)
+            else None
+        )
+        if (
+            session is None
+            or known is None
+            or end is None
+            or error.get("code") != INVALID_PARAMS
+            or end[1] != known[1]
+            or end[0] >= known[0]
+        ):
+            return None
+        self.positions[session_id] = end
+        return self._resume_request(session)
 
     def resume_failed(self, session_id: str) -> None:
         """The session could not be resumed (deleted meanwhile, say): it is no longer active."""

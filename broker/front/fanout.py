@@ -28,6 +28,7 @@ from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store
 from ..store.events import LogEvent
+from ..store.floors import rewound
 from ..store.keys import SessionKeys, node_channel
 from ..store.live import LiveFeed, Message, open_live_feed
 from ..store.log import SessionLog, SessionMissing
@@ -79,6 +80,7 @@ class SessionFeed:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     behind: int = 0  # the snapshot's seq at the last position check, if it was ahead of us
+    rewound: int = 0  # the seq delivered here that the log was last found behind (reported)
     heard: bool = False  # whether an event was handed out since the last position check
 
 
@@ -103,6 +105,7 @@ class FanoutHub:
         self.read_failures = FailureLog(log, "pub/sub read")
         self.check_failures = FailureLog(log, "position check")
         self.catch_up_failures = FailureLog(log, "catch-up read")
+        session_log.add_floor_source(self.reached)
 
     async def start(self) -> None:
         await self._subscribe()
@@ -200,6 +203,12 @@ class FanoutHub:
             # nobody reads, until the resubscription after a fault drops it.
             with contextlib.suppress(Exception):
                 await self._subscriptions().sunsubscribe(channel)
+
+    def reached(self, tenant: str, session_id: str) -> int:
+        """The last seq of the session handed out here (0: none): this front's appends pass
+        it as their floor, so that a log Redis rewound gives none of its seqs again."""
+        feed = self._feeds.get(SessionKeys(tenant, session_id).channel)
+        return feed.last or 0 if feed is not None else 0
 
     def subscribers(self, session_id: str, tenant: str) -> list[Subscriber]:
         feed = self._feeds.get(SessionKeys(tenant, session_id).channel)
@@ -387,6 +396,14 @@ class FanoutHub:
             for feed, head in zip(feeds, heads, strict=True):
                 if head is None or feed.last is None or feed.heard:
                     continue
+                if int(head) < feed.last != feed.rewound and feed.epoch is not None:
+                    # The log lost events handed out here (a failover lost acknowledged
+                    # writes): left as the session's floor, the next event goes past them,
+                    # whoever appends it (store/floors.py).
+                    keys = feed.keys
+                    await self.log.leave_floor(keys.tenant, keys.session_id, feed.last, feed.epoch)
+                    feed.rewound = feed.last
+                    rewound(keys.session_id, int(head), feed.last, found_by="fanout")
                 if feed.behind > feed.last:
                     log.info("session %s: pub/sub lost events; catching up", feed.keys.session_id)
                     await self._catch_up(feed)

@@ -215,6 +215,12 @@ PROJECTOR_BACKLOG = Gauge(
 )
 
 # -- Redis ----------------------------------------------------------------------------------
+LOG_REWINDS = Counter(
+    "acp_broker_log_rewinds_total",
+    "Session logs found behind a seq already acknowledged or delivered (Redis lost "
+    "acknowledged writes in a failover), by who found it: append, fanout",
+    ["found_by"],
+)
 REDIS_ERRORS = Counter(
     "acp_broker_redis_errors_total", "Failed Redis operations of the retrying loops", ["loop"]
 )

@@ -17,6 +17,10 @@ from .jsonrpc import invalid_params, notification
 
 POSITION_META = "acpBroker/position"
 """``_meta`` key of every ``session/update`` the broker sends: ``{"seq": n, "epoch": e}``."""
+LOG_END_DATA = "acpBroker/logEnd"
+"""``data`` key of the -32602 a position ahead of the session's log gets: the last position
+the log gave out, ``{"seq": n, "epoch": e}`` (a client that saw events Redis then lost in a failover
+resumes from there: docs/redis-recovery.md)."""
 NOTICE_META = "acpBroker/notice"
 """``_meta`` key marking a notice (or its ``agent_message_chunk`` stand-in) the broker wrote,
 and the stand-in of an agent's notice."""
@@ -36,7 +40,11 @@ def check_position(seq: int, epoch: str, *, log_epoch: str, head: int) -> None:
     if epoch != log_epoch:
         raise invalid_params("the position belongs to another log (epoch mismatch)")
     if seq > head:
-        raise invalid_params("the position is ahead of the session's log")
+        raise invalid_params(
+            "the position is ahead of the session's log (events after its end were lost "
+            "with a Redis master, or the position is not one the broker gave)",
+            {LOG_END_DATA: {"seq": head, "epoch": log_epoch}},
+        )
 
 
 def session_updates(event: LogEvent, session_id: str, notices: bool = False) -> list[JsonObject]:

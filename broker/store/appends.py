@@ -26,6 +26,7 @@ from .events import (
     is_index_neutral,
     snapshot_ops,
 )
+from .floors import SeqFloors, rewound
 from .keys import partition_of, session_keys
 from .log_errors import SessionArchived, StoreFull, append_error, is_oom
 
@@ -72,7 +73,12 @@ class LogAppender:
         self._append_batch = redis.register_script(
             batch_script(lua_script("append.lua"), lua_script("append_batch.lua"))
         )
+        self._floor = redis.register_script(lua_script("floor.lua"))
         self._wait: tuple[int, float] | None = None
+        self.floors = SeqFloors()
+        """The highest seq of each session's log this process knows: each append passes it
+        as its floor, so that a log that lost acknowledged events reuses none of their seqs
+        (:mod:`.floors`)."""
 
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         """Make each append wait until ``replicas`` replicas have it (see
@@ -86,7 +92,7 @@ class LogAppender:
         if body.get("type") != EventType.CREATED:
             raise ValueError("a log starts with a 'created' event")
         return await self._run(
-            *self._call(tenant, session_id, body, mode="create", epoch=_new_epoch())
+            session_id, *self._call(tenant, session_id, body, mode="create", epoch=_new_epoch())
         )
 
     async def append(
@@ -106,9 +112,13 @@ class LogAppender:
         """
         call = call or _call_id()  # the same call after a restore
         for _ in range(3):
+            floor = self.floors.asked(tenant, session_id)
             try:
                 return await self._run(
-                    *self._call(tenant, session_id, body, mode="append", fence=fence, call=call)
+                    session_id,
+                    *self._call(
+                        tenant, session_id, body, mode="append", fence=fence, call=call, floor=floor
+                    ),
                 )
             except SessionArchived:
                 await self.restore(tenant, session_id)
@@ -176,10 +186,17 @@ class LogAppender:
         keys, args = self._batch_call(items, ids)
         with tracing.span("acp-broker append", events=len(items)):
             replies = await self._batch_script(keys, args)
-        results: list[Position | Exception] = [
-            append_error(r) if isinstance(r, ResponseError) else Position(int(r[0]), str(r[1]))
-            for r in replies
-        ]
+        results: list[Position | Exception] = []
+        floors = self.floors
+        for (_, session_id, _, _), r in zip(items, replies, strict=True):
+            if isinstance(r, ResponseError):
+                results.append(append_error(r))
+                continue
+            seq = int(r[0])
+            if len(r) > 2:
+                rewound(session_id, int(r[2]), seq - 1, found_by="append")
+            floors.reached(session_id, seq)
+            results.append(Position(seq, str(r[1])))
         metrics.EVENTS_APPENDED.inc(sum(isinstance(r, Position) for r in results))
         return results
 
@@ -187,7 +204,7 @@ class LogAppender:
         self, items: Sequence[tuple[str, str, JsonObject, str]], ids: Sequence[str]
     ) -> tuple[list[str], list[Any]]:
         """``append_batch.lua``'s keys and arguments: what is the same for the whole call
-        (the time, the feed's length, the bounds) once, then 7 arguments an event and its
+        (the time, the feed's length, the bounds) once, then 8 arguments an event and its
         snapshot operations (packing and parsing 22 an event was a third of the appender's
         CPU)."""
         keys: list[str] = []
@@ -197,6 +214,7 @@ class LogAppender:
             self.feed_maxlen,
             *self._bounds(),
         ]
+        floor = self.floors.floor
         for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
             keys += _script_keys(tenant, session_id)
             ops = snapshot_ops(body)
@@ -206,7 +224,16 @@ class LogAppender:
                 + ("1" if is_index_neutral(body, ops) else "0")
                 + ("1" if body.get("type") in _BOUNDED else "0")
             )
-            args += (dumps(body), fence, tenant, session_id, call or _call_id(), flags, len(ops))
+            args += (
+                dumps(body),
+                fence,
+                tenant,
+                session_id,
+                call or _call_id(),
+                flags,
+                floor(session_id),
+                len(ops),
+            )
             for op in ops:
                 args += op
         return keys, args
@@ -221,8 +248,10 @@ class LogAppender:
         epoch: str = "",
         fence: str = "",
         call: str = "",
+        floor: int = 0,
     ) -> tuple[list[str], list[Any]]:
-        """The append script's keys and arguments for one event."""
+        """The append script's keys and arguments for one event (``floor``: see
+        :mod:`.floors`)."""
         ops = snapshot_ops(body)
         args: list[Any] = [
             int(time.time() * 1000),
@@ -239,6 +268,7 @@ class LogAppender:
             self._bound(body),
             "1" if body.get("type") == EventType.DELETED else "0",
             "1" if is_index_neutral(body, ops) else "0",
+            floor,
         ]
         for op in ops:
             args.extend(op)
@@ -256,15 +286,19 @@ class LogAppender:
             return 0, 0
         return self.max_events, self.max_events + BOOKKEEPING_ROOM
 
-    async def _run(self, keys: list[str], args: list[Any]) -> Position:
+    async def _run(self, session_id: str, keys: list[str], args: list[Any]) -> Position:
         """One call of the append script (keys and arguments from :meth:`_call`)."""
         try:
             with tracing.span("acp-broker append", events=1):
-                seq, got_epoch = await self.script(self._append, keys, args)
+                reply = await self.script(self._append, keys, args)
         except ResponseError as exc:
             raise append_error(exc) from None
         metrics.EVENTS_APPENDED.inc()
-        return Position(int(seq), str(got_epoch))
+        seq = int(reply[0])
+        if len(reply) > 2:
+            rewound(session_id, int(reply[2]), seq - 1, found_by="append")
+        self.floors.reached(session_id, seq)
+        return Position(seq, str(reply[1]))
 
     @property
     def direct_appends(self) -> DirectCalls | None:
@@ -288,6 +322,13 @@ class LogAppender:
             if is_oom(exc):
                 raise StoreFull(str(exc)) from None
             raise
+
+    async def leave_floor(self, tenant: str, session_id: str, seq: int, epoch: str) -> bool:
+        """Leave ``seq`` (of log ``epoch``) in the session's snapshot as a floor every
+        appender's next event goes past (``lua/floor.lua``): a watcher was handed it, and
+        the log is now found behind it. False when the log is at or past it already."""
+        keys = [session_keys(tenant, session_id).snapshot]
+        return bool(await self.script(self._floor, keys, [seq, epoch]))
 
     async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """Call one of the log's scripts, through the client."""

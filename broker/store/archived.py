@@ -10,7 +10,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .appends import LogAppender, lua_script
-from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode
+from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode, entries_between
 from .client import Store
 from .events import window_fields
 from .keys import SessionKeys
@@ -72,7 +72,7 @@ class ArchivedLogs:
         if archived is None:
             return
         found = await self.archived(tenant, session_id)
-        entries = found.entries[: int(archived)]
+        entries = entries_between(found, 0, int(archived))
         window = window_fields(event for _, _, event in entries)  # the archive left it out
         now = int(time.time() * 1000)
         parts = range(0, len(entries), RESTORE_CHUNK)

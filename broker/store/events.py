@@ -110,6 +110,7 @@ class SessionSnapshot:
     meta: JsonObject = field(default_factory=dict)
     window: JsonObject = field(default_factory=dict)  # modes, configOptions, models: window.py
     archived: bool = False  # the log is in the archive store (and the window left out)
+    floor: int = 0  # a seq handed out that a failover lost: the next one is past it (floors.py)
 
     @classmethod
     def from_hashes(
@@ -143,11 +144,18 @@ class SessionSnapshot:
             meta={key: json.loads(value) for key, value in _user_meta(snap, meta).items()},
             window=window_of(snap),
             archived="archived" in snap,
+            floor=int(snap.get("floor", 0)),
         )
 
     @property
     def deleted(self) -> bool:
         return self.status == Status.DELETED
+
+    @property
+    def given(self) -> int:
+        """The highest seq of this log a client may hold: the stored seq, or past it the
+        floor a watcher left when a failover lost events it had handed out."""
+        return max(self.seq, self.floor)
 
 
 _ACTIVITY = frozenset(

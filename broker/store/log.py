@@ -20,6 +20,7 @@ from .archived import ArchivedLogs
 from .client import Store
 from .direct import direct_calls, store_calls
 from .events import EventRow, JsonObject, LogEvent, Position, SessionSnapshot
+from .floors import FloorSource
 from .keys import SessionKeys
 from .log_errors import ArchiveUnavailable as ArchiveUnavailable
 from .log_errors import Fenced as Fenced
@@ -61,6 +62,14 @@ class SessionLog:
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         """See :meth:`.LogAppender.wait_for_replicas`."""
         self.appender.wait_for_replicas(replicas, timeout)
+
+    def add_floor_source(self, source: FloorSource) -> None:
+        """See :meth:`.SeqFloors.add_source`."""
+        self.appender.floors.add_source(source)
+
+    async def leave_floor(self, tenant: str, session_id: str, seq: int, epoch: str) -> bool:
+        """See :meth:`.LogAppender.leave_floor`."""
+        return await self.appender.leave_floor(tenant, session_id, seq, epoch)
 
     async def create(self, tenant: str, session_id: str, body: JsonObject) -> Position:
         """See :meth:`.LogAppender.create`."""

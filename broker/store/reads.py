@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .archive import ArchiveCorrupt, ArchivedLog
+from .archive import ArchiveCorrupt, ArchivedLog, entries_between
 from .archived import ArchivedLogs
 from .client import Store
 from .direct import StoreCalls
@@ -75,7 +75,7 @@ class LogReader:
                 f"archive of session {session_id} holds epoch {found.epoch}, not {got_epoch}"
             )
         last = found.seq if until is None else min(until, found.seq)
-        picked = list(found.entries[after:last])
+        picked = entries_between(found, after, last)
         if count is not None:
             picked = picked[:count]
         return found.epoch, picked
@@ -174,9 +174,11 @@ class LogReader:
             if after[0] == seq:
                 break
         rows = _client_rows(entries)
-        if len(rows) != int(seq) or any(row[0] != n for n, row in enumerate(rows, 1)):
+        # From 1 to the snapshot's seq, but for those a rewound log skipped (store/floors.py).
+        if (rows[-1][0] if rows else 0) != int(seq) or (rows and rows[0][0] != 1):
             raise ArchiveCorrupt(
-                f"session {session_id}'s log in Redis holds {len(rows)} of {seq} events"
+                f"session {session_id}'s log in Redis ends at seq "
+                f"{rows[-1][0] if rows else 0}, its snapshot at {seq}"
             )
         return ArchivedLog(tenant, session_id, epoch, int(seq), rows)
 

@@ -133,7 +133,9 @@ class ActiveSessions:
             session.turn = await self._join_turn(session, head, announce=True)
             return
         epoch, rows = await self._log.read_rows(tenant, session_id, after=replay_after, until=head)
-        if not rows or rows[0][0] != replay_after + 1:
+        if (not rows or rows[0][0] != replay_after + 1) and await self._trimmed(
+            tenant, session_id, replay_after
+        ):
             await self.deactivate(session_id)
             raise jsonrpc.invalid_params("the position is no longer in the session's log")
         session.delivered = replay_after
@@ -143,6 +145,14 @@ class ActiveSessions:
         else:
             assert session.held is not None
             session.held[:0] = events_of(rows, epoch)
+
+    async def _trimmed(self, tenant: str, session_id: str, after: int) -> bool:
+        """Whether the log no longer holds the events right after ``after`` because its
+        start was cut (replaying from there would leave a gap). Seqs a rewound log skipped
+        (``store/floors.py``), and a hub that handed out more than the log now holds, leave
+        a gap after a position too, but not at the log's start: those are nothing to send."""
+        _, first = await self._log.read_rows(tenant, session_id, count=1)
+        return not first or first[0][0] > after + 1
 
     async def _join_turn(self, session: ActiveSession, seq: int, *, announce: bool) -> int | None:
         """The prompt turn open after event ``seq``, which a v2 viewer's message ids need.

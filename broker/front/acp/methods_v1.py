@@ -411,7 +411,7 @@ def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
     seq, epoch = value.get("seq"), value.get("epoch")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(epoch, str):
         raise invalid_params(f"{REPLAY_AFTER_META} needs an integer seq and a string epoch")
-    check_position(seq, epoch, log_epoch=snapshot.epoch, head=snapshot.seq)
+    check_position(seq, epoch, log_epoch=snapshot.epoch, head=snapshot.given)
     return seq
 
 

@@ -47,7 +47,7 @@ async def session_resume(methods: AcpMethods, conn: ClientConnection, request: R
     reopened = await methods.reopen(conn, request, replay_default=None)
     snapshot = reopened.snapshot
     reopened.after = v2.replay_after(
-        request.params.get("replayFrom"), epoch=snapshot.epoch, head=snapshot.seq
+        request.params.get("replayFrom"), epoch=snapshot.epoch, head=snapshot.given
     )
     return await methods.reattach(conn, request, reopened)
 

@@ -8,7 +8,7 @@ its location: a directory (``dir:PATH`` or a plain path) or PostgreSQL
 
 from __future__ import annotations
 
-from .base import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode, encode
+from .base import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode, encode, entries_between
 from .directory import DirectoryArchive
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "DirectoryArchive",
     "decode",
     "encode",
+    "entries_between",
     "open_archive",
 ]
 

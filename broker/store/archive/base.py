@@ -1,14 +1,16 @@
 """The archive interface and the one format every store keeps a log in.
 
-An archived log is a session's whole log, ``1 … seq`` under one epoch, kept as one
-blob: zlib-compressed lines, a JSON header line then one line per event,
-``<seq> <ts> <event JSON>`` (event JSON never holds a raw newline). zlib's checksum
-and the header's count make a damaged or truncated blob an :class:`ArchiveCorrupt`,
-never a shorter log.
+An archived log is a session's whole log up to ``seq`` under one epoch, kept as one
+blob: zlib-compressed lines, a JSON header line then one line per event in seq order,
+``<seq> <ts> <event JSON>`` (event JSON never holds a raw newline). The seqs run 1, 2, 3 …
+but for those a rewound log skipped (seqs of events Redis lost in a failover: see
+``store/floors.py``). zlib's checksum and the header's last seq make a damaged or truncated
+blob an :class:`ArchiveCorrupt`, never a shorter log.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import zlib
 from collections.abc import Sequence
@@ -24,14 +26,15 @@ class ArchiveCorrupt(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ArchivedLog:
-    """One session's whole log as archived: events ``1 … seq`` of ``epoch``, in order."""
+    """One session's whole log as archived: its events up to ``seq`` of ``epoch``, in order."""
 
     tenant: str
     session_id: str
     epoch: str
     seq: int
     entries: Sequence[tuple[int, int, str]]
-    """``(seq, ts, event JSON text)`` for seq 1 … ``seq``."""
+    """``(seq, ts, event JSON text)`` in seq order, the last at ``seq``: every seq from 1,
+    but for the ones a rewound log skipped."""
 
 
 class ArchiveStore(Protocol):
@@ -72,19 +75,37 @@ def decode(blob: bytes, tenant: str, session_id: str) -> ArchivedLog:
         head, *lines = text.split("\n")
         header = json.loads(head)
         entries = []
+        last = 0
         for number, line in enumerate(lines, 1):
-            seq, ts, event = line.split(" ", 2)
-            if int(seq) != number:
-                raise ValueError(f"entry {number} has seq {seq}")
-            entries.append((number, int(ts), event))
+            text, ts, event = line.split(" ", 2)
+            seq = int(text)
+            if seq <= last or (last == 0 and seq != 1):
+                raise ValueError(f"entry {number} has seq {seq}, after {last or 'none'}")
+            entries.append((seq, int(ts), event))
+            last = seq
     except (zlib.error, UnicodeDecodeError, ValueError) as exc:
         raise ArchiveCorrupt(f"archive of session {session_id} is unreadable: {exc}") from None
     if header.get("v") != FORMAT_VERSION:
         raise ArchiveCorrupt(f"archive of session {session_id}: unknown format {header.get('v')}")
     if (header.get("tenant"), header.get("sid")) != (tenant, session_id):
         raise ArchiveCorrupt(f"archive of session {session_id} holds another session")
-    if header.get("seq") != len(entries):
+    if header.get("seq") != last:
         raise ArchiveCorrupt(
-            f"archive of session {session_id} holds {len(entries)} of {header.get('seq')} events"
+            f"archive of session {session_id} ends at seq {last}, not {header.get('seq')}"
         )
-    return ArchivedLog(tenant, session_id, str(header["epoch"]), len(entries), entries)
+    return ArchivedLog(tenant, session_id, str(header["epoch"]), last, entries)
+
+
+def entries_between(log: ArchivedLog, after: int, until: int) -> list[tuple[int, int, str]]:
+    """The entries of ``log`` with ``after < seq <= until``."""
+    entries = log.entries
+    return list(entries[_index_after(entries, after) : _index_after(entries, until)])
+
+
+def _index_after(entries: Sequence[tuple[int, int, str]], seq: int) -> int:
+    """Where the entries after ``seq`` start: its index when the log skipped no seq."""
+    if seq <= 0:
+        return 0
+    if seq <= len(entries) and entries[seq - 1][0] == seq:
+        return seq
+    return bisect.bisect_right(entries, seq, key=lambda entry: entry[0])

@@ -8,8 +8,8 @@
 -- ARGV: 1 the number of events N, 2 now (ms), 3 feed max length, 4 the most events a
 --       session may have once an update or prompt is in, 5 the same for any other event
 --       (0: no bound), then for each event in turn: its body, fencing token ("" = none),
---       tenant, session id, call id, flags, number of snapshot operations K, then its K
---       (op, field, value) triples. Flags: four characters, "1" or "0": the event is
+--       tenant, session id, call id, flags, floor (append.lua's ARGV[15]), number of
+--       snapshot operations K, then its K (op, field, value) triples. Flags: four characters, "1" or "0": the event is
 --       activity, deletes the session, is index-neutral, is bounded by ARGV[4] (else 5).
 -- Returns, for each event, what append.lua returns for it ({seq, epoch} or an error).
 local count, now, maxlen = tonumber(ARGV[1]), ARGV[2], ARGV[3]
@@ -20,16 +20,16 @@ for i = 1, count do
   for j = 1, 7 do
     keys[j] = KEYS[key + j]
   end
-  local flags, ops = ARGV[arg + 5], tonumber(ARGV[arg + 6])
+  local flags, ops = ARGV[arg + 5], tonumber(ARGV[arg + 7])
   -- append.lua's ARGV for this event (its header documents them).
   local args = {now, ARGV[arg], 'append', '', ARGV[arg + 1], maxlen, ARGV[arg + 2],
                 ARGV[arg + 3], ops, sub(flags, 1, 1), ARGV[arg + 4],
                 sub(flags, 4, 4) == '1' and ARGV[4] or ARGV[5], sub(flags, 2, 2),
-                sub(flags, 3, 3)}
+                sub(flags, 3, 3), ARGV[arg + 6]}
   for j = 1, 3 * ops do
-    args[14 + j] = ARGV[arg + 6 + j]
+    args[15 + j] = ARGV[arg + 7 + j]
   end
   results[i] = append_one(keys, args)
-  key, arg = key + 7, arg + 7 + 3 * ops
+  key, arg = key + 7, arg + 8 + 3 * ops
 end
 return results
