@@ -168,8 +168,6 @@ NOT_YET_IN_COMPAT = {
     # Arrived with the store engine's work (Sentinel, the breaker); each is to move to
     # broker/compat/redis.py with a test of what it assumes. No other may be added.
     ("broker.store.breaker", "GatedConnection", "AbstractConnection"),
-    ("broker.store.sentinel", "BlockingSentinelPool", "SentinelConnectionPool"),
-    ("broker.store.sentinel", "BlockingSentinelPool", "BlockingConnectionPool"),
 }
 
 
