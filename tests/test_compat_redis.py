@@ -8,13 +8,19 @@ import contextlib
 import inspect
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.client import Pipeline, PubSub
 from redis.asyncio.cluster import PipelineStrategy, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError
@@ -92,6 +98,10 @@ def test_a_sentinel_pool_asks_its_get_master_address_and_keeps_its_connections_w
     assert "self._in_use_connections" in inspect.getsource(ConnectionPool.disconnect)
     assert "self._writer = None" in inspect.getsource(Connection.disconnect)
     assert "connection_pool.aclose()" in inspect.getsource(Redis.aclose)
+    # Every command, pipeline and subscriber takes its connection with get_connection.
+    assert "pool.get_connection()" in inspect.getsource(Redis.execute_command)
+    assert "connection_pool.get_connection()" in inspect.getsource(Pipeline.execute)
+    assert "connection_pool.get_connection()" in inspect.getsource(PubSub.connect)
     mro = BlockingSentinelPool.__mro__
     assert mro.index(SentinelConnectionPool) < mro.index(BlockingConnectionPool)
 
@@ -144,7 +154,10 @@ async def test_a_followed_switch_moves_idle_in_use_and_new_connections_to_the_ne
                 await asyncio.sleep(0.01)
             assert len(pool._available_connections) == 2  # of the 4 the reads opened
 
-            assert await pool.follow(second) == 4  # 2 idle, 2 in use
+            pool.hold(5)  # a failover under way: no connection handed out
+            with pytest.raises(MasterNotFoundError):
+                await client.get("k")
+            assert await pool.follow(second) == 4  # 2 idle, 2 in use; the hold ends
             assert await pool.follow(second) == 0
             assert await pool.get_master_address() == second
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from redis.asyncio import BlockingConnectionPool, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import (
+    MasterNotFoundError,
     SentinelConnectionPool,
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
@@ -125,15 +126,37 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     name the old one), and every connection to another server is closed: idle ones at
     once, and those in use by aborting their socket, so that their command fails as a
     lost connection and is sent again to the new master, and a subscriber subscribes
-    again there. Leans on redis-py's ``_available_connections`` and
-    ``_in_use_connections`` (the pool's connections), a connection's ``_writer`` (its
-    asyncio stream), and on the client closing its pool with ``aclose``;
-    ``tests/test_compat_redis.py`` checks them."""
+    again there.
+
+    While the Sentinels promote a replica (:meth:`hold`, until :meth:`follow` names the
+    new master) the pool hands out no connection: a write the old master acknowledged
+    after the promotion would be dropped by its resync, so commands fail at once instead
+    with ``MasterNotFoundError`` (the store failing over: "try again").
+
+    Leans on redis-py's ``_available_connections`` and ``_in_use_connections`` (the pool's
+    connections), a connection's ``_writer`` (its asyncio stream), every command, pipeline
+    and subscriber taking its connection with ``get_connection``, and the client closing
+    its pool with ``aclose``; ``tests/test_compat_redis.py`` checks them."""
 
     follower: MasterFollower | None = None
     """Started with the first connection (set by whoever makes the pool)."""
     followed: _SentinelAddress | None = None
     """The master :meth:`follow` named last; None until it has."""
+    held_until = 0.0
+    """Until when (the event loop's clock) no connection is handed out (:meth:`hold`)."""
+
+    def hold(self, seconds: float) -> None:
+        """Hand out no connection for ``seconds`` (a failover is under way), or until
+        :meth:`follow` names another master; ``0``: hand them out again."""
+        self.held_until = asyncio.get_running_loop().time() + seconds if seconds else 0.0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self.held_until and asyncio.get_running_loop().time() < self.held_until:
+            raise MasterNotFoundError(
+                f"the Sentinels are failing {self.service_name} over: no command "
+                "until its new master is known"
+            )
+        return await super().get_connection(*args, **kwargs)
 
     async def get_master_address(self) -> _SentinelAddress:
         if self.follower is not None:
@@ -148,6 +171,8 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
         connection to another server (idle, or in use: see the class) and returns how
         many it closed. Called again with the same address, closes those that were
         being opened to the old master at the switch."""
+        if address != self.followed:
+            self.held_until = 0.0  # the failover is over
         self.followed = self.master_address = address
         idle = [c for c in self._available_connections if _elsewhere(c, address)]
         used = [c for c in self._in_use_connections if _elsewhere(c, address)]
