@@ -119,7 +119,7 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     redis-py's pool asks the Sentinels for the master only when it opens a connection: the
     connections it holds keep talking to the old master after a failover until that server
     answers ``READONLY``, which a ``SENTINEL FAILOVER``'s old master does only once the
-    Sentinels reconfigure it, up to ~10 s later. Meanwhile it takes writes that its
+    Sentinels reconfigure it, 10-20 s later. Meanwhile it takes writes that its
     resync as a replica drops (a lease renewed there, appends, a pub/sub subscriber that
     hears nothing of the new master's). Once :meth:`follow` names the new master, new
     connections go there without asking the Sentinels again (one lagging Sentinel would
