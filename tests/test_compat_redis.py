@@ -3,13 +3,16 @@ fails here, by name."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.client import Pipeline, PubSub
 from redis.asyncio.cluster import (
     ClusterNode,
     ClusterPipeline,
@@ -18,20 +21,29 @@ from redis.asyncio.cluster import (
     PipelineStrategy,
     RedisCluster,
 )
-from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
+from redis.asyncio.connection import AbstractConnection, Connection
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
+from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
 
 from broker.compat.redis import (
     RELOADERS,
+    BlockingSentinelPool,
+    FollowingSentinelConnection,
     GatedCluster,
     ReloadingCluster,
     gated,
     packed_by_hiredis,
 )
 
-from .support.redis_server import free_port
+from .support.redis_server import free_port, redis_server
 
 
 def test_asyncio_connections_pack_commands_in_an_overridable_method() -> None:
@@ -238,3 +250,101 @@ async def test_a_reload_the_gate_closed_under_fails_with_the_gates_error() -> No
         assert isinstance(refused.value.__context__.__cause__, _Refused)  # the node's
     finally:
         await client.aclose()
+
+
+# --- Sentinel: BlockingSentinelPool (self-contained block) ---
+
+
+def test_a_sentinel_pool_asks_its_get_master_address_and_keeps_its_connections_where_we_look() -> (
+    None
+):
+    """BlockingSentinelPool overrides get_master_address (what a connection to the master
+    asks before connecting), closes connections it finds in the pool's two collections, and
+    aborts an in-use one through its stream writer; a client closes its pool with aclose."""
+    assert "get_master_address()" in inspect.getsource(SentinelManagedConnection._connect_retry)
+    assert "self._available_connections" in inspect.getsource(ConnectionPool.disconnect)
+    assert "self._in_use_connections" in inspect.getsource(ConnectionPool.disconnect)
+    assert "self._writer = None" in inspect.getsource(Connection.disconnect)
+    assert "connection_pool.aclose()" in inspect.getsource(Redis.aclose)
+    # Every command, pipeline and subscriber takes its connection with get_connection.
+    assert "pool.get_connection()" in inspect.getsource(Redis.execute_command)
+    assert "connection_pool.get_connection()" in inspect.getsource(Pipeline.execute)
+    assert "connection_pool.get_connection()" in inspect.getsource(PubSub.connect)
+    mro = BlockingSentinelPool.__mro__
+    assert mro.index(SentinelConnectionPool) < mro.index(BlockingConnectionPool)
+
+
+def test_a_command_sent_again_reconnects_without_asking_the_sentinels() -> None:
+    """Why FollowingSentinelConnection overrides connect_check_health: a command's retry
+    reconnects through it (not through connect(), where redis-py asks the Sentinels)."""
+    assert "connect_check_health(" in inspect.getsource(Connection.send_packed_command)
+    assert "connect_check_health(" in inspect.getsource(Connection.connect)
+    assert "_connect_retry" not in inspect.getsource(Connection.connect_check_health)
+    assert list(inspect.signature(Connection.connect_check_health).parameters) == [
+        "self",
+        "check_health",
+        "retry_socket_connect",
+    ]
+
+
+class _OneMaster:
+    """Stands in for redis-py's ``Sentinel``: always names ``address``."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        return self.address
+
+
+async def test_a_followed_switch_moves_idle_in_use_and_new_connections_to_the_new_master() -> None:
+    with redis_server() as first_url, redis_server() as second_url:
+        first = ("127.0.0.1", int(first_url.rsplit(":", 1)[1].split("/")[0]))
+        second = ("127.0.0.1", int(second_url.rsplit(":", 1)[1].split("/")[0]))
+        pool = BlockingSentinelPool(
+            "m",
+            _OneMaster(first),
+            connection_class=FollowingSentinelConnection,
+            max_connections=8,
+            timeout=5,
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 2, (ConnectionError,)),
+        )
+        client = Redis.from_pool(pool)
+        pubsub = client.pubsub()
+        try:
+            await asyncio.gather(*(client.blpop(["idle"], 0.05) for _ in range(4)))
+            await pubsub.subscribe("ch")
+            blocked: asyncio.Task[Any] = asyncio.ensure_future(client.blpop(["list"], 0))
+            for _ in range(500):  # until the read is sent (bounded)
+                if len(pool._in_use_connections) == 2:  # the subscriber's, the blocked read's
+                    break
+                await asyncio.sleep(0.01)
+            assert len(pool._available_connections) == 2  # of the 4 the reads opened
+
+            pool.hold(5)  # a failover under way: no connection handed out
+            with pytest.raises(MasterNotFoundError):
+                await client.get("k")
+            assert await pool.follow(second) == 4  # 2 idle, 2 in use; the hold ends
+            assert await pool.follow(second) == 0
+            assert await pool.get_master_address() == second
+
+            async with Redis(port=second[1], decode_responses=True) as direct:
+                await client.set("k", "v")  # a connection the pool had: now on the second
+                assert await direct.get("k") == "v"
+                # The blocked read was sent again to the second server: a push there ends it.
+                while not blocked.done():
+                    await direct.rpush("list", "x")
+                    await asyncio.sleep(0.05)
+                assert tuple(await blocked) == ("list", "x")
+                # The subscriber lost its connection: its next read subscribes again there.
+                heard = None
+                async with asyncio.timeout(10):
+                    while heard is None:
+                        with contextlib.suppress(ConnectionError):
+                            heard = await pubsub.get_message(True, timeout=0.1)
+                        await direct.publish("ch", "hi")
+                assert heard["data"] == "hi"
+        finally:
+            await pubsub.aclose()
+            await client.aclose()

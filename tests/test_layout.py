@@ -228,14 +228,6 @@ def _library_imports(tree: ast.Module) -> dict[str, str]:
     return names
 
 
-NOT_YET_IN_COMPAT = {
-    # Arrived with the store engine's work (Sentinel); each is to move to
-    # broker/compat/redis.py with a test of what it assumes. No other may be added.
-    ("broker.store.sentinel", "BlockingSentinelPool", "SentinelConnectionPool"),
-    ("broker.store.sentinel", "BlockingSentinelPool", "BlockingConnectionPool"),
-}
-
-
 def test_only_the_compat_modules_subclass_a_librarys_classes() -> None:
     # Overriding a library's methods leans on its internals: all of it in broker/compat/,
     # where tests/test_compat_*.py check every internal it assumes.
@@ -252,7 +244,7 @@ def test_only_the_compat_modules_subclass_a_librarys_classes() -> None:
                         and not base_name.endswith(("Error", "Exception", "Closed"))
                     ):
                         found.append((name, node.name, base_name))
-    assert set(found) <= NOT_YET_IN_COMPAT
+    assert not found
 
 
 def test_no_module_imports_a_private_name_of_a_library() -> None:

@@ -15,8 +15,12 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError
+
+from broker.store.client import connect
 
 from .support.broker_process import BrokerProcess, broker_process
 from .support.client import RawClient, text
@@ -167,8 +171,10 @@ async def test_a_plain_url_to_a_demoted_master_says_so_instead_of_internal_error
             _, error = await _attempt(node)
             assert error is None, error
             await asyncio.get_running_loop().run_in_executor(None, sentinels.failover)
-            deadline = time.monotonic() + 15
-            while True:  # until the demotion is seen (it takes the Sentinels a moment)
+            # The Sentinels turn the old master into a replica once they have seen it
+            # still say "master" twice, 8 s apart, on their 10 s round of INFO: up to ~20 s.
+            deadline = time.monotonic() + 30
+            while True:  # until the demotion is seen
                 took, error = await _attempt(node)
                 assert took <= 2 * (REQUEST_TIMEOUT + SLACK), f"an attempt hung {took:.1f} s"
                 # A session the old master made just before its demotion is dropped by its
@@ -182,3 +188,44 @@ async def test_a_plain_url_to_a_demoted_master_says_so_instead_of_internal_error
             assert status == 503, report
             assert "read-only replica" in report["checks"]["redis"]["error"], report
         assert "internal error" not in node.log_text()
+
+
+async def test_every_connection_follows_a_switch_of_master_before_the_old_one_is_demoted() -> None:
+    """After ``SENTINEL FAILOVER`` the old master goes on taking writes until the Sentinels
+    demote it (up to ~20 s later), and its resync then drops them: a client's pooled
+    connections, a blocked read and a subscriber must leave it at the switch, not wait for
+    its ``READONLY``. Within a few seconds of the new master taking writes, every write
+    lands there, a read blocked on the old master is answered by the new one, and a
+    subscriber hears what is published on the new one."""
+    with sentinel_set() as sentinels:
+        client: Any = connect(sentinels.url(), timeout=30.0)  # a blocked read waits long
+        pubsub = client.pubsub()
+        try:
+            await asyncio.gather(*(client.blpop(["acpb:t:idle"], 0.05) for _ in range(6)))
+            await pubsub.subscribe("acpb:t:ch")
+            blocked = asyncio.ensure_future(client.blpop(["acpb:t:list"], 0))
+            new = await asyncio.get_running_loop().run_in_executor(None, sentinels.failover)
+            with sentinels.client(new) as direct:
+                deadline = time.monotonic() + 5  # the follower asks every second
+                while True:
+                    with contextlib.suppress(ConnectionError):  # "failing over": not yet
+                        await client.set("acpb:t:probe", "x")
+                    if direct.get("acpb:t:probe") == b"x":
+                        break
+                    assert time.monotonic() < deadline, "writes still go to the old master"
+                    await asyncio.sleep(0.1)
+                for n in range(20):  # each on whichever pooled connection is free
+                    await asyncio.gather(*(client.set(f"acpb:t:{n}:{i}", n) for i in range(6)))
+                    assert all(direct.get(f"acpb:t:{n}:{i}") == str(n).encode() for i in range(6))
+                direct.rpush("acpb:t:list", "y")
+                assert tuple(await asyncio.wait_for(blocked, 5)) == ("acpb:t:list", "y")
+                heard = None
+                async with asyncio.timeout(5):
+                    while heard is None:
+                        direct.publish("acpb:t:ch", "hi")
+                        with contextlib.suppress(ConnectionError):
+                            heard = await pubsub.get_message(True, timeout=0.2)
+                assert heard["data"] == "hi"
+        finally:
+            await pubsub.aclose()
+            await client.aclose()

@@ -1,6 +1,7 @@
 """redis-py's internals the broker relies on, in one place: commands packed by hiredis,
-connections and cluster clients that send nothing while a gate is closed, and a cluster
-client that reloads its slot map without cutting the connections in use.
+connections and cluster clients that send nothing while a gate is closed, a cluster client
+that reloads its slot map without cutting the connections in use, and a Sentinel pool that
+follows a switch of master at once.
 
 :func:`packed_by_hiredis` mixes into a pool's ``connection_class`` an override of
 ``AbstractConnection.pack_command`` (redis-py's asyncio connections pack in Python) using
@@ -16,12 +17,19 @@ cluster's node factory. ``tests/test_compat_redis.py`` checks what each assumes.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any, Protocol
 
-from redis.asyncio import RedisCluster
+from redis.asyncio import BlockingConnectionPool, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import MovedError, RedisClusterException
 
@@ -191,3 +199,127 @@ class GatedClusterPipeline(ClusterPipeline):
                 await self.reset()  # as redis-py's own execute leaves it
                 raise
         return await super().execute(raise_on_error, allow_redirections)
+
+
+# --- Sentinel: a pool that waits for a free connection and follows a switch of master ---
+#
+# Self-contained: what the rest of this module holds is not used here, nor the other way.
+
+_SentinelAddress = tuple[str, int]
+
+
+class MasterFollower(Protocol):
+    """What tells a :class:`BlockingSentinelPool` where the master is now (the store's
+    ``broker.store.sentinel_follow.SwitchFollower``): started with the pool's first
+    connection, stopped when the pool closes (``aclose``, which its client's own
+    ``aclose`` calls)."""
+
+    def start(self, pool: BlockingSentinelPool) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """redis-py's Sentinel pool that, as the standalone client's, waits for a free
+    connection (up to its ``timeout``) instead of failing with "Too many connections", and
+    that follows a switch of master at once (:meth:`follow`).
+
+    redis-py's pool asks the Sentinels for the master only when it opens a connection: the
+    connections it holds keep talking to the old master after a failover until that server
+    answers ``READONLY``, which a ``SENTINEL FAILOVER``'s old master does only once the
+    Sentinels reconfigure it, 10-20 s later. Meanwhile it takes writes that its
+    resync as a replica drops (a lease renewed there, appends, a pub/sub subscriber that
+    hears nothing of the new master's). Once :meth:`follow` names the new master, new
+    connections go there without asking the Sentinels again (one lagging Sentinel would
+    name the old one), and every connection to another server is closed: idle ones at
+    once, and those in use by aborting their socket, so that their command fails as a
+    lost connection and is sent again to the new master, and a subscriber subscribes
+    again there.
+
+    While the Sentinels promote a replica (:meth:`hold`, until :meth:`follow` names the
+    new master) the pool hands out no connection: a write the old master acknowledged
+    after the promotion would be dropped by its resync, so commands fail at once instead
+    with ``MasterNotFoundError`` (the store failing over: "try again").
+
+    Leans on redis-py's ``_available_connections`` and ``_in_use_connections`` (the pool's
+    connections), a connection's ``_writer`` (its asyncio stream), every command, pipeline
+    and subscriber taking its connection with ``get_connection``, and the client closing
+    its pool with ``aclose``; ``tests/test_compat_redis.py`` checks them."""
+
+    follower: MasterFollower | None = None
+    """Started with the first connection (set by whoever makes the pool)."""
+    followed: _SentinelAddress | None = None
+    """The master :meth:`follow` named last; None until it has."""
+    held_until = 0.0
+    """Until when (the event loop's clock) no connection is handed out (:meth:`hold`)."""
+
+    def hold(self, seconds: float) -> None:
+        """Hand out no connection for ``seconds`` (a failover is under way), or until
+        :meth:`follow` names another master; ``0``: hand them out again."""
+        self.held_until = asyncio.get_running_loop().time() + seconds if seconds else 0.0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self.held_until and asyncio.get_running_loop().time() < self.held_until:
+            raise MasterNotFoundError(
+                f"the Sentinels are failing {self.service_name} over: no command "
+                "until its new master is known"
+            )
+        return await super().get_connection(*args, **kwargs)
+
+    async def get_master_address(self) -> _SentinelAddress:
+        if self.follower is not None:
+            self.follower.start(self)
+        if self.followed is not None:
+            return self.followed
+        address: _SentinelAddress = await super().get_master_address()
+        return address
+
+    async def follow(self, address: _SentinelAddress) -> int:
+        """Send everything to the master at ``address`` from now on; closes every
+        connection to another server (idle, or in use: see the class) and returns how
+        many it closed. Called again with the same address, closes those that were
+        being opened to the old master at the switch."""
+        if address != self.followed:
+            self.held_until = 0.0  # the failover is over
+        self.followed = self.master_address = address
+        idle = [c for c in self._available_connections if _elsewhere(c, address)]
+        used = [c for c in self._in_use_connections if _elsewhere(c, address)]
+        for connection in used:
+            # Its user then reads a lost connection, closes it and connects again.
+            connection._writer.transport.abort()  # type: ignore[union-attr]
+        await asyncio.gather(*(c.disconnect() for c in idle), return_exceptions=True)
+        return len(idle) + len(used)
+
+    async def aclose(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+        await super().aclose()
+
+
+class FollowingSentinelConnection(SentinelManagedConnection):
+    """redis-py's connection to a Sentinel master that reconnects to the master its pool
+    follows (:attr:`BlockingSentinelPool.followed`). redis-py asks the Sentinels only in
+    ``connect()``, which the pool calls when it hands a connection out; a command sent
+    again on a connection that failed under it (the client's retry, after a lost
+    connection or a ``READONLY`` reply) reconnects through ``connect_check_health`` to the
+    server it had, the old master. ``tests/test_compat_redis.py`` checks that path."""
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        followed = getattr(self.connection_pool, "followed", None)
+        if followed is not None and not self.is_connected:
+            self.host, self.port = followed
+        await super().connect_check_health(check_health, retry_socket_connect)
+
+
+class FollowingSentinelSSLConnection(FollowingSentinelConnection, SentinelManagedSSLConnection):
+    """:class:`FollowingSentinelConnection` over TLS."""
+
+
+def _elsewhere(connection: AbstractConnection, address: _SentinelAddress) -> bool:
+    """Whether ``connection`` is open (and not being closed) to a server other than
+    ``address``."""
+    at = (getattr(connection, "host", None), getattr(connection, "port", None))
+    writer = getattr(connection, "_writer", None)
+    return at != address and writer is not None and not writer.transport.is_closing()

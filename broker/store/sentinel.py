@@ -10,10 +10,12 @@ servers alike. ``USER:PASS`` are the data servers' credentials; the options are:
 * ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``,
   ``ssl_check_hostname``: TLS, as for ``rediss://``.
 
-redis-py's :class:`~redis.asyncio.sentinel.SentinelConnectionPool` asks the Sentinels for
-the master's address whenever it opens a connection, and a master that turned into a
-replica (its ``READONLY`` reply) drops the connection, so the next attempt reaches the
-new master. Commands are tried again on a fresh connection (the client's ``retry``).
+The client's pool (:class:`~broker.compat.redis.BlockingSentinelPool`) asks the Sentinels
+for the master's address, and its :class:`~.sentinel_follow.SwitchFollower` moves every
+connection to the new master as soon as the Sentinels switch (their ``+switch-master``,
+and a poll every second); a master that turned into a replica (its ``READONLY`` reply)
+drops the connection too, as redis-py does. Commands whose connection was closed are tried
+again on a fresh one (the client's ``retry``).
 """
 
 from __future__ import annotations
@@ -23,17 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import (
-    Sentinel,
-    SentinelConnectionPool,
-    SentinelManagedConnection,
-    SentinelManagedSSLConnection,
-)
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from ..compat.redis import (
+    BlockingSentinelPool,
+    FollowingSentinelConnection,
+    FollowingSentinelSSLConnection,
+)
+from .sentinel_follow import SwitchFollower
 from .urls import SENTINEL_SCHEMES, masked_url
 
 SENTINEL_TIMEOUT = 1.0
@@ -111,11 +114,6 @@ def _host_port(item: str, url: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
-    """redis-py's Sentinel pool that, as the standalone client's, waits for a free
-    connection (up to its ``timeout``) instead of failing with "Too many connections"."""
-
-
 def sentinel_master(
     url: str,
     *,
@@ -144,7 +142,7 @@ def sentinel_master(
             **tls,
         },
     )
-    kind = SentinelManagedSSLConnection if address.tls else SentinelManagedConnection
+    kind = FollowingSentinelSSLConnection if address.tls else FollowingSentinelConnection
     client: Redis = sentinels.master_for(
         address.master,
         connection_pool_class=BlockingSentinelPool,
@@ -161,4 +159,7 @@ def sentinel_master(
         retry=retry,
         **address.tls_options,
     )
+    pool = client.connection_pool
+    assert isinstance(pool, BlockingSentinelPool)
+    pool.follower = SwitchFollower(sentinels.sentinels, address.master)
     return client

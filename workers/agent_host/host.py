@@ -95,10 +95,19 @@ class AgentHost(AgentEvents):
         agent_sid = _agent_session_id(agent, reply)
         session_id = new_session_id()
         held = self.sessions.hold(tenant, session_id, process, agent_sid)
-        await self.log.create(
-            tenant, session_id, _created(params, agent=agent, kind=kind, meta=meta, origin=origin)
-        )
-        held.fence = (await self.leases.acquire(tenant, session_id)).fence
+        try:
+            await self.log.create(
+                tenant,
+                session_id,
+                _created(params, agent=agent, kind=kind, meta=meta, origin=origin),
+            )
+            held.fence = (await self.leases.acquire(tenant, session_id)).fence
+        except BaseException:
+            # Not held without its log and its lease (the store away at this moment fails
+            # the request): the lease upkeep would say the store lost it, or another host
+            # took it.
+            self.sessions.drop(held)
+            raise
         await self.recorder.append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
         await self.recorder.log_window(held, reply)
         await self.recorder.make_ready(held)
@@ -138,8 +147,12 @@ class AgentHost(AgentEvents):
             origin=origin,
         )
         body["forkedFrom"] = {"sessionId": parent_id, "seq": parent.seq}
-        await self.log.create(tenant, session_id, body)
-        child.fence = (await self.leases.acquire(tenant, session_id)).fence
+        try:
+            await self.log.create(tenant, session_id, body)
+            child.fence = (await self.leases.acquire(tenant, session_id)).fence
+        except BaseException:
+            self.sessions.drop(child)  # as in new_session
+            raise
         copied = await self.recorder.copy_history(child, [e.body for e in history])
         await self.recorder.append(child, {"type": EventType.BOUND, "agentSessionId": agent_sid})
         await self.recorder.log_window(child, reply)
