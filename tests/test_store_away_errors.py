@@ -20,7 +20,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker.errors.store import http_failure, rpc_failure
+from broker.serve import Broker
+from broker.store.keys import session_keys
 from broker.store.retry import is_store_away
+
+from .support.client import RawClient
 
 
 def _caused_by(cause: Exception) -> Exception:
@@ -69,3 +73,27 @@ def test_a_store_away_is_told_as_try_again_not_internal_error(exc: Exception) ->
 def test_other_errors_are_not_taken_for_a_store_away(exc: Exception) -> None:
     assert not is_store_away(exc)
     assert rpc_failure(exc) is None
+
+
+async def test_a_new_session_the_store_lost_at_once_is_try_again(
+    broker: Broker, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover that took the master before it replicated a session the agent host had
+    just made: the front finds no session to open, and says "try again"."""
+    project = broker.methods.project
+
+    async def lost_first(tenant: str, session_id: str) -> None:
+        await broker.redis.delete(session_keys(tenant, session_id).snapshot)
+        await project(tenant, session_id)
+
+    monkeypatch.setattr(broker.methods, "project", lost_first)
+    client = await RawClient.initialized(url)
+    try:
+        reply = await client.call("session/new", {"cwd": "/srv", "mcpServers": []})
+        assert reply["error"]["data"]["reason"] == "store_unavailable", reply
+        assert "lost the new session" in reply["error"]["message"]
+        monkeypatch.undo()
+        again = await client.call("session/new", {"cwd": "/srv", "mcpServers": []})
+        assert again["result"]["sessionId"]
+    finally:
+        await client.close()

@@ -34,6 +34,18 @@ def store_unreachable(exc: BaseException) -> RpcError:
     )
 
 
+def session_lost(session_id: str) -> RpcError:
+    """The error for a session the store lost just after an agent host made it (a failover
+    that took the new master before replication kept the session): try again, as for a
+    store out of reach."""
+    return RpcError(
+        INTERNAL_ERROR,
+        f"the session store lost the new session {session_id} (it failed over before the "
+        "session was replicated); try again shortly",
+        {"reason": "store_unavailable"},
+    )
+
+
 def store_full(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a write at ``maxmemory``."""
     return isinstance(exc, StoreFull) or is_oom(exc)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ... import fastjson
 from ...config import AGENT_META_KEY, KIND_META_KEY, SESSION_KINDS, Settings
+from ...errors.store import session_lost
 from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import (
     INVALID_REQUEST,
@@ -220,11 +221,16 @@ class AcpMethods:
         deadline. The session exists already: an error here would have its client ask for
         another, and leave this one orphaned in the list."""
         tenant, bound = conn.tenant, self.settings.request_timeout
-        await retrying(lambda: self.project(tenant, session_id), bound)
-        await retrying(
-            lambda: conn.activate(tenant, session_id, replay_after=replay_after, replay_now=False),
-            bound,
-        )
+        try:
+            await retrying(lambda: self.project(tenant, session_id), bound)
+            await retrying(
+                lambda: conn.activate(
+                    tenant, session_id, replay_after=replay_after, replay_now=False
+                ),
+                bound,
+            )
+        except SessionMissing:  # made, then lost by a failover: not an internal error
+            raise session_lost(session_id) from None
 
     async def session_load(self, conn: ClientConnection, request: Request) -> Any:
         reopened = await self.reopen(conn, request, replay_default=0)
