@@ -246,8 +246,9 @@ class Intake(FramePacer):
         """Answer ``request``: in this step when its method may (a single request with an
         id: no batch array waits on it), else in a task."""
         answer = None
+        conn = self._conn
         if batch is None and request.id is not None:
-            answer = self._methods.at_once(self._conn, request)
+            answer = self._methods.at_once(conn, request)
         if answer is None:
             self._in_task(request, batch)
             return
@@ -258,7 +259,7 @@ class Intake(FramePacer):
             traced = tracing.active()
             span = tracing.request_span(request.method, request.params) if traced else _NO_SPAN
             with span:
-                outcome = answer(self._conn, request)
+                outcome = answer(conn, request)
         except Exception as exc:  # answered, not swallowed: the client gets its error
             observe(request.method, self._failed(request, exc), time.perf_counter() - started)
             return

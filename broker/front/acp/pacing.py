@@ -80,10 +80,11 @@ class FramePacer:
             return True
         if len(self.inflight) + requests > self._settings.max_requests_in_flight:
             return False
-        pace = self._conn.pace
+        conn = self._conn
+        pace = conn.pace
         if not pace.take(requests):
             return False
-        subject = counted_subject(self._conn.principal)
+        subject = counted_subject(conn.principal)
         if subject and not self._methods.access.rates.take_leased(subject, requests):
             pace.refund(requests)
             return False
