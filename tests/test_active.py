@@ -37,6 +37,9 @@ class RecordingOutbox:
     def send_text(self, text: str, *, shared: bool = False, alone: bool = False) -> None:
         self.texts.append(text)
 
+    def send_event(self, text: str, alone: bool = False) -> None:
+        self.texts.append(text)
+
     def send_run(self, texts: Any) -> None:
         self.texts.extend(texts)
 

@@ -105,6 +105,31 @@ async def test_an_event_alone_in_its_step_is_written_at_once() -> None:
     assert _frames_of(b"".join(wire.transport.writes)) == ["alone"]
 
 
+async def test_send_event_writes_what_send_text_of_a_shared_frame_does() -> None:
+    wire = FakeWire()
+    outbox = _outbox(wire)
+    outbox.send_event("e1")
+    outbox.send_event("e2", alone=True)  # corked frames wait: it joins them
+    assert wire.transport.writes == []
+    await asyncio.sleep(0)
+    outbox.send_event("e3", alone=True)
+    assert [_frames_of(w) for w in wire.transport.writes] == [["e1", "e2"], ["e3"]]
+
+
+async def test_send_event_behind_a_backed_up_socket_queues_in_order() -> None:
+    wire = FakeWire()
+    outbox = _outbox(wire)
+    wire.paused = True
+    outbox.send_event("e1", alone=True)
+    wire.paused = False
+    outbox.send_event("e2", alone=True)  # behind the queue, never before it
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert wire.sent == ["e1", "e2"] and wire.transport.writes == []
+    outbox.send_event("e3", alone=True)  # the queue is gone: straight to the socket again
+    assert _frames_of(b"".join(wire.transport.writes)) == ["e3"]
+
+
 async def test_behind_a_backed_up_socket_frames_queue_and_go_in_order() -> None:
     wire = FakeWire()
     outbox = _outbox(wire)

@@ -74,8 +74,8 @@ class ActiveSessions:
         "_outbox",
         "_owner",
         "_settings",
+        "_v2",
         "active",
-        "id",
     )
 
     def __init__(
@@ -89,9 +89,6 @@ class ActiveSessions:
     ) -> None:
         """``owner``: the connection, weakly (it holds this part: no cycle for the collector
         to find; one reference shared by its parts)."""
-        conn = owner()
-        assert conn is not None
-        self.id = conn.id
         self.active: dict[str, ActiveSession] = {}
         self._owner = owner
         self._settings = settings
@@ -99,7 +96,8 @@ class ActiveSessions:
         self._hub = hub
         self._outbox = outbox
         self._lifetime = lifetime
-        self._notices: bool | None = None
+        self._notices: bool | None = None  # settled at initialize (see sees_notices)
+        self._v2 = False
 
     @property
     def _conn(self) -> Negotiated:
@@ -199,7 +197,7 @@ class ActiveSessions:
     async def deactivate(self, session_id: str) -> None:
         session = self.active.pop(session_id, None)
         if session is not None:
-            for _, waiter in session.waiters:
+            for _, waiter in session.waiters or ():
                 if not waiter.done():
                     waiter.set_result(None)
             await self._hub.leave(session.tenant, session_id, self._conn)
@@ -217,12 +215,13 @@ class ActiveSessions:
         future: asyncio.Future[LogEvent] = asyncio.get_running_loop().create_future()
         session = self.active.get(session_id)
         if session is not None:
+            session.prompts = session.prompts or {}
             session.prompts[prompt_id] = future
         return future
 
     def forget_prompt(self, session_id: str, prompt_id: str) -> None:
         session = self.active.get(session_id)
-        if session is not None:
+        if session is not None and session.prompts is not None:
             session.prompts.pop(prompt_id, None)
 
     def expect_prompt_end(self, session_id: str, prompt_id: str) -> asyncio.Future[LogEvent]:
@@ -245,6 +244,7 @@ class ActiveSessions:
         if session is None or session.delivered >= seq:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session.waiters = session.waiters or []
         session.waiters.append((seq, future))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(future, timeout)
@@ -266,14 +266,20 @@ class ActiveSessions:
                 ended.set_result(event)
         if session.held is not None:
             session.held.append(event)
-        else:
-            self._emit(session, event, replay=False, alone=alone)
-
-    def _emit(
-        self, session: ActiveSession, event: LogEvent, *, replay: bool, alone: bool = False
-    ) -> None:
-        for text in self._delivered(session, event, replay=replay):
-            self._outbox.send_text(text, shared=True, alone=alone)
+            return
+        # What :meth:`_delivered` does, in this call: this runs once per event and connection.
+        seq = event.seq
+        if seq <= session.delivered:
+            return
+        session.delivered = seq
+        if session.waiters:
+            _wake_waiters(session)  # they resume once this step has sent the frames
+        frames = self._frames(session, event, False)
+        if event.type == EventType.DELETED:
+            self._lifetime.spawn(self.deactivate(session_id))
+        send = self._outbox.send_event
+        for text in frames:
+            send(text, alone)
 
     def _replay(self, session: ActiveSession, epoch: str, rows: list[EventRow]) -> None:
         """Send a session's history (rows of log ``epoch``): a frame per message, or, to a
@@ -319,13 +325,13 @@ class ActiveSessions:
         when it was delivered before)."""
         if not self._count(session, event.seq):
             return []
-        frames = self._frames(session, event, replay=replay)
+        frames = self._frames(session, event, replay)
         if event.type == EventType.DELETED:
             self._lifetime.spawn(self.deactivate(session.session_id))
         return frames
 
     def _emit_many(self, session: ActiveSession, events: list[LogEvent], *, replay: bool) -> None:
-        """Events in order, as :meth:`_emit` sends each, their frames written together (see
+        """Events in order, as :meth:`deliver` sends each, their frames written together (see
         :meth:`~.outbox.Outbox.send_run`)."""
         self._outbox.send_run(
             t for event in events for t in self._delivered(session, event, replay=replay)
@@ -333,28 +339,37 @@ class ActiveSessions:
 
     # -- rendering --------------------------------------------------------------------------
 
-    def _frames(self, session: ActiveSession, event: LogEvent, *, replay: bool) -> list[str]:
+    def _frames(self, session: ActiveSession, event: LogEvent, replay: bool) -> list[str]:
         """What this connection is sent for an event, in its protocol version."""
-        notices = self.sees_notices
-        if self._conn.protocol_version == v2.V2:
+        notices = self._notices
+        if notices is None:
+            notices = self.sees_notices
+        if self._v2:
             turn, session.turn = session.turn, v2_render.next_turn(event, session.turn)
             if replay and is_notice(event):
                 return []  # notices are live only (the notices RFD)
             return _v2_frames(event, session.session_id, turn)
-        if replay and notices and is_notice(event):
+        notice = notices and is_notice(event)
+        if replay and notice:
             return []
         # v1: the window that typed a prompt does not get it echoed back (live).
-        own_prompt = not replay and event.type == EventType.PROMPT and origin_of(event) == self.id
-        return [] if own_prompt else _frames(event, session.session_id, notices)
+        if not replay and event.type == EventType.PROMPT and origin_of(event) == self._conn.id:
+            return []
+        frames = event.frames.get("v1:notices" if notice else "v1")
+        return _frames(event, session.session_id, notice) if frames is None else frames
 
     @property
     def sees_notices(self) -> bool:
         """Whether this client takes ``notice`` updates (else it gets agent message stand-ins)."""
         if self._notices is None:
-            version = self._conn.protocol_version
+            conn = self._conn
+            version = conn.protocol_version
             if version is None:
                 return False
-            self._notices = client_sees_notices(version, self._conn.client_capabilities)
+            # Both settled at ``initialize``, once: kept, not read through the connection at
+            # every event.
+            self._v2 = version == v2.V2
+            self._notices = client_sees_notices(version, conn.client_capabilities)
         return self._notices
 
     @property
@@ -369,24 +384,20 @@ class ActiveSessions:
 
 def _wake_waiters(session: ActiveSession) -> None:
     still = []
-    for seq, future in session.waiters:
+    for seq, future in session.waiters or ():
         if seq <= session.delivered:
             if not future.done():
                 future.set_result(None)
         else:
             still.append((seq, future))
-    session.waiters = still
+    session.waiters = still or None
 
 
-def _frames(event: LogEvent, session_id: str, notices: bool) -> list[str]:
-    """The v1 frames of an event, serialized once and shared by every v1 viewer (of a notice:
-    by those that take notices, and apart by those that do not)."""
-    notices = notices and is_notice(event)
-    key = "v1:notices" if notices else "v1"
-    frames = event.frames.get(key)
-    if frames is None:
-        frames = session_update_frames(event, session_id, notices)
-        event.frames[key] = frames
+def _frames(event: LogEvent, session_id: str, notice: bool) -> list[str]:
+    """The v1 frames of an event, made once and kept on it for every v1 viewer (``notice``:
+    of a notice, for those that take notices; those that do not are kept apart)."""
+    frames = session_update_frames(event, session_id, notice)
+    event.frames["v1:notices" if notice else "v1"] = frames
     return frames
 
 

@@ -28,6 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
 from ...auth.principal import Principal
+from ...config import Settings
 from ...protocol import jsonrpc, v2
 from ...protocol.jsonrpc import JsonObject, Request, Response
 from ...protocol.pending import PeerGone, PendingRequests
@@ -73,7 +74,6 @@ class ClientConnection:
         "__weakref__",
         "_idle",
         "_login_attempts",
-        "_loop",
         "_pending",
         "client_capabilities",
         "id",
@@ -85,7 +85,6 @@ class ClientConnection:
         "principal",
         "protocol_version",
         "sessions",
-        "settings",
         "tenant",
         "unauthenticated_since",
         "ws",
@@ -101,11 +100,12 @@ class ClientConnection:
     ) -> None:
         self.ws = ws
         self.id = conn_id or str(ws.id)  # given: the caller had made it already
-        # Held, not looked up: on Python 3.11 each lookup of the running loop is a getpid()
-        # system call, ten a request before (13% of a front's samples under session/list).
-        self._loop = loop = asyncio.get_running_loop()
+        # Looked up once, for the parts: on Python 3.11 each lookup of the running loop is a
+        # getpid() system call, ten a request before (13% of a front's samples under
+        # session/list).
+        loop = asyncio.get_running_loop()
         self.methods = methods
-        self.settings = settings = methods.settings
+        settings = methods.settings
         self.principal = principal
         self.tenant = principal.tenant if principal else ""
         self.unauthenticated_since: float | None = None if principal else time.monotonic()
@@ -177,12 +177,17 @@ class ClientConnection:
         keepalive waits for its Pongs meanwhile (they queue behind the requests)."""
         ws = self.ws
         assert isinstance(ws, PingedConnection)
-        ws.reading_held(held, self._loop.time())
+        ws.reading_held(held, self.lifetime.loop.time())
 
     def answers_for_client(self, message: Response) -> None:
         """The client's answer to one of :meth:`request_client`'s requests."""
         if self._pending is not None:
             self._pending.resolve(message)
+
+    @property
+    def settings(self) -> Settings:
+        """The node's settings (its methods')."""
+        return self.methods.settings
 
     @property
     def login_attempts(self) -> Pace:

@@ -40,7 +40,7 @@ WINDOW_TTL = 5
 """Seconds a per-second counter outlives its second (clocks of nodes differ a little)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Pace:
     """``rate`` requests a second, bursts up to ``2 * rate``; a burst beyond it is owed."""
 

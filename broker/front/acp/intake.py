@@ -84,7 +84,7 @@ class Owner(Protocol):
         ...
 
 
-class Intake:
+class Intake(FramePacer):
     """The requests of one connection, from the frame that carries them to their answers."""
 
     __slots__ = (
@@ -94,10 +94,10 @@ class Intake:
         "_methods",
         "_outbox",
         "_owner",
-        "_pacer",
         "_settings",
         "inflight",
     )
+    _methods: Dispatcher  # pacing reads it as its Budgets
 
     def __init__(
         self,
@@ -116,8 +116,9 @@ class Intake:
         self._lifetime = lifetime
         self._loop = loop
         self.inflight: dict[jsonrpc.RequestId, tuple[Request, asyncio.Future[Any]]] = {}
-        self._batched: dict[jsonrpc.RequestId, BatchReplies] = {}
-        self._pacer = FramePacer(owner, methods, self.inflight, loop, holds)
+        # A batch's requests, by id, while any is in flight (few clients send batches).
+        self._batched: dict[jsonrpc.RequestId, BatchReplies] | None = None
+        super().__init__(holds)
 
     @property
     def _conn(self) -> Owner:
@@ -132,7 +133,7 @@ class Intake:
         message = self._receive(frame)
         if message is not None:
             # Paced here, before the next frame is read: see :mod:`.flow`.
-            refusal = await self._pacer.pace(message)
+            refusal = await self.pace(message)
             self._dispatch(message, refusal)
 
     def take_frame_now(self, frame: str) -> bool:
@@ -141,7 +142,7 @@ class Intake:
         message = self._receive(frame)
         if message is None:
             return True
-        if not self._pacer.paced_now(message):
+        if not self.paced_now(message):
             return False
         self._dispatch(message, None)
         return True
@@ -245,8 +246,9 @@ class Intake:
         """Answer ``request``: in this step when its method may (a single request with an
         id: no batch array waits on it), else in a task."""
         answer = None
+        conn = self._conn
         if batch is None and request.id is not None:
-            answer = self._methods.at_once(self._conn, request)
+            answer = self._methods.at_once(conn, request)
         if answer is None:
             self._in_task(request, batch)
             return
@@ -257,7 +259,7 @@ class Intake:
             traced = tracing.active()
             span = tracing.request_span(request.method, request.params) if traced else _NO_SPAN
             with span:
-                outcome = answer(self._conn, request)
+                outcome = answer(conn, request)
         except Exception as exc:  # answered, not swallowed: the client gets its error
             observe(request.method, self._failed(request, exc), time.perf_counter() - started)
             return
@@ -288,6 +290,8 @@ class Intake:
         if request.id is not None:
             self.inflight[request.id] = (request, task)
             if batch is not None:
+                if self._batched is None:
+                    self._batched = {}
                 self._batched[request.id] = batch
                 batch.tasks.append(task)
 
@@ -338,8 +342,13 @@ class Intake:
     def _ended(self, request: Request) -> None:
         """A request is no longer in flight: make room for the next."""
         if request.id is not None:
-            self.inflight.pop(request.id, None)
-            self._pacer.room_made()
+            inflight = self.inflight
+            inflight.pop(request.id, None)
+            if not inflight:
+                # An emptied dict keeps its table (160 B); cleared, it has none: an idle
+                # connection has none in flight.
+                inflight.clear()
+            self.room_made()
 
     async def _answer_now(
         self,
@@ -399,7 +408,8 @@ class Intake:
         if request.id is not None:
             if self._conn.protocol_version == v2.V2:
                 result = v2.result(request.method, result)
-            if type(result) is fastjson.Fragment and request.id not in self._batched:
+            batched = self._batched
+            if type(result) is fastjson.Fragment and not (batched and request.id in batched):
                 text = result.text
                 if isinstance(text, bytes):
                     self._outbox.send_encoded(jsonrpc.encode_result_parts(request.id, text))
@@ -410,12 +420,17 @@ class Intake:
 
     def send(self, message: JsonObject) -> None:
         """Queue one message; a reply to a request of a batch joins the batch's array."""
-        msg_id = message.get("id") if "method" not in message else None
-        batch = self._batched.pop(msg_id, None) if msg_id is not None else None
-        if batch is not None:
-            batch.replies.append(message)
-        else:
-            self._outbox.send_text(jsonrpc.encode(message))
+        batched = self._batched
+        msg_id = message.get("id") if batched is not None and "method" not in message else None
+        if msg_id is not None:
+            assert batched is not None
+            batch = batched.pop(msg_id, None)
+            if batch is not None:
+                if not batched:
+                    self._batched = None
+                batch.replies.append(message)
+                return
+        self._outbox.send_text(jsonrpc.encode(message))
 
 
 def _refused(message: Message | Invalid | Batch, error: RpcError) -> Message | Invalid | Batch:

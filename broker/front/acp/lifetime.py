@@ -10,15 +10,15 @@ class Lifetime:
     """Tasks and reads of one connection, held while they run (a set is made only while
     any runs: 216 bytes an idle connection does not pay)."""
 
-    __slots__ = ("_loop", "_work")
+    __slots__ = ("_work", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self._work: set[asyncio.Future[Any]] | None = None
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` in a task tied to the connection's life."""
-        task = asyncio.ensure_future(coro, loop=self._loop)
+        task = asyncio.ensure_future(coro, loop=self.loop)
         self.keep(task)
         return task
 

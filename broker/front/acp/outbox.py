@@ -101,7 +101,8 @@ class Outbox:
         # 760 bytes (at 10,000 idle connections, each byte here is 10 KB).
         self._queue: deque[str] | None = None
         self._writer: asyncio.Task[None] | None = None  # while the queue is not empty
-        self._corked: list[bytes] = []  # event frames to write once this burst is handed out
+        # Event frames to write once this burst is handed out: a list only while any waits.
+        self._corked: list[bytes] | None = None
         self._cork_list: list[Outbox] | None = None  # its event loop's, see _cork_list
 
     def close(self) -> asyncio.Task[None] | None:
@@ -143,6 +144,40 @@ class Outbox:
             return
         if self._writer is None:
             self._writer = self._loop.create_task(self._write_queue(queue))
+
+    def send_event(self, text: str, alone: bool = False) -> None:
+        """:meth:`send_text` of an event's frame (``shared``) in one call: the fan-out's path,
+        taken once per event and connection (a thousand watchers: a thousand calls an event),
+        so what :meth:`_write_now` does for a frame that goes straight out is done here."""
+        ws = self.ws
+        protocol = ws.protocol
+        if (
+            self.closing
+            or self._queue
+            or ws.paused
+            or ws.send_in_progress is not None
+            or protocol.state is not State.OPEN
+            or protocol.extensions
+        ):
+            self.send_text(text, shared=True, alone=alone)
+            return
+        # Tally.inc's work, without two calls a frame.
+        _FRAMES_SENT.value += 1
+        _BYTES_SENT.value += len(text)
+        data = _WIRE.get(text)
+        if data is None:
+            try:
+                data = wire(text)
+            except UnicodeEncodeError:
+                log.exception("could not send a frame to %s; dropped it", self.conn_id)
+                return
+        corked = self._corked
+        if corked is None:
+            if alone:  # see _write_now
+                ws.transport.write(data)
+                return
+            corked = self._cork()
+        corked.append(data)
 
     def send_encoded(self, parts: tuple[bytes, ...]) -> None:
         """Send one frame whose text is ``parts`` in UTF-8 (a reply spliced around a list
@@ -215,16 +250,19 @@ class Outbox:
         self._uncork()
         self.ws.transport.write(data)
 
-    def _cork(self) -> None:
-        """Have the frames gathered in :attr:`_corked` written once this step's work is done
-        (one callback writes every connection's, see :func:`_uncork_all`)."""
-        if not self._corked:
+    def _cork(self) -> list[bytes]:
+        """The list of frames to write once this step's work is done (one callback writes
+        every connection's, see :func:`_uncork_all`), made now if none waits yet."""
+        frames = self._corked
+        if frames is None:
+            frames = self._corked = []
             corked = self._cork_list
             if corked is None:
                 corked = _cork_list(self)
             if not corked:
                 self._loop.call_soon(_uncork_all, corked)
             corked.append(self)
+        return frames
 
     def _write_now(self, text: str, shared: bool, alone: bool = False) -> bool:
         """Write a frame straight to the socket, as ``websockets.broadcast`` does, when nothing
@@ -242,11 +280,10 @@ class Outbox:
                 # call per connection for a burst of events, not one per event. A frame that
                 # comes alone is written at once: gathering it would only hold it back until
                 # every other connection had been handed the event (2 ms at 500 of them).
-                if alone and not self._corked:
+                if alone and self._corked is None:
                     ws.transport.write(wire(text))
                     return True
-                self._cork()
-                self._corked.append(wire(text))
+                self._cork().append(wire(text))
                 return True
             data = text.encode()
         except UnicodeEncodeError:
@@ -263,10 +300,10 @@ class Outbox:
     def _uncork(self) -> None:
         """Write the event frames gathered since the event loop last ran, in one write."""
         corked = self._corked
-        if not corked:
+        if corked is None:
             return
+        self._corked = None
         data = corked[0] if len(corked) == 1 else b"".join(corked)
-        corked.clear()
         if self.ws.protocol.state is State.OPEN:
             self.ws.transport.write(data)
 
@@ -288,6 +325,8 @@ class Outbox:
                     log.exception("could not send a frame to %s; dropped it", self.conn_id)
         finally:
             self._writer = None
+            if not queue and self._queue is queue:
+                self._queue = None  # an empty deque is 760 bytes: none while nothing queues
 
 
 _CORKED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Outbox]] = (
@@ -313,6 +352,8 @@ def _uncork_all(corked: list[Outbox]) -> None:
         outbox._uncork()
 
 
+_FRAMES_SENT = metrics.FRAMES_SENT
+_BYTES_SENT = metrics.BYTES_SENT
 _WIRE: dict[str, bytes] = {}
 _WIRE_ENTRIES = 4096
 _WIRE_LARGEST = 64 * 1024

@@ -36,8 +36,10 @@ SnapshotReader = Callable[[Sequence[tuple[str, str]]], Awaitable[list[SessionSna
 class Following(Protocol):
     """The part of a client connection :func:`make_room` works on."""
 
-    settings: Settings
     active: dict[str, ActiveSession]
+
+    @property
+    def settings(self) -> Settings: ...
 
     @property
     def sees_notices(self) -> bool: ...

@@ -10,17 +10,20 @@ from ...protocol.jsonrpc import JsonObject
 from ...store.events import LogEvent
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ActiveSession:
-    """A session active on this connection and how far its events have been sent."""
+    """A session active on this connection and how far its events have been sent.
+
+    Slots, and no list or dict until one is needed: every idle connection holds the
+    sessions it resumed."""
 
     tenant: str
     session_id: str
     delivered: int = 0
     held: list[LogEvent] | None = None
-    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    waiters: list[tuple[int, asyncio.Future[None]]] | None = None  # when any waits
     turn: int | None = None  # v2: the prompt turn in effect at ``delivered``
-    prompts: dict[str, asyncio.Future[LogEvent]] = field(default_factory=dict)  # by promptId
+    prompts: dict[str, asyncio.Future[LogEvent]] | None = None  # by promptId, when asked
     prompt_ends: dict[str, asyncio.Future[LogEvent]] | None = None  # by promptId, when asked
     used: int = 0  # when the client last used it (session_lru: the least recent go first)
 
