@@ -26,6 +26,7 @@ from .events import (
     is_index_neutral,
     snapshot_ops,
 )
+from .feed_bell import FeedBells
 from .keys import partition_of, session_keys
 from .log_errors import SessionArchived, StoreFull, append_error, is_oom
 
@@ -73,6 +74,8 @@ class LogAppender:
             batch_script(lua_script("append.lua"), lua_script("append_batch.lua"))
         )
         self._wait: tuple[int, float] | None = None
+        self.bells = FeedBells(redis) if is_cluster(redis) else None
+        """On a cluster, the change feeds' bells, rung after appending (``feed_bell.py``)."""
 
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         """Make each append wait until ``replicas`` replicas have it (see
@@ -181,6 +184,8 @@ class LogAppender:
             for r in replies
         ]
         metrics.EVENTS_APPENDED.inc(sum(isinstance(r, Position) for r in results))
+        if self.bells is not None:
+            await self.bells.ring(keys[3 :: len(_script_keys("", ""))])
         return results
 
     def _batch_call(
@@ -264,6 +269,8 @@ class LogAppender:
         except ResponseError as exc:
             raise append_error(exc) from None
         metrics.EVENTS_APPENDED.inc()
+        if self.bells is not None:
+            await self.bells.ring([keys[3]])
         return Position(int(seq), str(got_epoch))
 
     @property

@@ -1,0 +1,117 @@
+"""The change feeds' bells (broker/store/feed_bell.py) and the pauses of a cluster's feed
+reads (broker/store/groups.py), without a cluster: the store is the embedded one, the
+doorbell a script."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.store import feed_bell
+from broker.store.client import connect
+from broker.store.feed_bell import AWAKE, MOST_PAUSE, SAFETY, FeedBells
+from broker.store.groups import GroupReads
+from broker.store.keys import feed_bell as bell_channel
+
+
+class _Pipe:
+    def __init__(self, store: _Recording) -> None:
+        self.store = store
+
+    def spublish(self, channel: str, message: str) -> None:
+        self.store.published.append(channel)
+
+    async def execute(self) -> list[int]:
+        if self.store.failing:
+            raise ConnectionError("away")
+        return [0]
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.published: list[str] = []
+        self.failing = False
+
+    @contextlib.asynccontextmanager
+    async def pipeline(self, transaction: bool = False) -> AsyncIterator[_Pipe]:
+        yield _Pipe(self)
+
+
+async def test_a_feed_is_rung_once_a_second_at_most_and_again_after_a_failed_ring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = _Recording()
+    bells = FeedBells(store)  # type: ignore[arg-type]  # a pipeline is all it uses
+    await bells.ring(["f1", "f2", "f1"])
+    await bells.ring(["f1"])
+    assert store.published == [bell_channel("f1"), bell_channel("f2")]
+    monkeypatch.setattr(feed_bell, "RING_EVERY", 0.0)
+    store.failing = True
+    await bells.ring(["f1"])  # lost: only logged
+    store.failing, store.published = False, []
+    monkeypatch.setattr(feed_bell, "RING_EVERY", 3600.0)
+    await bells.ring(["f1", "f2"])
+    assert store.published == [bell_channel("f1")]  # f1's failed ring did not count
+
+
+class _Bell:
+    """A doorbell that answers at once: ``rings`` says which waits a bell ends."""
+
+    def __init__(self, rings: list[bool]) -> None:
+        self.listening = True
+        self.rings = rings
+        self.waits: list[float] = []
+
+    def start(self) -> None:
+        pass
+
+    async def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return self.rings.pop(0) if self.rings else False
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _reads(bell: _Bell) -> GroupReads:
+    store = connect(None)
+    await store.xgroup_create("s1", "g", id="0", mkstream=True)
+    reads = GroupReads(store, "g", "c", ["s1"], batch=10, block_ms=1000)
+    reads._bell = bell  # type: ignore[assignment]  # the cluster's way, on any store
+    return reads
+
+
+async def test_empty_polls_pause_longer_and_longer_then_wait_for_a_bell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    bell = _Bell([])
+    reads = await _reads(bell)
+    monkeypatch.setattr(reads, "_now", lambda: clock[0])
+    await reads.redis.xadd("s1", {"n": "1"})
+    assert await reads.read(False)  # found: awake
+    assert reads.caught_up is False
+    for _ in range(8):
+        assert await reads.read(False) == []
+        clock[0] += bell.waits[-1] if bell.waits else 0.0
+    assert reads.caught_up is True
+    doubling = [0.05, 0.1, 0.2, 0.4, 0.8, MOST_PAUSE]
+    assert bell.waits[: len(doubling)] == pytest.approx(doubling)
+    assert sum(bell.waits[: len(doubling)]) >= AWAKE  # asleep only once AWAKE has passed
+    assert bell.waits[-1] == SAFETY
+    bell.rings = [True]
+    assert await reads.read(False) == []  # a bell: awake again, from the shortest pause
+    assert await reads.read(False) == []
+    assert bell.waits[-1] == pytest.approx(reads.poll_interval)
+
+
+async def test_a_reader_that_cannot_hear_the_bells_polls_every_second_at_most() -> None:
+    bell = _Bell([])
+    bell.listening = False
+    reads = await _reads(bell)
+    for _ in range(10):
+        assert await reads.read(False) == []
+    assert max(bell.waits) == MOST_PAUSE
+    assert SAFETY not in bell.waits
