@@ -1,11 +1,14 @@
-"""The change feeds' bells (broker/store/feed_bell.py) and the pauses of a cluster's feed
-reads (broker/store/groups.py), without a cluster: the store is the embedded one, the
-doorbell a script."""
+"""What an idle broker costs a Redis Cluster, piece by piece, without a cluster: the change
+feeds' bells (broker/store/feed_bell.py), the pauses of a cluster's feed reads
+(broker/store/groups.py: the store is the embedded one, the doorbell a script), the cluster
+probe of the breaker (broker/store/breaker.py: the nodes are scripts)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -115,3 +118,52 @@ async def test_a_reader_that_cannot_hear_the_bells_polls_every_second_at_most() 
         assert await reads.read(False) == []
     assert max(bell.waits) == MOST_PAUSE
     assert SAFETY not in bell.waits
+
+
+class _Node:
+    """A cluster node whose ``PING`` answers when its test says so."""
+
+    def __init__(self, name: str, answers: bool) -> None:
+        self.name = name
+        self.answers = answers
+        self.sent = 0
+        self.cancelled = 0
+
+    async def execute_command(self, *args: Any) -> str:
+        self.sent += 1
+        if self.answers:
+            return "PONG"
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return "never"
+
+
+class _Cluster:
+    def __init__(self, nodes: list[_Node]) -> None:
+        self.nodes = nodes
+
+    def get_primaries(self) -> list[_Node]:
+        return self.nodes
+
+
+async def test_the_cluster_probe_leaves_a_slow_masters_ping_to_finish() -> None:
+    """A ping cancelled in flight costs its connection (redis-py drops it): the probe's
+    rounds, answered by the first master, leave the others' pings out, and send a node no
+    second ping while its first is out; only a round nobody answered cuts them."""
+    from broker.store.breaker import _any_master
+
+    quick, slow = _Node("a", True), _Node("b", False)
+    cluster: Any = _Cluster([quick, slow])
+    in_flight: dict[str, asyncio.Future[Any]] = {}
+    for _ in range(3):
+        await _any_master(cluster, in_flight)
+        await asyncio.sleep(0)
+    assert (quick.sent, slow.sent, slow.cancelled) == (3, 1, 0)
+    quick.answers = False
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(_any_master(cluster, in_flight), 0.1)
+    await asyncio.sleep(0)
+    assert slow.cancelled == 1 and quick.cancelled == 1
