@@ -9,6 +9,11 @@ of idleness: the difference, by command, is what the broker sends while nobody u
 (``info`` excludes the readings' own). ``--together``: one ``serve`` process with every
 role instead.
 
+Then what idleness costs a list's freshness: ``--probes`` times, a session is logged by
+this process's own store client (as another agent host would) after the projector has
+been idle for :data:`IDLE_BEFORE_PROBE` seconds (past ``feed_bell.AWAKE``: asleep, on a
+cluster, until a bell), and the time until its index row exists is measured.
+
     python -m bench idle --cluster
 """
 
@@ -23,8 +28,39 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from broker.store.client import connect
+from broker.store.feed_bell import AWAKE
+from broker.store.index import SessionIndex
+from broker.store.log import SessionLog, new_session_id
 from tests.support.commandstats import calls_between, command_calls
 from tests.support.roles import role_process
+
+IDLE_BEFORE_PROBE = AWAKE + 1.0
+"""Seconds left idle before each freshness probe."""
+CREATED = {"type": "created", "cwd": "/idle", "agent": "demo", "kind": "shell"}
+
+
+async def _freshness(url: str, probes: int) -> list[float]:
+    """Milliseconds from a session's logging (by another client) to its index row, each
+    after :data:`IDLE_BEFORE_PROBE` seconds of idleness."""
+    store = connect(url)
+    log, index = SessionLog(store), SessionIndex(store)
+    loop = asyncio.get_running_loop()
+    took = []
+    try:
+        for _ in range(probes):
+            await asyncio.sleep(IDLE_BEFORE_PROBE)  # idleness is what is measured
+            session_id = new_session_id()
+            await log.create("default", session_id, CREATED)
+            began = loop.time()
+            for _ in range(4000):  # up to 20 s
+                if await index.row("default", session_id) is not None:
+                    break
+                await asyncio.sleep(0.005)
+            took.append((loop.time() - began) * 1000)
+    finally:
+        await store.aclose()
+    return took
 
 
 @contextlib.contextmanager
@@ -73,9 +109,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             before = await asyncio.to_thread(command_calls, masters)
             await asyncio.sleep(args.seconds)  # the measurement: idleness itself
             after = await asyncio.to_thread(command_calls, masters)
+            listed_ms = await _freshness(url, args.probes)
     made = calls_between(before, after, len(masters))
     rates = {name: calls / args.seconds for name, calls in made.most_common()}
-    return {"masters": len(masters), "total": sum(rates.values()), "per_command": rates}
+    return {
+        "masters": len(masters),
+        "total": sum(rates.values()),
+        "per_command": rates,
+        "listed_ms": listed_ms,
+    }
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -90,9 +132,19 @@ async def run(args: argparse.Namespace) -> None:
         ["command", "calls/s"],
         rows,
     )
+    tables = [text]
+    if got["listed_ms"]:
+        took = got["listed_ms"]
+        tables.append(
+            common.table(
+                f"A session logged after {IDLE_BEFORE_PROBE:g} s of idleness: ms until listed",
+                ["probes", "median", "max"],
+                [[len(took), common.median(took), max(took)]],
+            )
+        )
     data = {**vars(args), **got}
     data.pop("out", None)
-    common.report("idle", [text], data, args.out)
+    common.report("idle", tables, data, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,9 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sessions", type=int, default=0, help="sessions made before idling")
     p.add_argument("--seconds", type=float, default=10.0, help="the idle window measured")
     p.add_argument("--settle", type=float, default=3.0, help="seconds after start, not counted")
+    p.add_argument("--probes", type=int, default=5, help="freshness probes after the window")
     args = p.parse_args(argv)
     if args.quick:
         args.seconds, args.settle = min(args.seconds, 3.0), min(args.settle, 1.0)
+        args.probes = min(args.probes, 1)
     asyncio.run(run(args))
 
 
