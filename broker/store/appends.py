@@ -170,6 +170,8 @@ class LogAppender:
             if isinstance(outcome, BaseException):
                 raise outcome
             found.update(zip(group, outcome, strict=True))
+        if self.bells is not None:  # the partitions' feeds, in one pipeline
+            await self.bells.ring(session_keys(t, s).feed for t, s, _, _ in items)
         return [found[i] for i in range(len(items))]
 
     async def _append_batch_call(
@@ -184,8 +186,6 @@ class LogAppender:
             for r in replies
         ]
         metrics.EVENTS_APPENDED.inc(sum(isinstance(r, Position) for r in results))
-        if self.bells is not None:
-            await self.bells.ring(keys[3 :: len(_script_keys("", ""))])
         return results
 
     def _batch_call(

@@ -24,6 +24,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 
+from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
 from .client import Store
 from .keys import feed_bell
@@ -88,6 +89,7 @@ class Doorbell:
         failed since)."""
         self._rang = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failures = FailureLog(log, "listening to the change feeds' bells (polling)")
 
     def start(self) -> None:
         """Start listening (again, if the listener ended), in the running loop."""
@@ -117,6 +119,7 @@ class Doorbell:
             try:
                 await feed.ssubscribe(*self.channels)
                 self.listening = True
+                self._failures.succeeded()
                 while True:
                     for message in await feed.read_batch():
                         kind = message.get("type")
@@ -127,8 +130,8 @@ class Doorbell:
                             self._rang.set()  # a bell, or bells perhaps missed meanwhile
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.info("the change feeds' bells are unheard (%r): polling", exc)
+            except Exception as exc:  # the reader polls meanwhile
+                self._failures.failed(exc)
             finally:
                 self.listening = False
                 self._rang.set()
