@@ -66,9 +66,14 @@ class _Bell:
         self.listening = True
         self.rings = rings
         self.waits: list[float] = []
+        self.rung: set[str] | None = None  # None: poll every stream
 
     def start(self) -> None:
         pass
+
+    def take(self) -> set[str] | None:
+        rung, self.rung = self.rung, set()
+        return rung
 
     async def wait(self, timeout: float) -> bool:
         self.waits.append(timeout)
@@ -78,10 +83,11 @@ class _Bell:
         pass
 
 
-async def _reads(bell: _Bell) -> GroupReads:
+async def _reads(bell: _Bell, streams: tuple[str, ...] = ("s1",)) -> GroupReads:
     store = connect(None)
-    await store.xgroup_create("s1", "g", id="0", mkstream=True)
-    reads = GroupReads(store, "g", "c", ["s1"], batch=10, block_ms=1000)
+    for stream in streams:
+        await store.xgroup_create(stream, "g", id="0", mkstream=True)
+    reads = GroupReads(store, "g", "c", list(streams), batch=10, block_ms=1000)
     reads._bell = bell  # type: ignore[assignment]  # the cluster's way, on any store
     return reads
 
@@ -118,6 +124,32 @@ async def test_a_reader_that_cannot_hear_the_bells_polls_every_second_at_most() 
         assert await reads.read(False) == []
     assert max(bell.waits) == MOST_PAUSE
     assert SAFETY not in bell.waits
+
+
+async def test_a_poll_reads_the_hot_streams_and_every_stream_now_and_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hot: rung, or found with entries, within AWAKE seconds; every stream at first, when
+    the bells may have gone unheard, and every SAFETY seconds."""
+    clock = [1000.0]
+    bell = _Bell([])
+    reads = await _reads(bell, ("s1", "s2", "s3"))
+    monkeypatch.setattr(reads, "_now", lambda: clock[0])
+    redis = reads.redis
+    assert await reads.read(False) == []  # the first poll: every stream
+    await redis.xadd("s1", {"n": "1"})
+    await redis.xadd("s2", {"n": "1"})
+    assert await reads.read(False) == []  # no bell: neither is hot
+    bell.rung = {"s2"}
+    assert [s for s, _ in await reads.read(False)] == ["s2"]
+    await redis.xadd("s2", {"n": "2"})  # within a second of its bell: rings none
+    clock[0] += AWAKE - 0.1
+    assert [s for s, _ in await reads.read(False)] == ["s2"]  # hot still (found just now)
+    clock[0] += SAFETY
+    assert [s for s, _ in await reads.read(False)] == ["s1"]  # every one, now and then
+    await redis.xadd("s3", {"n": "1"})
+    bell.rung = None  # a new subscription: what rang meanwhile is unknown
+    assert [s for s, _ in await reads.read(False)] == ["s3"]
 
 
 class _Node:

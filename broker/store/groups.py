@@ -61,6 +61,9 @@ class GroupReads:
         self._bell = Doorbell(redis, self.streams) if is_cluster(redis) else None
         self._pause = self.poll_interval
         self._active = 0.0
+        self._hot: dict[str, float] = {}
+        """Streams whose bell rang, or that had entries, and when (see :mod:`.feed_bell`)."""
+        self._all_due = 0.0
         self.caught_up = False
         """Whether the last read of new entries found none: nothing is waiting to be read."""
 
@@ -113,16 +116,35 @@ class GroupReads:
         """A cluster's read: every stream polled, then, when nothing was found, a pause."""
         await self.flush()
         began = self._now()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for stream in self.streams:
-                pipe.xreadgroup(self.group, self.consumer, {stream: start}, count=self.batch)
-            replies = await pipe.execute()
+        replies: list[Any] = []
+        streams = self._to_poll(began, pending)
+        if streams:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for stream in streams:
+                    pipe.xreadgroup(self.group, self.consumer, {stream: start}, count=self.batch)
+                replies = await pipe.execute()
         found = [(s, e) for reply in replies for s, e in (reply or []) if e]
+        for stream, _ in found:
+            self._hot[stream] = began
         if found:
             self._woken()
         elif not pending:
             await self._rest(began)
         return found
+
+    def _to_poll(self, began: float, pending: bool) -> list[str]:
+        """The streams a poll begun at ``began`` reads: every one (pending entries; the
+        bells perhaps unheard; :data:`~.feed_bell.SAFETY` seconds since the last such
+        poll), or the hot ones."""
+        assert self._bell is not None
+        rung = self._bell.take()
+        if pending or rung is None or began >= self._all_due:
+            self._all_due = began + SAFETY
+            return self.streams
+        for stream in rung:
+            self._hot[stream] = began
+        self._hot = {s: t for s, t in self._hot.items() if began - t < AWAKE}
+        return [stream for stream in self.streams if stream in self._hot]
 
     async def _rest(self, began: float) -> None:
         """The pause after a poll (begun at loop time ``began``) that found nothing: one
