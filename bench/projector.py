@@ -138,16 +138,16 @@ class LagProbe:
 
 
 @contextlib.contextmanager
-def _store(cluster: bool) -> Iterator[str]:
-    """A private store's URL: one server, or a 3-master cluster."""
+def _store(cluster: bool) -> Iterator[tuple[str, list[int]]]:
+    """A private store's URL and its masters' ports: one server, or a 3-master cluster."""
     if cluster:
         from tests.support.redis_cluster import redis_cluster
 
         with redis_cluster() as info:
-            yield info.url
+            yield info.url, info.masters()
     else:
         with common.private_redis() as url:
-            yield url
+            yield url, [int(url.rsplit(":", 1)[1].split("/")[0])]
 
 
 async def run_cell(
@@ -156,8 +156,9 @@ async def run_cell(
     from broker.store.client import connect
     from broker.store.events import EventType
     from broker.store.log import SessionLog, new_session_id
+    from tests.support.commandstats import calls_between, command_calls
 
-    with _store(cluster) as url:
+    with _store(cluster) as (url, masters):
         store = connect(url)
         log = SessionLog(store)
         sessions = [new_session_id() for _ in range(cell.sessions)]
@@ -184,6 +185,7 @@ async def run_cell(
                 if not probe.recording and loop.time() - start >= warmup:
                     probe.recording, appended = True, 0
                     cpu0, t0 = common.cpu_seconds(pid), time.perf_counter()
+                    calls0 = command_calls(masters)
                 items = []
                 for _ in range(per_tick):
                     items.append((TENANT, sessions[i % len(sessions)], body(i), ""))
@@ -200,6 +202,7 @@ async def run_cell(
                 await asyncio.sleep(max(0.0, next_tick - loop.time()))
             elapsed = time.perf_counter() - t0
             cpu = common.cpu_seconds(pid) - cpu0
+            calls = calls_between(calls0, command_calls(masters), len(masters))
             stop = time.perf_counter()
             drained = float("nan")
             deadline = common.Deadline(60)
@@ -219,6 +222,8 @@ async def run_cell(
         # machine it shares the cores with Redis and the projector.
         "of asked": appended / elapsed / cell.rate,
         "cpu us/event": cpu / appended * 1e6,
+        # Every command Redis ran meanwhile (the appends' scripts and bells included).
+        "redis cmd/event": sum(calls.values()) / appended,
         "lag p50 ms": lag["p50"],
         "lag p99 ms": lag["p99"],
         "drain ms": drained,
@@ -242,7 +247,8 @@ def main(argv: list[str]) -> None:
                 tag = f"{cell.name}-{run}-{name.replace(' ', '_')}"
                 reading = asyncio.run(run_cell(cell, tree, tag, args.profile, args.cluster))
                 results.setdefault((cell.name, name), []).append(reading)
-    keys = ["events/s", "of asked", "cpu us/event", "lag p50 ms", "lag p99 ms", "drain ms"]
+    keys = ["events/s", "of asked", "cpu us/event", "redis cmd/event"]
+    keys += ["lag p50 ms", "lag p99 ms", "drain ms"]
     rows = []
     for (cell_name, system), readings in results.items():
         rows.append([cell_name, system, *(common.median([r[k] for r in readings]) for k in keys)])
