@@ -3,7 +3,7 @@
 On one server a projector blocks in one ``XREADGROUP`` of every change feed, which costs
 nothing while nothing happens. On a cluster the feeds live in 256 slots, which one command
 may not span, so a projector polls them, a command each (:mod:`.groups`): polling every
-0.05 s was thousands of commands a second on an idle cluster. So there:
+0.05 s would cost an idle cluster thousands of commands a second. So there:
 
 * whoever appends to a feed rings its bell afterwards, an ``SPUBLISH`` on the feed's own
   shard channel (:func:`~.keys.feed_bell`), at most once every :data:`RING_EVERY` seconds a
@@ -45,7 +45,8 @@ for bells (past :data:`RING_EVERY`, with room for a ring's own round trip)."""
 MOST_PAUSE = 1.0
 """The longest pause between two polls while awake, or while the bells cannot be heard."""
 SAFETY = 15.0
-"""The longest a reader waiting for bells goes without polling."""
+"""The longest a reader waiting for bells goes without polling, and a busy one without
+polling every feed (not only the hot ones)."""
 LISTEN_PAUSE = 1.0
 """Seconds between two attempts to subscribe to the bells."""
 
