@@ -8,7 +8,8 @@ bench batchargs`` alone on one server (CPU and Redis time per event);
 storm`` a front killed under thousands of connections, which all resume on another;
 ``python -m bench c50k`` 50,000 idle connections on one front (memory each, a fan-out
 beside them); ``python -m bench sessionmem`` what a session followed by a connection costs
-its front.
+its front; ``python -m bench idle [--cluster]`` what an idle broker sends its Redis,
+command by command.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ BREAKDOWNS = {
     "c50k": "bench.c50k",
     "batchargs": "bench.batch_args",
     "sessionmem": "bench.session_memory",
+    "idle": "bench.idle",
 }
 """Run by name only, not with the six."""
 

@@ -13,6 +13,9 @@ tick. Measured over the load's steady part:
 * **drain**: once the load stops, how long until every session's newest event is
   in the index (a projector that fell behind shows it here).
 
+``--cluster``: on a private 3-master Redis Cluster (``tests/support/redis_cluster.py``)
+instead, where the projector polls the feeds between their bells (``feed_bell.py``).
+
 Cells: ``soak`` is the issue's 5-minute soak in miniature (20 sessions, 700 events/s
 in all); ``max`` is 1,000 sessions at 10,000 events/s. ``--baseline REV`` runs the
 projector as of a git revision too, alternating with this tree's, run by run.
@@ -25,7 +28,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,14 +137,28 @@ class LagProbe:
                     self.waiting.append((sid, seq, t0))
 
 
+@contextlib.contextmanager
+def _store(cluster: bool) -> Iterator[tuple[str, list[int]]]:
+    """A private store's URL and its masters' ports: one server, or a 3-master cluster."""
+    if cluster:
+        from tests.support.redis_cluster import redis_cluster
+
+        with redis_cluster() as info:
+            yield info.url, info.masters()
+    else:
+        with common.private_redis() as url:
+            yield url, [int(url.rsplit(":", 1)[1].split("/")[0])]
+
+
 async def run_cell(
-    cell: Cell, tree: Path | None, tag: str, profile: bool = False
+    cell: Cell, tree: Path | None, tag: str, profile: bool = False, cluster: bool = False
 ) -> dict[str, float]:
     from broker.store.client import connect
     from broker.store.events import EventType
     from broker.store.log import SessionLog, new_session_id
+    from tests.support.commandstats import calls_between, command_calls
 
-    with common.private_redis() as url:
+    with _store(cluster) as (url, masters):
         store = connect(url)
         log = SessionLog(store)
         sessions = [new_session_id() for _ in range(cell.sessions)]
@@ -168,6 +185,7 @@ async def run_cell(
                 if not probe.recording and loop.time() - start >= warmup:
                     probe.recording, appended = True, 0
                     cpu0, t0 = common.cpu_seconds(pid), time.perf_counter()
+                    calls0 = command_calls(masters)
                 items = []
                 for _ in range(per_tick):
                     items.append((TENANT, sessions[i % len(sessions)], body(i), ""))
@@ -184,6 +202,7 @@ async def run_cell(
                 await asyncio.sleep(max(0.0, next_tick - loop.time()))
             elapsed = time.perf_counter() - t0
             cpu = common.cpu_seconds(pid) - cpu0
+            calls = calls_between(calls0, command_calls(masters), len(masters))
             stop = time.perf_counter()
             drained = float("nan")
             deadline = common.Deadline(60)
@@ -203,6 +222,8 @@ async def run_cell(
         # machine it shares the cores with Redis and the projector.
         "of asked": appended / elapsed / cell.rate,
         "cpu us/event": cpu / appended * 1e6,
+        # Every command Redis ran meanwhile (the appends' scripts and bells included).
+        "redis cmd/event": sum(calls.values()) / appended,
         "lag p50 ms": lag["p50"],
         "lag p99 ms": lag["p99"],
         "drain ms": drained,
@@ -214,6 +235,7 @@ def main(argv: list[str]) -> None:
     common.add_baseline(p)
     p.add_argument("--cells", default="soak,max", help="which cells (soak, max)")
     p.add_argument("--profile", action="store_true", help="py-spy the projectors (bench/results)")
+    p.add_argument("--cluster", action="store_true", help="on a 3-master Redis Cluster")
     args: argparse.Namespace = p.parse_args(argv)
     cells = [c for c in (QUICK if args.quick else CELLS) if c.name in args.cells.split(",")]
     systems: list[tuple[str, Path | None]] = [("this tree", None)]
@@ -223,16 +245,19 @@ def main(argv: list[str]) -> None:
         for cell in cells:
             for name, tree in systems:
                 tag = f"{cell.name}-{run}-{name.replace(' ', '_')}"
-                reading = asyncio.run(run_cell(cell, tree, tag, args.profile))
+                reading = asyncio.run(run_cell(cell, tree, tag, args.profile, args.cluster))
                 results.setdefault((cell.name, name), []).append(reading)
-    keys = ["events/s", "of asked", "cpu us/event", "lag p50 ms", "lag p99 ms", "drain ms"]
+    keys = ["events/s", "of asked", "cpu us/event", "redis cmd/event"]
+    keys += ["lag p50 ms", "lag p99 ms", "drain ms"]
     rows = []
     for (cell_name, system), readings in results.items():
         rows.append([cell_name, system, *(common.median([r[k] for r in readings]) for k in keys)])
-    title = f"Projector (medians of {args.runs} run(s); ticks of {TICK * 1000:.0f} ms)"
+    where = "; a 3-master Redis Cluster" if args.cluster else ""
+    title = f"Projector (medians of {args.runs} run(s); ticks of {TICK * 1000:.0f} ms{where})"
     table = common.table(title, ["cell", "projector", *keys], rows)
     data = {
         "quick": args.quick,
+        "cluster": args.cluster,
         "cells": [
             {"cell": r[0], "system": r[1], **dict(zip(keys, r[2:], strict=True))} for r in rows
         ],

@@ -32,6 +32,7 @@ BENCHMARKS = (
     "storm",
     "c50k",
     "sessionmem",
+    "idle",
 )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from redis._parsers.commands import AsyncCommandsParser as CommandsParser
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import Pipeline, PubSub
 from redis.asyncio.cluster import (
@@ -39,8 +40,10 @@ from broker.compat.redis import (
     FollowingSentinelConnection,
     GatedCluster,
     ReloadingCluster,
+    StreamKeysCluster,
     gated,
     packed_by_hiredis,
+    stream_read_keys,
 )
 
 from .support.redis_server import free_port, redis_server
@@ -348,3 +351,65 @@ async def test_a_followed_switch_moves_idle_in_use_and_new_connections_to_the_ne
         finally:
             await pubsub.aclose()
             await client.aclose()
+
+
+# -- StreamKeysCluster ---------------------------------------------------------------------------
+
+
+def test_redis_py_finds_every_commands_slot_with_determine_slot_pipelines_included() -> None:
+    """The override replaces ``_determine_slot``: a command's nodes, a pipeline's commands
+    and its nodes all go through it (the pipeline twice: its policy, then its node)."""
+    params = list(inspect.signature(RedisCluster._determine_slot).parameters)
+    assert params == ["self", "command", "args"]
+    assert "self._determine_slot(command, *args)" in inspect.getsource(
+        RedisCluster.get_nodes_from_slot
+    )
+    assert "client._determine_slot(*cmd.args)" in inspect.getsource(PipelineStrategy._execute)
+    # and redis-py would ask the server for a stream read's keys: they are movable
+    assert "_get_moveable_keys" in inspect.getsource(CommandsParser.get_keys)
+
+
+@pytest.mark.parametrize(
+    ("args", "keys"),
+    [
+        (("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "a", ">"), ["a"]),
+        (
+            (
+                "XREADGROUP",
+                "GROUP",
+                "streams",
+                "c",
+                "BLOCK",
+                0,
+                "NOACK",
+                "STREAMS",
+                "a",
+                "b",
+                "0",
+                "0",
+            ),
+            ["a", "b"],
+        ),
+        ((b"xread", b"count", b"1", b"streams", b"k", b"$"), [b"k"]),
+        (("XREAD", "STREAMS", "streams", "0"), ["streams"]),
+        (("XREAD", "STREAMS", "a", "b", "0"), None),  # odd: not understood, redis-py asks
+        (("XREAD", "WHATEVER", "1", "STREAMS", "a", "0"), None),
+        (("GET", "k"), None),
+    ],
+)
+def test_a_stream_reads_keys_are_read_from_its_arguments(
+    args: tuple[Any, ...], keys: list[Any] | None
+) -> None:
+    assert stream_read_keys(args[0], args[1:]) == keys
+
+
+async def test_a_stream_reads_slot_is_found_without_asking_the_server() -> None:
+    """No node listens on the port: an answer came from the arguments alone."""
+    client = StreamKeysCluster(host="127.0.0.1", port=free_port())
+    try:
+        read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", "{t}a", "{t}b", ">", ">")
+        assert await client._determine_slot(*read) == client.keyslot("{t}a")
+        with pytest.raises(RedisClusterException, match="same key slot"):
+            await client._determine_slot("XREAD", "STREAMS", "a", "b", "0", "0")
+    finally:
+        await client.aclose()

@@ -323,3 +323,59 @@ def _elsewhere(connection: AbstractConnection, address: _SentinelAddress) -> boo
     at = (getattr(connection, "host", None), getattr(connection, "port", None))
     writer = getattr(connection, "_writer", None)
     return at != address and writer is not None and not writer.transport.is_closing()
+
+
+# -- stream reads' slots, found without asking the server -------------------------------------
+
+
+class StreamKeysCluster(GatedCluster):
+    """A (gated) cluster client that finds the slot of an ``XREAD`` or ``XREADGROUP`` from
+    its own arguments. redis-py asks the server (``COMMAND GETKEYS``) for the keys of every command
+    flagged ``movablekeys``, these two included, before sending it, twice for a command in
+    a pipeline: a projector polling 256 change feeds sent two ``COMMAND GETKEYS`` for each
+    read, most of an idle broker's commands. Leans on redis-py finding every command's slot
+    with ``_determine_slot(command, *args)``, pipelines included;
+    ``tests/test_compat_redis.py`` checks it."""
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        keys = stream_read_keys(command, args)
+        if keys is None:
+            return await super()._determine_slot(command, *args)
+        slots = {self.keyslot(key) for key in keys}
+        if len(slots) != 1:  # as redis-py's own message
+            raise RedisClusterException(f"{command} - all keys must map to the same key slot")
+        return slots.pop()
+
+
+_READ_OPTIONS = {b"COUNT": 1, b"BLOCK": 1, b"NOACK": 0, b"GROUP": 2}
+"""The options of ``XREAD``/``XREADGROUP`` before ``STREAMS``, and how many values each
+takes (``GROUP group consumer``)."""
+
+
+def stream_read_keys(command: Any, args: tuple[Any, ...]) -> list[Any] | None:
+    """The stream keys of an ``XREAD`` or ``XREADGROUP`` (``command`` and its ``args``
+    as redis-py passes them), read as Redis reads them; None: not one of those, or not
+    understood here (redis-py asks the server then)."""
+    name = _upper(command)
+    if name not in (b"XREAD", b"XREADGROUP"):
+        return None
+    i = 0
+    while i < len(args):
+        word = _upper(args[i])
+        if word == b"STREAMS":
+            rest = args[i + 1 :]
+            if not rest or len(rest) % 2:
+                return None
+            return list(rest[: len(rest) // 2])
+        if word not in _READ_OPTIONS:
+            return None
+        i += 1 + _READ_OPTIONS[word]
+    return None
+
+
+def _upper(word: Any) -> bytes | None:
+    if isinstance(word, str):
+        return word.upper().encode()
+    if isinstance(word, bytes):
+        return word.upper()
+    return None

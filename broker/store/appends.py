@@ -26,6 +26,7 @@ from .events import (
     is_index_neutral,
     snapshot_ops,
 )
+from .feed_bell import FeedBells
 from .floors import SeqFloors, rewound
 from .keys import partition_of, session_keys
 from .log_errors import SessionArchived, StoreFull, append_error, is_oom
@@ -79,6 +80,8 @@ class LogAppender:
         """The highest seq of each session's log this process knows: each append passes it
         as its floor, so that a log that lost acknowledged events reuses none of their seqs
         (:mod:`.floors`)."""
+        self.bells = FeedBells(redis) if is_cluster(redis) else None
+        """On a cluster, the change feeds' bells, rung after appending (``feed_bell.py``)."""
 
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         """Make each append wait until ``replicas`` replicas have it (see
@@ -177,6 +180,8 @@ class LogAppender:
             if isinstance(outcome, BaseException):
                 raise outcome
             found.update(zip(group, outcome, strict=True))
+        if self.bells is not None:  # the partitions' feeds, in one pipeline
+            await self.bells.ring(session_keys(t, s).feed for t, s, _, _ in items)
         return [found[i] for i in range(len(items))]
 
     async def _append_batch_call(
@@ -298,6 +303,8 @@ class LogAppender:
         if len(reply) > 2:
             rewound(session_id, int(reply[2]), seq - 1, found_by="append")
         self.floors.reached(session_id, seq)
+        if self.bells is not None:
+            await self.bells.ring([keys[3]])
         return Position(seq, str(reply[1]))
 
     @property

@@ -101,9 +101,10 @@ class StoreBreaker:
         """Probe ``redis`` (the client this breaker gates) until cancelled."""
         _PROBING.set(True)  # this task's commands pass the gate
         unanswered = 0
+        in_flight: dict[str, asyncio.Future[Any]] = {}
         while True:
             try:
-                await asyncio.wait_for(_ping(redis), PROBE_TIMEOUT)
+                await asyncio.wait_for(_ping(redis, in_flight), PROBE_TIMEOUT)
             except TimeoutError:
                 unanswered += 1
                 if unanswered >= 2 or self.away:
@@ -127,18 +128,23 @@ def breaker_of(redis: Any) -> StoreBreaker | None:
     return found if isinstance(found, StoreBreaker) else None
 
 
-async def _ping(redis: Any) -> None:
+async def _ping(redis: Any, in_flight: dict[str, asyncio.Future[Any]]) -> None:
     if isinstance(redis, RedisCluster):
-        await _any_master(redis)
+        await _any_master(redis, in_flight)
     else:
         await redis.ping()
 
 
-async def _any_master(cluster: RedisCluster) -> None:
+async def _any_master(cluster: RedisCluster, in_flight: dict[str, asyncio.Future[Any]]) -> None:
     """``PING`` every master ``cluster`` knows, at once, on each one's own connections (not
     through the client, which would take a silent master for failed and reload its slot
     map); return at the first answer. When every one failed, raise a ``ConnectionError``
-    saying so; while any is silent, wait (the caller's timeout ends it)."""
+    saying so; while any is silent, wait (the caller's timeout ends it).
+
+    The pings not answered first are left to finish (``in_flight``, by node, between
+    rounds; a node whose ping of an earlier round is still out is not pinged again, its
+    ping is waited for): a ping cancelled in flight costs its connection, and cancelling
+    two every round made an idle role open two connections a second."""
     masters = cluster.get_primaries()
     if not masters:  # never initialized: nothing known yet
         try:
@@ -148,9 +154,14 @@ async def _any_master(cluster: RedisCluster) -> None:
         masters = cluster.get_primaries()
     if not masters:
         raise RedisConnectionError("the cluster client knows no master")
-    pings = {asyncio.ensure_future(node.execute_command("PING")) for node in masters}
-    for ping in pings:
-        ping.add_done_callback(_retrieved)  # those still running when one answers
+    for name in [name for name, ping in in_flight.items() if ping.done()]:
+        del in_flight[name]
+    for node in masters:
+        if node.name not in in_flight:
+            sent = asyncio.ensure_future(node.execute_command("PING"))
+            sent.add_done_callback(_retrieved)  # those still running when one answers
+            in_flight[node.name] = sent
+    pings = {in_flight[node.name] for node in masters}
     failure: BaseException = RedisConnectionError("no answer")
     try:
         while pings:
@@ -160,9 +171,10 @@ async def _any_master(cluster: RedisCluster) -> None:
                     return
                 failure = ping.exception() or failure
         raise RedisConnectionError(f"no master answered PING ({describe(failure)})")
-    finally:
-        for ping in pings:
+    except asyncio.CancelledError:
+        for ping in pings:  # no answer in time (or stopping): a stalled master's, cut
             ping.cancel()
+        raise
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

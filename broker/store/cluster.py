@@ -17,6 +17,9 @@ changes. Its habits that hurt a broker under resharding are changed here and in
   the new owner, which moves the subscription. (Redis 7 also tells a shard channel's
   subscribers, with an ``sunsubscribe`` message, when its slot leaves the node: the hub
   subscribes again.)
+- It asks the server (``COMMAND GETKEYS``) for the keys of every ``XREAD`` and
+  ``XREADGROUP`` before sending it (twice in a pipeline): here they are read from the
+  command (:class:`~broker.compat.redis.StreamKeysCluster`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 
-from ..compat.redis import Gate, GatedCluster
+from ..compat.redis import Gate, StreamKeysCluster
 from ..compat.redis import follow_redirect as follow_redirect  # where the hub finds it
 from .retry import STORE_MOVING, retrying
 
@@ -49,7 +52,7 @@ def patient_cluster(
     return client
 
 
-class PatientCluster(GatedCluster):
+class PatientCluster(StreamKeysCluster):
     """A cluster client whose commands (scripts included: ``EVALSHA``, ``FCALL``) are tried
     again, with a growing pause, while the cluster answers that it did not run them
     (:data:`~.retry.STORE_MOVING`). The caller's own deadline still bounds the wait (it

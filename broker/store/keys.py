@@ -106,6 +106,12 @@ def feed_key(partition: int) -> str:
     return f"{PREFIX}:{{{partition_tag(partition)}}}:feed"
 
 
+def feed_bell(feed: str) -> str:
+    """The shard channel, in the change feed ``feed``'s slot, on which appenders ring on a
+    Redis Cluster (``broker/store/feed_bell.py``): a projector waits for it, not polling."""
+    return f"{feed}:bell"
+
+
 def hot_key(partition: int) -> str:
     """The sessions of one partition whose log is in Redis, scored by their last append (ms):
     the archiving role finds idle ones here."""

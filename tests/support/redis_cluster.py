@@ -71,9 +71,9 @@ class ClusterInfo:
         )
 
     def masters(self) -> list[int]:
-        """The ports of the masters now."""
+        """The ports of the masters now, each once (a master may serve several ranges)."""
         with self.client(self.ports[0]) as any_node:
-            return sorted(int(shard[2][1]) for shard in any_node.execute_command("CLUSTER SLOTS"))
+            return sorted({int(shard[2][1]) for shard in any_node.execute_command("CLUSTER SLOTS")})
 
     def migrate_slot(self, slot: int, target: int, *, batch: int = 2, pace: float = 0.05) -> None:
         """Move ``slot`` to the master at port ``target`` by hand, as ``redis-cli --cluster

@@ -74,7 +74,7 @@ class Projector:
         try:
             await self._run()
         finally:
-            self.reads.close()
+            await self.reads.aclose()
             self.index.close()
 
     async def _run(self) -> None:
@@ -89,8 +89,7 @@ class Projector:
                     groups_made = True
                 if loop.time() >= next_claim:
                     await self.claim_abandoned()
-                    await self.measure_backlog()
-                    next_claim = loop.time() + self.claim_idle_ms / 2000
+                    next_claim = loop.time() + await self._claim_pause()
                 await self._drain(pending=pending)
                 pending = False
                 self.failures.succeeded()
@@ -165,6 +164,17 @@ class Projector:
         with contextlib.suppress(SessionMissing):
             await self.index.project(await self.log.snapshot(tenant, session_id))
             metrics.PROJECTED.inc()
+
+    async def _claim_pause(self) -> float:
+        """Seconds until the next look for abandoned notices: half ``claim_idle_ms`` while
+        notices come, all of it while the feeds are idle (a look is a command a feed, 256,
+        the most an idle projector sends). The backlog is measured meanwhile, or known to be
+        none: the last read found nothing new."""
+        if self.reads.caught_up:
+            metrics.PROJECTOR_BACKLOG.set(0)
+            return self.claim_idle_ms / 1000
+        await self.measure_backlog()
+        return self.claim_idle_ms / 2000
 
     async def measure_backlog(self) -> int:
         """The notices no projector has read yet, over every feed (``XINFO GROUPS`` lag),
