@@ -5,9 +5,12 @@ redis-server, an agent host, and a front (``serve --no-workers``) of the tree at
 (default: this one; its own ``.venv``) under ``valgrind --tool=callgrind`` with instrumentation
 off. One session is made and ``W`` connects warm the front up; then it is turned on
 (``callgrind_control -i on``) for ``N`` connects, one after another, each the swarm's: a
-WebSocket handshake, ``initialize``, ``session/resume``, then left open. The output file
-(``bench/results/callgrind-connects-<tree>.out``) holds only those ``N``; the total divided by
-``N`` is printed. ``callgrind_annotate --inclusive=yes FILE`` breaks it down by C function.
+WebSocket handshake, ``initialize``, ``session/resume``, then left open; dumped to
+``bench/results/callgrind-connects-<tree>.out.1``. Then as long again with nothing asked,
+dumped to ``….out.2``: the front's work per second (timers, background tasks), which a run
+slowed by the machine's load has more of in its connects. Printed: each total, per connect,
+and per connect less the idle part (the figure to compare between trees).
+``callgrind_annotate --inclusive=yes FILE`` breaks a part down by C function.
 
 Run it on two trees (``git worktree add``) to compare a change with a revision: the same
 driver, the same client, only the front differs.
@@ -22,6 +25,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench import common
@@ -102,10 +106,14 @@ async def _connects(url: str, room: str, n: int, watchers: list[Watcher]) -> Non
         watchers.append(watcher)
 
 
-async def run(tree: Path, connects: int, warmup: int) -> int:
+async def run(tree: Path, connects: int, warmup: int) -> tuple[int, int]:
+    """Instructions the front ran during the connects, and during as long a time after them
+    with nothing asked (its timers, its background tasks: work per second, not per connect,
+    which a slower run of the same connects has more of)."""
     name = tree.name
     out = common.RESULTS / f"callgrind-connects-{name}.out"
-    out.unlink(missing_ok=True)
+    for old in common.RESULTS.glob(f"{out.name}*"):
+        old.unlink()
     watchers: list[Watcher] = []
     with common.private_redis() as redis_url:
         async with common.agent_host(redis_url, f"cg-{name}"):
@@ -116,7 +124,12 @@ async def run(tree: Path, connects: int, warmup: int) -> int:
                 room = (await new_sessions(url, 1, CWD))[0]
                 await _connects(url, room, warmup, watchers)
                 _control(proc.pid, "-i", "on")
+                start = time.monotonic()
                 await _connects(url, room, connects, watchers)
+                took = time.monotonic() - start
+                _control(proc.pid, "-d")  # the connects: OUT.1
+                await asyncio.sleep(took)
+                _control(proc.pid, "-d")  # as long with nothing asked: OUT.2
                 _control(proc.pid, "-i", "off")
             finally:
                 for watcher in watchers:
@@ -131,7 +144,7 @@ async def run(tree: Path, connects: int, warmup: int) -> int:
                         os.killpg(proc.pid, 9)
                         await proc.wait()
             drain.cancel()
-    return total_instructions(out)
+    return total_instructions(Path(f"{out}.1")), total_instructions(Path(f"{out}.2"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,10 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=20, help="connects before counting")
     args = p.parse_args(argv)
     tree = args.tree.resolve()
-    total = asyncio.run(run(tree, args.connects, args.warmup))
+    total, idle = asyncio.run(run(tree, args.connects, args.warmup))
     print(
         f"{tree}: {total:,} instructions for {args.connects} connects, "
-        f"{total / args.connects:,.0f} per connect"
+        f"{total / args.connects:,.0f} per connect; {idle:,} in as long idle after; "
+        f"{(total - idle) / args.connects:,.0f} per connect less that"
     )
     sys.stdout.flush()
 
