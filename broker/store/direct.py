@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any
 
 from hiredis import ReplyError
@@ -73,14 +74,23 @@ class DirectCalls:
             connection = await self._connect(deadline)
         return await connection.call(*command, deadline=deadline)
 
-    async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
+    def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> Awaitable[list[Any]]:
         """The replies to several commands sent together (see :meth:`call`); ``shared``:
-        reads whose replies may be shared (see :class:`~.raw.RawConnection`)."""
+        reads whose replies may be shared (see :class:`~.raw.RawConnection`).
+
+        On an open connection, its own coroutine (no frame around it on the read each
+        connect's ``session/resume`` makes); the breaker's error is raised at the call."""
         if self.breaker is not None and self.breaker.away:
             raise self.breaker.error()
         connection = self._connection
         if connection is None or connection.lost:
-            connection = await self._connect()
+            return self._calls_opening(commands, shared)
+        return connection.calls(*commands, shared=shared)
+
+    async def _calls_opening(
+        self, commands: tuple[tuple[Any, ...], ...], shared: bool
+    ) -> list[Any]:
+        connection = await self._connect()
         return await connection.calls(*commands, shared=shared)
 
     def request(self, *command: Any) -> tuple[RawConnection, asyncio.Future[Any]] | None:

@@ -258,7 +258,11 @@ def apply_ops(snap: dict[str, str], meta: dict[str, str], ops: Iterable[Snapshot
 
 
 def _user_meta(snap: Mapping[str, str], meta: Mapping[str, str]) -> Mapping[str, str]:
-    """The metadata hash, with the fields an archived snapshot holds as ``m:<name>``."""
+    """The metadata hash, with the fields an archived snapshot holds as ``m:<name>``: only
+    one marked ``archived`` holds any (``lua/archive_trim.lua`` folds them in as it sets the
+    mark, ``lua/restore.lua`` moves them back as it clears it), so no other is scanned."""
+    if "archived" not in snap:
+        return meta
     folded = {key[2:]: value for key, value in snap.items() if key.startswith("m:")}
     return {**folded, **meta} if folded else meta
 

@@ -8,7 +8,8 @@ restored into Redis before an append (:mod:`.archived`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from .appends import BOOKKEEPING_ROOM as BOOKKEEPING_ROOM
 from .appends import LogAppender
@@ -122,11 +123,12 @@ class SessionLog:
         """See :meth:`.LogReader.snapshot`."""
         return await self.reader.snapshot(tenant, session_id)
 
-    async def snapshot_and_holder(
+    def snapshot_and_holder(
         self, tenant: str, session_id: str
-    ) -> tuple[SessionSnapshot, str | None]:
-        """See :meth:`.LogReader.snapshot_and_holder`."""
-        return await self.reader.snapshot_and_holder(tenant, session_id)
+    ) -> Coroutine[Any, Any, tuple[SessionSnapshot, str | None]]:
+        """See :meth:`.LogReader.snapshot_and_holder` (its coroutine, not one around it:
+        what each connect's ``session/resume`` reads)."""
+        return self.reader.snapshot_and_holder(tenant, session_id)
 
     async def snapshots(self, sessions: Sequence[tuple[str, str]]) -> list[SessionSnapshot | None]:
         """See :meth:`.LogReader.snapshots`."""

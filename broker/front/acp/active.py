@@ -115,20 +115,23 @@ class ActiveSessions:
         ``replay_after`` None: send only what comes next. Otherwise send every
         event after that seq, now (``replay_now``, for load) or on release.
         """
-        await self.deactivate(session_id)
+        if session_id in self.active:  # a coroutine less at each connect's resume otherwise
+            await self.deactivate(session_id)
         if len(self.active) >= self._settings.max_sessions_per_connection:
             raise session_limit(self._settings)
         session = ActiveSession(tenant, session_id, held=[])
         used(session)
         self.active[session_id] = session
+        conn = self._conn
         try:
-            head = await self._hub.join(tenant, session_id, self._conn)
+            head = await self._hub.join(tenant, session_id, conn)
         except BaseException:
             self.active.pop(session_id, None)
             raise
         if replay_after is None or replay_after >= head:
             session.delivered = head
-            session.turn = await self._join_turn(session, head, announce=True)
+            if conn.protocol_version == v2.V2:  # v1 has no turns to find: no coroutine made
+                session.turn = await self._join_turn(session, head, announce=True)
             return
         epoch, rows = await self._log.read_rows(tenant, session_id, after=replay_after, until=head)
         if (not rows or rows[0][0] != replay_after + 1) and await self._trimmed(

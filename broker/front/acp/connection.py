@@ -272,9 +272,13 @@ class ClientConnection:
     ) -> None:
         """See :meth:`~.active.ActiveSessions.activate`; the least recently used idle
         sessions are let go first when the connection has no room (:mod:`.session_lru`)."""
-        await self.sessions.deactivate(session_id)
-        await make_room(self, self.methods.log.snapshots)  # the least recently used idle go
-        await self.sessions.activate(
+        sessions = self.sessions
+        # Each step only when it has work: a coroutine made is a connect's work (resume).
+        if session_id in sessions.active:
+            await sessions.deactivate(session_id)
+        if len(sessions.active) >= self.methods.settings.max_sessions_per_connection:
+            await make_room(self, self.methods.log.snapshots)  # the least recently used idle go
+        await sessions.activate(
             tenant, session_id, replay_after=replay_after, replay_now=replay_now
         )
 

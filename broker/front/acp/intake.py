@@ -165,7 +165,9 @@ class Intake(FramePacer):
             self.send(jsonrpc.error_reply(None, too_big))
             return None
         depth = self._settings.max_json_depth
-        if self._conn.protocol_version == v2.V1:  # batches are v2's (the v1 schema has none)
+        conn = self._owner()  # not :attr:`_conn`: a call less for each message
+        assert conn is not None
+        if conn.protocol_version == v2.V1:  # batches are v2's (the v1 schema has none)
             return jsonrpc.parse_frame(frame, max_depth=depth, strict_numbers=True)
         return jsonrpc.parse_frame_or_batch(
             frame,
@@ -246,7 +248,8 @@ class Intake(FramePacer):
         """Answer ``request``: in this step when its method may (a single request with an
         id: no batch array waits on it), else in a task."""
         answer = None
-        conn = self._conn
+        conn = self._owner()
+        assert conn is not None
         if batch is None and request.id is not None:
             answer = self._methods.at_once(conn, request)
         if answer is None:
@@ -363,7 +366,12 @@ class Intake(FramePacer):
             with tracing.request_span(request.method, request.params) as onward:
                 if onward and isinstance(request.params, dict):
                     request.params.update(with_trace(request.params, onward))
-                answer = work() if work is not None else self._methods.dispatch(self._conn, request)
+                if work is not None:
+                    answer = work()
+                else:
+                    conn = self._owner()
+                    assert conn is not None
+                    answer = self._methods.dispatch(conn, request)
                 result = await within_deadline(answer, request.method, seconds, self._loop)
         except asyncio.CancelledError:
             raise
@@ -406,7 +414,9 @@ class Intake(FramePacer):
     def reply(self, request: Request, result: Any) -> None:
         """Answer a request now (handlers that must order the reply use this, then DEFERRED)."""
         if request.id is not None:
-            if self._conn.protocol_version == v2.V2:
+            conn = self._owner()
+            assert conn is not None
+            if conn.protocol_version == v2.V2:
                 result = v2.result(request.method, result)
             batched = self._batched
             if type(result) is fastjson.Fragment and not (batched and request.id in batched):

@@ -80,7 +80,8 @@ class FramePacer:
             return True
         if len(self.inflight) + requests > self._settings.max_requests_in_flight:
             return False
-        conn = self._conn
+        conn = self._owner()  # not :attr:`_conn`: a call less for each message
+        assert conn is not None
         pace = conn.pace
         if not pace.take(requests):
             return False
