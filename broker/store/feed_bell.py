@@ -77,7 +77,8 @@ class FeedBells:
                 for feed in due:
                     pipe.spublish(feed_bell(feed), "1")
                 await pipe.execute()
-        except Exception as exc:
+        except Exception as exc:  # a hint, not data: the append stands, and the projector's
+            # check of every feed (at most SAFETY seconds away) finds its notice
             for feed in due:
                 self._rung.pop(feed, None)
             log.debug("could not ring the bells of %d change feeds: %r", len(due), exc)
@@ -158,6 +159,6 @@ class Doorbell:
                 self.listening = False
                 self._everything = True
                 self._rang.set()
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # a dead feed's close: nothing to lose
                     await feed.aclose()
             await asyncio.sleep(LISTEN_PAUSE)
