@@ -47,16 +47,7 @@ async def _front(tree: Path, redis_url: str, out: Path, log: Path) -> asyncio.su
         str(python),
         "-m",
         "broker.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--redis-url",
-        redis_url,
-        "--cursor-secret",
-        common.CURSOR_SECRET,
-        "--no-workers",
+        *common.front_args(redis_url),
     ]
     env = broker_env(None, common.BENCH_ENV)
     env["PYTHONPATH"] = str(tree)

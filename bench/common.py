@@ -419,6 +419,23 @@ def baseline_tree(rev: str) -> Path:
     return tree
 
 
+def front_args(redis_url: str) -> list[str]:
+    """The command-line arguments of a benchmark's bare front (after ``broker.cli``): serve
+    on a free loopback port, on ``redis_url``, with no workers beside it."""
+    return [
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--redis-url",
+        redis_url,
+        "--cursor-secret",
+        CURSOR_SECRET,
+        "--no-workers",
+    ]
+
+
 @contextlib.asynccontextmanager
 async def fronts_at(
     tree: Path,
@@ -449,16 +466,7 @@ async def fronts_at(
                     sys.executable,
                     "-c",
                     code,
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--redis-url",
-                    redis_url,
-                    "--cursor-secret",
-                    CURSOR_SECRET,
-                    "--no-workers",
+                    *front_args(redis_url),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log_file,
