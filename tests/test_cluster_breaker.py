@@ -23,8 +23,8 @@ from broker.store.client import connect
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
+from .support.outage import listed_ids, rest_list, served_again, timed
 from .support.redis_server import free_port
-from .test_fail_fast import _rest_list, _timed
 from .test_redis_faults import SLACK, _readyz
 
 pytestmark = pytest.mark.slow
@@ -35,11 +35,6 @@ ENV = {"ACP_BROKER_LEASE_TTL": "5"}
 BOUND = 3.0
 """Seconds within which a request is answered once the breaker is open (loose: the
 machine is shared; it takes milliseconds)."""
-
-
-def _ids(listed: dict[str, Any]) -> list[str]:
-    assert "result" in listed, listed
-    return [session["sessionId"] for session in listed["result"]["sessions"]]
 
 
 async def _store_away(http_port: int) -> bool:
@@ -101,9 +96,9 @@ async def test_requests_fail_fast_while_every_master_is_stalled_and_are_served_o
         reply = await client.call("session/new", {"cwd": "/cb", "mcpServers": []}, 30)
         session_id = reply["result"]["sessionId"]
         for _ in range(3):  # kept by the front's page cache
-            _, listed = await _timed(client, "session/list", {})
-            assert session_id in _ids(listed), listed
-            status, rest = await _rest_list(http_port)
+            _, listed = await timed(client, "session/list", {})
+            assert session_id in listed_ids(listed), listed
+            status, rest = await rest_list(http_port)
             assert status == 200, rest
 
         masters = cluster.masters()
@@ -114,7 +109,7 @@ async def test_requests_fail_fast_while_every_master_is_stalled_and_are_served_o
             # timeout (``redis_timeout``), with the same clear error.
             stalled = time.monotonic()
             waiting = asyncio.create_task(
-                _timed(client, "session/new", {"cwd": "/cb", "mcpServers": []})
+                timed(client, "session/new", {"cwd": "/cb", "mcpServers": []})
             )
             # The probe notices within two PROBE_TIMEOUTs (+ its interval).
             while not await _store_away(http_port):
@@ -128,26 +123,26 @@ async def test_requests_fail_fast_while_every_master_is_stalled_and_are_served_o
             took_all: list[float] = []
             for _ in range(5):
                 for asking in (client, other):
-                    took, reply = await _timed(
+                    took, reply = await timed(
                         asking, "session/new", {"cwd": "/cb", "mcpServers": []}
                     )
                     took_all.append(took)
                     assert took < BOUND and "try again" in reply["error"]["message"], (took, reply)
                     assert "internal error" not in reply["error"]["message"]
-                took, reply = await _timed(
+                took, reply = await timed(
                     client, "session/prompt", {"sessionId": session_id, "prompt": text("/notool")}
                 )
                 took_all.append(took)
                 assert took < BOUND and "try again" in reply["error"]["message"], (took, reply)
-                took, listed = await _timed(client, "session/list", {})  # cached: answered
+                took, listed = await timed(client, "session/list", {})  # cached: answered
                 took_all.append(took)
-                assert took < BOUND and session_id in _ids(listed), (took, listed)
-                took, listed = await _timed(client, "session/list", {"cwd": "/other"})
+                assert took < BOUND and session_id in listed_ids(listed), (took, listed)
+                took, listed = await timed(client, "session/list", {"cwd": "/other"})
                 took_all.append(took)
                 assert took < BOUND and "try again" in listed["error"]["message"], (took, listed)
             print(f"{len(took_all)} requests then, the slowest answered in {max(took_all):.3f} s")
             await other.close()
-            status, rest = await _rest_list(http_port)
+            status, rest = await rest_list(http_port)
             assert status == 200 and session_id in [s["id"] for s in rest["data"]], rest
         finally:
             for port in masters:
@@ -161,14 +156,5 @@ async def test_requests_fail_fast_while_every_master_is_stalled_and_are_served_o
         while not await store_back():
             assert time.monotonic() < deadline, "the store check never passed again"
             await asyncio.sleep(0.2)
-        # Served again without a restart.
-        reply = await client.call("session/new", {"cwd": "/back", "mcpServers": []}, 30)
-        assert "result" in reply, reply
-        back_id = reply["result"]["sessionId"]
-        reply = await client.call(
-            "session/prompt", {"sessionId": back_id, "prompt": text("/notool")}, 30
-        )
-        assert reply["result"]["stopReason"] == "end_turn", reply
-        _, listed = await _timed(client, "session/list", {})
-        assert {session_id, back_id} <= set(_ids(listed)), listed
+        await served_again(client, session_id)  # without a restart
         await client.close()

@@ -10,10 +10,8 @@ answered. Once Redis answers again, the breaker closes and requests are served n
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,27 +19,14 @@ from broker.store.breaker import PROBE_TIMEOUT
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
+from .support.outage import listed_ids, rest_list, served_again, timed
 from .support.redis_server import free_port, restartable_redis
-from .test_redis_faults import ENV, SLACK, _get_json, _readyz
+from .test_redis_faults import ENV, SLACK, _readyz
 
 pytestmark = pytest.mark.slow
 
 FAST = 1.0
 """Seconds within which a request is answered while the store is known to be away."""
-
-
-def _ids(listed: dict) -> list[str]:
-    return [session["sessionId"] for session in listed["result"]["sessions"]]
-
-
-async def _rest_list(http_port: int) -> tuple[int, Any]:
-    return await asyncio.to_thread(_get_json, f"http://127.0.0.1:{http_port}/v1/sessions")
-
-
-async def _timed(client: RawClient, method: str, params: dict[str, object]) -> tuple[float, dict]:
-    started = time.monotonic()
-    reply = await client.call(method, params, timeout=30)
-    return time.monotonic() - started, reply
 
 
 async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_back(
@@ -59,9 +44,9 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
             reply = await client.call("session/new", {"cwd": "/ff", "mcpServers": []}, 30)
             session_id = reply["result"]["sessionId"]
             for _ in range(3):  # kept by the front's page cache (read again if announced)
-                _, listed = await _timed(client, "session/list", {})
-                assert session_id in _ids(listed), listed
-                status, rest = await _rest_list(http_port)  # GET /v1/sessions: its own page
+                _, listed = await timed(client, "session/list", {})
+                assert session_id in listed_ids(listed), listed
+                status, rest = await rest_list(http_port)  # GET /v1/sessions: its own page
                 assert status == 200, rest
 
             redis.pause()
@@ -70,7 +55,7 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
                 # every request needing the store is answered at once.
                 started = time.monotonic()
                 while True:
-                    took, reply = await _timed(
+                    took, reply = await timed(
                         client, "session/new", {"cwd": "/ff", "mcpServers": []}
                     )
                     assert "error" in reply, reply
@@ -78,13 +63,13 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
                         break
                     assert time.monotonic() - started < PROBE_TIMEOUT + 5 + SLACK
                 for _ in range(10):
-                    took, reply = await _timed(
+                    took, reply = await timed(
                         client, "session/new", {"cwd": "/ff", "mcpServers": []}
                     )
                     assert took <= FAST + 0.5, took  # a loaded machine's slack
                     assert "try again" in reply["error"]["message"], reply
                     assert "internal error" not in reply["error"]["message"]
-                    took, reply = await _timed(
+                    took, reply = await timed(
                         client,
                         "session/prompt",
                         {"sessionId": session_id, "prompt": text("/notool")},
@@ -92,12 +77,12 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
                     assert took <= FAST + 0.5 and "try again" in reply["error"]["message"], reply
                     # The page the front had cached is answered still; one it had not
                     # fails fast.
-                    took, listed = await _timed(client, "session/list", {})
-                    assert took <= FAST + 0.5 and session_id in _ids(listed), (took, listed)
-                    took, listed = await _timed(client, "session/list", {"cwd": "/other"})
+                    took, listed = await timed(client, "session/list", {})
+                    assert took <= FAST + 0.5 and session_id in listed_ids(listed), (took, listed)
+                    took, listed = await timed(client, "session/list", {"cwd": "/other"})
                     assert took <= FAST + 0.5, took
                     assert "try again" in listed["error"]["message"], listed
-                status, rest = await _rest_list(http_port)
+                status, rest = await rest_list(http_port)
                 assert status == 200 and session_id in [s["id"] for s in rest["data"]], rest
             finally:
                 redis.resume()
@@ -109,15 +94,7 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
             deadline = time.monotonic() + 10
             while not await store_back():
                 assert time.monotonic() < deadline, "the store check never passed again"
-            # The first request after the store is back is served normally.
-            reply = await client.call("session/new", {"cwd": "/back", "mcpServers": []}, 30)
-            assert "result" in reply, reply
-            back_id = reply["result"]["sessionId"]
-            reply = await client.call(
-                "session/prompt", {"sessionId": back_id, "prompt": text("/notool")}, 30
-            )
-            assert reply["result"]["stopReason"] == "end_turn", reply
-            # Listed: the pages held through the outage are not answered once it is over.
-            _, listed = await _timed(client, "session/list", {})
-            assert {session_id, back_id} <= set(_ids(listed)), listed
+            # The first request after the store is back is served normally, and lists: the
+            # pages held through the outage are not answered once it is over.
+            await served_again(client, session_id)
             await client.close()

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from workers.agent_host.worker import HostWorker
 from .conftest import make_settings
 from .support.broker_process import BrokerProcess, broker_process
 from .support.client import RawClient, text
+from .support.outage import get_json
 from .support.redis_server import RestartableRedis, restartable_redis
 
 pytestmark = pytest.mark.slow
@@ -67,16 +66,8 @@ async def _until(check: Callable[[], Awaitable[bool]], timeout: float) -> float:
     raise AssertionError(f"not recovered within {timeout} s")
 
 
-def _get_json(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 async def _readyz(node: BrokerProcess) -> tuple[int, Any]:
-    return await asyncio.to_thread(_get_json, f"http://127.0.0.1:{node.port}/readyz")
+    return await asyncio.to_thread(get_json, f"http://127.0.0.1:{node.port}/readyz")
 
 
 async def _works(node: BrokerProcess) -> bool:
