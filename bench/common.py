@@ -358,6 +358,20 @@ def private_redis(*extra: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def private_store(cluster: bool) -> Iterator[tuple[str, list[int]]]:
+    """A private store's URL and its masters' ports: one server (:func:`private_redis`), or
+    a 3-master Redis Cluster."""
+    if cluster:
+        from tests.support.redis_cluster import redis_cluster
+
+        with redis_cluster() as info:
+            yield info.url, info.masters()
+    else:
+        with private_redis() as url:
+            yield url, [int(url.rsplit(":", 1)[1].split("/")[0])]
+
+
+@contextlib.contextmanager
 def replica_of(url: str) -> Iterator[str]:
     """A private redis-server replicating ``url``'s, once it is in sync."""
     import redis

@@ -23,7 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +63,6 @@ async def _freshness(url: str, probes: int) -> list[float]:
     return took
 
 
-@contextlib.contextmanager
-def _store(cluster: bool) -> Iterator[tuple[str, list[int]]]:
-    """The store's URL and the ports of its masters."""
-    if cluster:
-        from tests.support.redis_cluster import redis_cluster
-
-        with redis_cluster() as info:
-            yield info.url, info.masters()
-    else:
-        with common.private_redis() as url:
-            yield url, [int(url.rsplit(":", 1)[1].split("/")[0])]
-
-
 @contextlib.asynccontextmanager
 async def _broker(url: str, logs: Path, together: bool) -> AsyncIterator[int]:
     """The broker's roles on ``url``; yields the front's port."""
@@ -102,7 +89,10 @@ async def _make_sessions(port: int, count: int) -> None:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    with _store(args.cluster) as (url, masters), tempfile.TemporaryDirectory() as logs:
+    with (
+        common.private_store(args.cluster) as (url, masters),
+        tempfile.TemporaryDirectory() as logs,
+    ):
         async with _broker(url, Path(logs), args.together) as port:
             await _make_sessions(port, args.sessions)
             await asyncio.sleep(args.settle)  # start-up's own commands, done

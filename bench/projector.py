@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,19 +137,6 @@ class LagProbe:
                     self.waiting.append((sid, seq, t0))
 
 
-@contextlib.contextmanager
-def _store(cluster: bool) -> Iterator[tuple[str, list[int]]]:
-    """A private store's URL and its masters' ports: one server, or a 3-master cluster."""
-    if cluster:
-        from tests.support.redis_cluster import redis_cluster
-
-        with redis_cluster() as info:
-            yield info.url, info.masters()
-    else:
-        with common.private_redis() as url:
-            yield url, [int(url.rsplit(":", 1)[1].split("/")[0])]
-
-
 async def run_cell(
     cell: Cell, tree: Path | None, tag: str, profile: bool = False, cluster: bool = False
 ) -> dict[str, float]:
@@ -158,7 +145,7 @@ async def run_cell(
     from broker.store.log import SessionLog, new_session_id
     from tests.support.commandstats import calls_between, command_calls
 
-    with _store(cluster) as (url, masters):
+    with common.private_store(cluster) as (url, masters):
         store = connect(url)
         log = SessionLog(store)
         sessions = [new_session_id() for _ in range(cell.sessions)]

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-CONNECT_TIMEOUT = 2.0
+from .tcp import CONNECT_TIMEOUT, pipe
 
 
 @dataclass(frozen=True)
@@ -22,17 +22,6 @@ class Backend:
 
     ws_port: int
     http_port: int
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, asyncio.IncompleteReadError):
-        pass  # one side went away: the other is closed below, as a balancer does
-    finally:
-        writer.close()
 
 
 @contextlib.asynccontextmanager
@@ -58,8 +47,8 @@ async def balancer(backends: Sequence[Backend], ws_path: str = "/acp") -> AsyncI
                 continue  # that node is down: the next one
             up_writer.write(first)
             pipes = [
-                asyncio.ensure_future(_pipe(reader, up_writer)),
-                asyncio.ensure_future(_pipe(up_reader, writer)),
+                asyncio.ensure_future(pipe(reader, up_writer)),
+                asyncio.ensure_future(pipe(up_reader, writer)),
             ]
             await asyncio.wait(pipes)
             return

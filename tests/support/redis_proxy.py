@@ -8,18 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-CONNECT_TIMEOUT = 2.0
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, asyncio.IncompleteReadError):
-        pass  # one side went away: the other is closed below
-    finally:
-        writer.close()
+from .tcp import CONNECT_TIMEOUT, pipe
 
 
 class SwitchingProxy:
@@ -51,7 +40,7 @@ class SwitchingProxy:
             return
         self._writers |= {writer, up_writer}
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         finally:
             self._writers -= {writer, up_writer}
 
