@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:  # tests.support is reused, not duplicated
     sys.path.insert(0, str(ROOT))
 
 from tests.support.broker_process import BrokerProcess, broker_env, broker_process  # noqa: E402
-from tests.support.redis_server import free_port, redis_server  # noqa: E402
+from tests.support.redis_server import free_port, port_of, redis_server  # noqa: E402
 from tests.support.roles import RoleProcess, role_process  # noqa: E402
 
 __all__ = [
@@ -368,7 +368,7 @@ def private_store(cluster: bool) -> Iterator[tuple[str, list[int]]]:
             yield info.url, info.masters()
     else:
         with private_redis() as url:
-            yield url, [int(url.rsplit(":", 1)[1].split("/")[0])]
+            yield url, [port_of(url)]
 
 
 @contextlib.contextmanager

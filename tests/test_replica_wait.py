@@ -24,25 +24,16 @@ from broker.store.retry import STORE_AWAY
 
 from .conftest import make_settings
 from .support.client import acp_client
-from .support.redis_server import redis_server
+from .support.redis_server import master_with_replica, redis_server
 
 CREATED = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
 UPDATE = {"type": "update", "update": {"sessionUpdate": "agent_message_chunk"}}
 
 
-def _port(url: str) -> str:
-    return url.rsplit(":", 1)[1].split("/")[0]
-
-
 @pytest.fixture
 def master_and_replica() -> Iterator[tuple[str, str]]:
-    with redis_server() as master, redis_server("--replicaof", "127.0.0.1", _port(master)) as rep:
-        with redis.Redis.from_url(master) as admin:
-            deadline = time.monotonic() + 10
-            while admin.info("replication").get("slave0", {}).get("state") != "online":
-                assert time.monotonic() < deadline, "the replica did not come online"
-                time.sleep(0.05)
-        yield master, rep
+    with master_with_replica() as urls:
+        yield urls
 
 
 async def test_appends_return_once_the_replica_has_them(

@@ -31,29 +31,17 @@ from broker.store.log import SessionLog
 from .conftest import make_settings
 from .support.client import RawClient, wait_for
 from .support.redis_proxy import switching_proxy
-from .support.redis_server import redis_server
+from .support.redis_server import master_with_replica, port_of
 from .support.wire import CheckedClient
 from .test_bridge_e2e import _initialize, bridged
 
 TENANT = "default"
 
 
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1].split("/")[0])
-
-
 @pytest.fixture
 def master_and_replica() -> Iterator[tuple[str, str]]:
-    with (
-        redis_server() as master,
-        redis_server("--replicaof", "127.0.0.1", str(_port(master))) as rep,
-    ):
-        with redis.Redis.from_url(master) as admin:
-            deadline = time.monotonic() + 10
-            while admin.info("replication").get("slave0", {}).get("state") != "online":
-                assert time.monotonic() < deadline, "the replica did not come online"
-                time.sleep(0.05)
-        yield master, rep
+    with master_with_replica() as urls:
+        yield urls
 
 
 def _seq(update: dict[str, Any]) -> int:
@@ -90,7 +78,7 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
     and the floor the front's hub left in the snapshot keeps the next seqs past them."""
     master, replica = master_and_replica
     caplog.set_level(logging.WARNING)
-    async with switching_proxy(_port(master)) as proxy:
+    async with switching_proxy(port_of(master)) as proxy:
         node = Broker(make_settings(redis_url=proxy.url, request_timeout=20))
         await node.start()
         url = f"ws://127.0.0.1:{node.port}/acp"
@@ -124,7 +112,7 @@ async def test_a_failover_that_lost_acknowledged_events_skips_and_repeats_nothin
 
             with redis.Redis.from_url(master) as m:
                 acknowledged = int(m.hget(keys.snapshot, "seq") or 0)
-            proxy.switch(_port(replica))  # the failover: the events after ``split`` are gone
+            proxy.switch(port_of(replica))  # the failover: the events after ``split`` are gone
             before = len(watcher.updates(session_id))
 
             # A client resuming from a lost position before anything new was appended: a
@@ -241,7 +229,7 @@ async def test_the_bridge_resumes_after_a_lost_position_and_the_editor_misses_no
     end, and the editor gets every later event once."""
     master, replica = master_and_replica
     async with (
-        switching_proxy(_port(master)) as redis_proxy,
+        switching_proxy(port_of(master)) as redis_proxy,
         asyncio.timeout(90),
     ):
         node = Broker(make_settings(redis_url=redis_proxy.url, request_timeout=20))
@@ -267,7 +255,7 @@ async def test_the_bridge_resumes_after_a_lost_position_and_the_editor_misses_no
                     r.replicaof("no", "one")
                 await prompt("/chunks 3 lost", one * 2)
 
-                redis_proxy.switch(_port(replica))  # the failover
+                redis_proxy.switch(port_of(replica))  # the failover
                 ws_proxy.switch(node.port)  # the bridge's connection drops: it resumes
                 stderr = tmp_path / "bridge.stderr"
                 await wait_for(

@@ -154,6 +154,26 @@ def redis_server(*extra: str) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def port_of(url: str) -> int:
+    """The port of a ``redis://127.0.0.1:PORT/DB`` URL (one of :func:`redis_server`'s)."""
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@contextlib.contextmanager
+def master_with_replica() -> Iterator[tuple[str, str]]:
+    """A redis-server and a replica of it, online (waited for, 10 s at most): their URLs."""
+    with (
+        redis_server() as master,
+        redis_server("--replicaof", "127.0.0.1", str(port_of(master))) as replica,
+    ):
+        with redis.Redis.from_url(master) as admin:
+            deadline = time.monotonic() + 10
+            while admin.info("replication").get("slave0", {}).get("state") != "online":
+                assert time.monotonic() < deadline, "the replica did not come online"
+                time.sleep(0.05)
+        yield master, replica
+
+
 @contextlib.contextmanager
 def password_server(password: str) -> Iterator[str]:
     """A redis-server of our own that requires ``password``; yields its URL (without the
