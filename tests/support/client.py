@@ -18,6 +18,11 @@ from mcp.types import CallToolResult, TextContent
 
 from .schemas import WireChecker
 
+#: How long a request's reply is waited for: a little past the broker's own request deadline
+#: (``request_timeout``, 30 s), so a reply that is late shows as the broker's error, and a
+#: loaded machine (a demo agent takes seconds to start there) fails no test by the clock.
+REPLY_WAIT = 35.0
+
 
 async def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
     """Poll ``condition`` until it is truthy (bounded); returns its value. ``condition`` may
@@ -196,7 +201,9 @@ class RawClient:
         if self.checker is not None and requests:
             self.checker.sending(requests)
 
-    async def call(self, method: str, params: Any = None, timeout: float = 10.0) -> dict[str, Any]:
+    async def call(
+        self, method: str, params: Any = None, timeout: float = REPLY_WAIT
+    ) -> dict[str, Any]:
         """Send a request and return its reply; notifications that come first go to ``inbox``."""
         self.next_id += 1
         msg_id = self.next_id
@@ -206,7 +213,7 @@ class RawClient:
         await self.send(message)
         return await self.reply_to(msg_id, timeout)
 
-    async def new_session(self, cwd: str, timeout: float = 10.0) -> str:
+    async def new_session(self, cwd: str, timeout: float = REPLY_WAIT) -> str:
         """A new session in ``cwd`` (no MCP servers): its id."""
         reply = await self.call("session/new", {"cwd": cwd, "mcpServers": []}, timeout)
         return str(reply["result"]["sessionId"])
@@ -219,7 +226,7 @@ class RawClient:
             {"jsonrpc": "2.0", "id": msg_id, "method": "session/prompt", "params": params}
         )
 
-    async def reply_to(self, msg_id: Any, timeout: float = 10.0) -> dict[str, Any]:
+    async def reply_to(self, msg_id: Any, timeout: float = REPLY_WAIT) -> dict[str, Any]:
         while True:
             message = await self.recv(timeout)
             if message.get("id") == msg_id and "method" not in message:
