@@ -1,17 +1,21 @@
-"""What broker/compat/uvicorn.py assumes of uvicorn's ``H11Protocol`` (not a public API): an
-upgrade that changes one fails here, by name."""
+"""What broker/compat/uvicorn.py assumes of uvicorn's ``H11Protocol`` and ``Server`` (not
+public APIs): an upgrade that changes one fails here, by name."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+from typing import Any
 
 import h11
+import httpx2
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from broker.compat.uvicorn import guarded_h11
+from broker.compat.uvicorn import EmbeddedServer, guarded_h11
+
+from .support.client import wait_for
 
 
 def test_the_protocol_has_the_hooks_the_guard_overrides() -> None:
@@ -45,7 +49,7 @@ class _Transport(asyncio.Transport):
 
 
 async def test_the_protocol_keeps_its_h11_connection_loop_and_transport() -> None:
-    config = uvicorn.Config(app=lambda *a: None)
+    config = uvicorn.Config(app=lambda *a: None, log_config=None)
     config.load()
     protocol = guarded_h11(0.05)(config, ServerState(), app_state={})
     transport = _Transport()
@@ -59,3 +63,36 @@ async def test_the_protocol_keeps_its_h11_connection_loop_and_transport() -> Non
         await asyncio.sleep(0.01)
     assert transport.closed
     protocol.connection_lost(None)
+
+
+def test_serve_goes_through_the_hooks_the_embedded_server_overrides() -> None:
+    # serve() enters capture_signals() and runs main_loop(), which ends when on_tick() says so.
+    assert inspect.isgeneratorfunction(inspect.unwrap(uvicorn.Server.capture_signals))
+    assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
+    source = inspect.getsource(uvicorn.Server)
+    assert "with self.capture_signals():" in source and "await self.main_loop()" in source
+
+
+async def test_the_embedded_server_serves_in_the_loop_and_stops_at_once() -> None:
+    import socket
+
+    async def app(scope: dict, receive: object, send: Any) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_config=None, lifespan="off", access_log=False)
+    server = EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await wait_for(lambda: server.started, what="the server started")
+        async with httpx2.AsyncClient(timeout=10) as client:
+            response = await client.get(f"http://127.0.0.1:{port}/")
+        assert response.status_code == 204 and "date" in response.headers
+        server.exit()
+        async with asyncio.timeout(2):  # not a tick of a second: the exit event wakes it
+            await task
+    finally:
+        task.cancel()

@@ -1,9 +1,12 @@
-"""uvicorn's internals the broker relies on, in one place: a deadline uvicorn does not set.
+"""uvicorn's internals the broker relies on, in one place: a deadline uvicorn does not set,
+and a server that runs inside the broker's loop.
 
 :func:`guarded_h11` subclasses uvicorn's ``H11Protocol`` (not a public API: it overrides
 ``connection_made``, ``data_received``, ``on_response_complete`` and ``connection_lost``,
 and reads ``conn``, ``loop`` and ``transport``); ``tests/test_compat_uvicorn.py`` checks
-each of them, so an upgrade that moves one fails there by name.
+each of them, so an upgrade that moves one fails there by name. :class:`EmbeddedServer`
+overrides ``Server.capture_signals`` and ``Server.main_loop`` and calls ``on_tick``; the same
+tests check that ``serve`` still goes through them.
 
 Deadlines uvicorn does not set: the HTTP listener's request heads and idle sockets.
 
@@ -19,10 +22,13 @@ connection whose request head is not complete ``head_timeout`` seconds after it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
@@ -70,3 +76,33 @@ def guarded_h11(head_timeout: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return GuardedH11Protocol
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn inside the broker's loop, stopped by :meth:`exit` rather than by signals.
+
+    uvicorn's own ``main_loop`` wakes every 0.1 s to look at ``should_exit``; this one waits
+    on an event, a second at most (each wait is a tick that refreshes the Date header), so a
+    stop is at once and an idle listener costs one wake-up a second.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the broker, not uvicorn, handles SIGINT and SIGTERM
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop of ticks, ended at once by :meth:`exit`."""
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 10) % 864000  # every wait is a second: refresh on each tick
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 1.0)
+
+    def exit(self) -> None:
+        """Stop serving: uvicorn's shutdown (bounded by its graceful timeout) follows."""
+        self.should_exit = True
+        self._exit.set()

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import uvicorn
 from starlette.applications import Starlette
@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ...compat.uvicorn import guarded_h11
+from ...compat.uvicorn import EmbeddedServer, guarded_h11
 from ...config import Settings
 from ...ops.health import HEALTH_PATHS, Health
 from ...ops.metrics import METRICS_PATH, exposition
@@ -71,7 +71,7 @@ class FrontHttp:
         self.mcp = mcp_server(
             sessions, tools, lambda ctx: request_base(settings, mcp_http_base(ctx))
         )
-        self._server: _EmbeddedServer | None = None
+        self._server: EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._port: int | None = None
         self.websocket_port: Callable[[], int] = lambda: self.settings.port
@@ -155,7 +155,7 @@ class FrontHttp:
             ssl_certfile=self.settings.tls_cert,
             ssl_keyfile=self.settings.tls_key,
         )
-        self._server = _EmbeddedServer(config)
+        self._server = EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
         await self._wait_started()
         log.info("acp-broker HTTP on %s (MCP at %s)", http_url(self.settings, self.port), MCP_PATH)
@@ -187,30 +187,6 @@ class FrontHttp:
 async def _metrics_endpoint(request: Request) -> Response:
     body, content_type = exposition()
     return Response(body, 200, headers={"Content-Type": content_type})
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside the broker's loop, stopped by :meth:`exit` rather than by signals."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._exit = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the broker, not uvicorn, handles SIGINT and SIGTERM
-
-    async def main_loop(self) -> None:
-        """uvicorn's loop (a tick refreshes the Date header), ended at once by :meth:`exit`."""
-        counter = 0
-        while not await self.on_tick(counter):
-            counter = (counter + 10) % 864000  # every wait is a second: refresh on each tick
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit.wait(), 1.0)
-
-    def exit(self) -> None:
-        self.should_exit = True
-        self._exit.set()
 
 
 def _host(settings: Settings) -> str:
