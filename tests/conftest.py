@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -65,6 +66,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = XDIST_GROUPS.get(item.path.stem)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _logging_kept() -> Iterator[None]:
+    """Each test leaves logging as it found it. A test that runs the CLI in process sets the
+    root logger's handler on the stream pytest captured for that test (``broker.logs.configure``);
+    left there, every later test's log lines went to a closed file ("--- Logging error ---")."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    levels = {
+        name: logger.level
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+    yield
+    ours = [h for h in handlers if not _is_pytests(h)]
+    for handler in [h for h in root.handlers if h not in ours and not _is_pytests(h)]:
+        root.removeHandler(handler)
+    for handler in [h for h in ours if h not in root.handlers]:
+        root.addHandler(handler)
+    root.setLevel(level)
+    for name, logger_level in levels.items():
+        logging.getLogger(name).setLevel(logger_level)
+
+
+def _is_pytests(handler: logging.Handler) -> bool:
+    """pytest's own capture handlers, which it adds and removes around each phase itself."""
+    return type(handler).__module__.startswith("_pytest")
 
 
 ROOT = Path(__file__).resolve().parent.parent
