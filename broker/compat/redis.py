@@ -97,9 +97,11 @@ class ReloadingCluster(RedisCluster):
     the map reloaded before the next command: redis-py's own close cuts every connection of
     every node, those other commands and the pub/sub readers use at that moment included
     (``AttributeError: 'NoneType' object has no attribute 'writelines'`` on a connection
-    closed under a write). A close the broker asks for (stopping) closes. Leans on
-    redis-py's ``_initialize`` flag and on the names of the functions that call ``aclose``
-    for a reload (:data:`RELOADERS`); ``tests/test_compat_redis.py`` checks both."""
+    closed under a write). A close the broker asks for (stopping) closes. redis-py 8.2
+    and later reload in place and close the client nowhere: there the override has
+    nothing to catch. Leans on redis-py's ``_initialize`` flag and on the names of the
+    functions that call ``aclose`` for a reload (:data:`RELOADERS`);
+    ``tests/test_compat_redis.py`` checks both."""
 
     async def aclose(self) -> None:
         if _called_by_redis_py_for_a_reload():
