@@ -287,6 +287,7 @@ async def test_a_list_read_page_by_page_reads_only_its_first_page_on_the_ask(
         await node.log.append("default", created[0], _title("renamed"))
         await _project(node, "default", created[0])
         await wait_for(holding(pages, 0))
+        await _heard_until_now(node)  # the announcement of it too: it would drop the next read
         assert _titles(await _list(node))[0] == "renamed"
         await wait_for(holding(pages, 2))
         assert len(misses) == 2
