@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
 from typing import Any
 
 import h11
@@ -74,8 +75,6 @@ def test_serve_goes_through_the_hooks_the_embedded_server_overrides() -> None:
 
 
 async def test_the_embedded_server_serves_in_the_loop_and_stops_at_once() -> None:
-    import socket
-
     async def app(scope: dict, receive: object, send: Any) -> None:
         if scope["type"] == "http":
             await send({"type": "http.response.start", "status": 204, "headers": []})
