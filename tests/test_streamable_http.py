@@ -1,0 +1,141 @@
+"""ACP's Streamable HTTP transport on ``/acp`` of the HTTP port: POST, GET streams, DELETE,
+the RFD's refusals, a prompt with a permission round trip, and resuming a stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from broker.auth.tokens import TokenStore
+from broker.serve import Broker
+from tests.conftest import make_settings
+from tests.support.acp_http import JSON, SSE, HttpAcp, is_response
+
+
+@pytest.fixture(params=["redis"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def base(broker: Broker) -> str:
+    return f"http://127.0.0.1:{broker.http_port}"
+
+
+@pytest.fixture
+async def acp(base: str) -> AsyncIterator[HttpAcp]:
+    client = HttpAcp([base])
+    yield client
+    await client.aclose()
+
+
+def _is_permission(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("method") == "session/request_permission"
+
+
+async def _new_session(acp: HttpAcp, conn: Any, tmp: str) -> str:
+    msg_id = await acp.request("session/new", {"cwd": tmp, "mcpServers": []})
+    events = await conn.until(is_response(msg_id))
+    return str(events[-1][1]["result"]["sessionId"])
+
+
+async def test_initialize_answers_200_with_the_connection_id(acp: HttpAcp) -> None:
+    reply = await acp.initialize()
+    assert reply["id"] == 0 and reply["result"]["protocolVersion"] == 1
+    assert acp.conn_id
+
+
+async def test_a_prompt_with_a_permission_round_trip(acp: HttpAcp, tmp_path: Any) -> None:
+    await acp.initialize()
+    conn = await acp.open()
+    session_id = await _new_session(acp, conn, str(tmp_path))
+    stream = await acp.open(session_id)
+    prompt = [{"type": "text", "text": "hello"}]
+    msg_id = await acp.request(
+        "session/prompt", {"sessionId": session_id, "prompt": prompt}, session_id
+    )
+    asked = (await stream.until(_is_permission))[-1][1]
+    option = asked["params"]["options"][0]["optionId"]
+    answer = {
+        "jsonrpc": "2.0",
+        "id": asked["id"],
+        "result": {"outcome": {"outcome": "selected", "optionId": option}},
+    }
+    assert (await acp.post(answer, session_id)).status_code == 202
+    events = await stream.until(is_response(msg_id))
+    assert events[-1][1]["result"]["stopReason"] == "end_turn"
+    ids = [event_id for event_id, _ in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    updates = [m for _, m in events if m.get("method") == "session/update"]
+    assert any(u["params"]["update"]["sessionUpdate"] == "tool_call_update" for u in updates)
+
+
+async def test_a_stream_resumes_after_its_last_event_id(acp: HttpAcp, tmp_path: Any) -> None:
+    await acp.initialize()
+    conn = await acp.open()
+    session_id = await _new_session(acp, conn, str(tmp_path))
+    stream = await acp.open(session_id)
+    prompt = [{"type": "text", "text": "/chunks 30"}]
+    msg_id = await acp.request(
+        "session/prompt", {"sessionId": session_id, "prompt": prompt}, session_id
+    )
+    events = await stream.until(is_response(msg_id))
+    await stream.close()
+    middle = events[len(events) // 2][0]
+    again = await acp.open(session_id, last_event_id=middle)
+    resumed = await again.until(is_response(msg_id))
+    assert resumed == [e for e in events if e[0] > middle]
+
+
+async def test_refusals_as_the_rfd_says(acp: HttpAcp, base: str) -> None:
+    client = acp.client
+    url = base + "/acp"
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+    text = json.dumps(init)
+    response = await client.post(url, content=text, headers={"Content-Type": "text/plain"})
+    assert response.status_code == 415
+    list_request = {"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}}
+    assert (await client.post(url, json=list_request)).status_code == 400
+    assert (await client.post(url, json=[init])).status_code == 501
+    assert (await client.post(url, content="{", headers=JSON)).status_code == 400
+    assert (await client.get(url, headers=SSE)).status_code == 400
+    unknown = {**SSE, "Acp-Connection-Id": "nope"}
+    assert (await client.get(url, headers=unknown)).status_code == 404
+    await acp.initialize()
+    assert (await client.get(url, headers=acp.headers())).status_code == 406
+    session_get = acp.headers("no-such-session", **SSE)
+    assert (await client.get(url, headers=session_get)).status_code == 404
+    prompt = {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {"sessionId": "x"}}
+    assert (await acp.post(prompt)).status_code == 400
+    assert (await acp.delete()).status_code == 202
+    assert (await acp.post(list_request)).status_code == 404
+
+
+async def test_credentials_on_every_request(tmp_path: Any, redis_url: str) -> None:
+    from broker.store.client import connect
+
+    store = connect(redis_url)
+    node = Broker(make_settings(auth="on"), redis=store)
+    await node.start()
+    token, _ = await TokenStore(node.redis).create("acme", ["read", "write"])
+    try:
+        url = f"http://127.0.0.1:{node.http_port}/acp"
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+        async with httpx.AsyncClient() as client:
+            assert (await client.post(url, json=init)).status_code == 401
+        acp = HttpAcp([f"http://127.0.0.1:{node.http_port}"], token=token)
+        try:
+            await acp.initialize()
+            anonymous = {k: v for k, v in acp.headers(**SSE).items() if k != "Authorization"}
+            assert (await acp.client.get(url, headers=anonymous)).status_code == 401
+            conn = await acp.open()
+            assert await _new_session(acp, conn, str(tmp_path))
+        finally:
+            await acp.aclose()
+    finally:
+        await node.stop()
+        await store.aclose()
