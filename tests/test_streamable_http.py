@@ -14,6 +14,7 @@ from broker.auth.tokens import TokenStore
 from broker.serve import Broker
 from tests.conftest import make_settings
 from tests.support.acp_http import JSON, SSE, HttpAcp, is_response
+from tests.support.client import RawClient
 
 
 @pytest.fixture(params=["redis"])
@@ -139,3 +140,47 @@ async def test_credentials_on_every_request(tmp_path: Any, redis_url: str) -> No
     finally:
         await node.stop()
         await store.aclose()
+
+
+def _chunks(messages: list[Any]) -> list[str]:
+    return [
+        m["params"]["update"]["content"]["text"]
+        for m in messages
+        if m.get("method") == "session/update"
+        and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+    ]
+
+
+async def test_a_websocket_window_and_an_http_client_see_each_others_turns(
+    acp: HttpAcp, broker: Broker, tmp_path: Any
+) -> None:
+    await acp.initialize()
+    conn = await acp.open()
+    session_id = await _new_session(acp, conn, str(tmp_path))
+    stream = await acp.open(session_id)
+    window = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+    try:
+        params = {"sessionId": session_id, "cwd": str(tmp_path), "mcpServers": []}
+        await window.call("session/load", params)
+        window.inbox.clear()
+        prompt = [{"type": "text", "text": "/chunks 20"}]
+        msg_id = await acp.request(
+            "session/prompt", {"sessionId": session_id, "prompt": prompt}, session_id
+        )
+        seen = [m for _, m in await stream.until(is_response(msg_id))]
+        expected = [f"chunk {n}" for n in range(1, 21)]
+        assert _chunks(seen) == expected
+        assert await window.read_chunks(session_id, 20, 20) == expected
+        # The reverse: the window's turn, on the HTTP client's stream.
+        window.inbox.clear()
+        await window.send_prompt(7, session_id, "/chunks 15")
+        await window.reply_to(7, 20)
+        watched = await stream.until(
+            lambda m: (
+                len(_chunks([m])) == 1 and m["params"]["update"]["content"]["text"] == "chunk 15"
+            )
+        )
+        assert _chunks([m for _, m in watched]) == [f"chunk {n}" for n in range(1, 16)]
+        assert window.chunks(session_id) == [f"chunk {n}" for n in range(1, 16)]
+    finally:
+        await window.close()

@@ -262,8 +262,8 @@ class FrontNode:
                 with contextlib.suppress(Exception):  # drained already; a broken one is gone
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
-        await self._stop_part("the HTTP listener", self.http.stop())
         await self._stop_part("the Streamable HTTP connections", self.streamable.stop())
+        await self._stop_part("the HTTP listener", self.http.stop())
         for role in reversed(self.colocated):
             name = getattr(role, "name", type(role).__name__)
             await self._stop_part(name, role.stop(hand_over=hand_over))

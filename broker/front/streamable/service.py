@@ -50,6 +50,8 @@ class StreamableHttp:
         """The GET streams open here, by (connection, scope): set when news is stored."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewing: asyncio.Task[None] | None = None
+        self.stopping = False
+        """The front stops: its GET streams end (their clients reconnect elsewhere)."""
 
     # -- life -------------------------------------------------------------------------------
 
@@ -58,6 +60,7 @@ class StreamableHttp:
 
     async def stop(self) -> None:
         """Let every connection go (another front takes each at its next request)."""
+        self.stopping = True
         if self._renewing is not None:
             self._renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -63,7 +63,7 @@ class ScopeStream:
         touched = quiet_since
         try:
             yield b": open\n\n"
-            while True:
+            while not self.service.stopping:
                 bell.clear()
                 rows = await self.links.read(self.conn_id, self.scope, self.after)
                 if rows:
