@@ -3,7 +3,11 @@ the RFD's refusals, a prompt with a permission round trip, and resuming a stream
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,9 +16,10 @@ import pytest
 
 from broker.auth.tokens import TokenStore
 from broker.serve import Broker
+from broker.store.client import connect
 from tests.conftest import make_settings
 from tests.support.acp_http import JSON, SSE, HttpAcp, is_response
-from tests.support.client import RawClient
+from tests.support.client import RawClient, wait_for
 
 
 @pytest.fixture(params=["redis"])
@@ -117,8 +122,6 @@ async def test_refusals_as_the_rfd_says(acp: HttpAcp, base: str) -> None:
 
 
 async def test_credentials_on_every_request(tmp_path: Any, redis_url: str) -> None:
-    from broker.store.client import connect
-
     store = connect(redis_url)
     node = Broker(make_settings(auth="on"), redis=store)
     await node.start()
@@ -135,6 +138,15 @@ async def test_credentials_on_every_request(tmp_path: Any, redis_url: str) -> No
             assert (await acp.client.get(url, headers=anonymous)).status_code == 401
             conn = await acp.open()
             assert await _new_session(acp, conn, str(tmp_path))
+            reader = HttpAcp(
+                acp.bases, token=(await TokenStore(node.redis).create("acme", ["read"]))[0]
+            )
+            try:
+                await reader.initialize()
+                new = {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {}}
+                assert (await reader.post(new)).status_code == 403
+            finally:
+                await reader.aclose()
         finally:
             await acp.aclose()
     finally:
@@ -184,3 +196,102 @@ async def test_a_websocket_window_and_an_http_client_see_each_others_turns(
         assert window.chunks(session_id) == [f"chunk {n}" for n in range(1, 16)]
     finally:
         await window.close()
+
+
+@contextlib.asynccontextmanager
+async def _node(redis_url: str, **settings: Any) -> AsyncIterator[tuple[Broker, HttpAcp]]:
+    store = connect(redis_url)
+    node = Broker(make_settings(**settings), redis=store)
+    await node.start()
+    acp = HttpAcp([f"http://127.0.0.1:{node.http_port}"])
+    try:
+        yield node, acp
+    finally:
+        await acp.aclose()
+        await node.stop()
+        await store.aclose()
+
+
+async def test_a_second_stream_of_a_scope_replaces_the_first(acp: HttpAcp) -> None:
+    await acp.initialize()
+    first = await acp.open()
+    second = await acp.open()
+    assert first.task is not None
+    await asyncio.wait_for(asyncio.shield(first.task), 10)
+    msg_id = await acp.request("session/list", {})
+    assert (await second.until(is_response(msg_id)))[-1][1]["result"]["sessions"] == []
+    assert first.events.empty()
+
+
+async def test_a_cursor_past_what_is_kept_answers_409(redis_url: str, tmp_path: Any) -> None:
+    async with _node(redis_url, http_retained_messages=16) as (_, acp):
+        await acp.initialize()
+        conn = await acp.open()
+        session_id = await _new_session(acp, conn, str(tmp_path))
+        stream = await acp.open(session_id)
+        prompt = [{"type": "text", "text": "/chunks 400"}]
+        msg_id = await acp.request(
+            "session/prompt", {"sessionId": session_id, "prompt": prompt}, session_id
+        )
+        events = await stream.until(is_response(msg_id))
+        await stream.close()
+        headers = acp.headers(session_id, **SSE, **{"Last-Event-ID": "1"})
+        response = await acp.client.get(acp.url(), headers=headers)
+        assert response.status_code == 409
+        assert response.json()["error"] == "cursor_gap"
+        last = acp.headers(session_id, **SSE, **{"Last-Event-ID": str(events[-1][0])})
+        async with acp.client.stream("GET", acp.url(), headers=last) as resumed:
+            assert resumed.status_code == 200  # the newest cursor is kept
+
+
+async def test_a_client_that_does_not_read_is_cut_and_others_go_on(
+    redis_url: str, tmp_path: Any
+) -> None:
+    settings = {"http_write_timeout": 1.0, "max_message_bytes": 15 * 1024 * 1024}
+    async with _node(redis_url, **settings) as (node, acp):
+        await acp.initialize()
+        conn = await acp.open()
+        session_id = await _new_session(acp, conn, str(tmp_path))
+        port = node.http_port
+        # A raw socket that reads the response head and then nothing more.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(
+            f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+            f"Acp-Connection-Id: {acp.conn_id}\r\nAcp-Session-Id: {session_id}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        key = (acp.conn_id, f"s:{session_id}")
+        # ~12 MB of updates: more than the kernel's socket buffers hold.
+        words = " ".join(f"{i:06d}" + "x" * 100_000 for i in range(120))
+        prompt = [{"type": "text", "text": "/notool " + words}]
+        await acp.request("session/prompt", {"sessionId": session_id, "prompt": prompt}, session_id)
+        other = HttpAcp([f"http://127.0.0.1:{port}"])
+        try:
+            await other.initialize()
+            other_conn = await other.open()
+            started = time.monotonic()
+            other_session = await _new_session(other, other_conn, str(tmp_path))
+            other_stream = await other.open(other_session)
+            small = [{"type": "text", "text": "/chunks 20"}]
+            msg_id = await other.request(
+                "session/prompt", {"sessionId": other_session, "prompt": small}, other_session
+            )
+            await other_stream.until(is_response(msg_id))
+            assert time.monotonic() - started < 15
+            await wait_for(lambda: key not in node.streamable.bells, 30, "the reader cut")
+        finally:
+            writer.close()
+            await other.aclose()
+
+
+async def test_an_idle_connection_expires(redis_url: str) -> None:
+    async with _node(redis_url, http_idle_timeout=1.0, http_lease=0.6) as (node, acp):
+        await acp.initialize()
+        assert acp.conn_id in node.streamable.here
+        await wait_for(lambda: acp.conn_id not in node.streamable.here, 10, "the holder let go")
+        response = await acp.post({"jsonrpc": "2.0", "id": 1, "method": "session/list"})
+        assert response.status_code == 404

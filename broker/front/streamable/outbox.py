@@ -26,6 +26,9 @@ from ..acp.outbox import Outbox, Wire
 
 log = logging.getLogger(__name__)
 
+BATCH = 256
+"""Messages appended in one store call at most (a script's arguments are bounded)."""
+
 
 class Sink(Protocol):
     """Where an :class:`HttpOutbox` sends (its connection)."""
@@ -110,7 +113,8 @@ class HttpOutbox(Outbox):
         try:
             await asyncio.sleep(0)  # what this step of the event loop sends goes together
             while self._pending:
-                batch, self._pending = self._pending, []
+                batch = self._pending[:BATCH]
+                del self._pending[:BATCH]
                 try:
                     kept = await self.sink.write(batch)
                 except Exception as exc:
