@@ -181,7 +181,9 @@ class FrontNode:
             tool_access(settings, self.authenticator),
         )
         """The session tools' operations (MCP and REST), on the ACP methods' command path."""
-        self.streamable = streamable_http(settings, self.methods, self.redis, self.hub.node_id)
+        self.streamable = streamable_http(
+            settings, self.methods, self.redis, self.hub.node_id, self.access
+        )
         """ACP's Streamable HTTP connections (``/acp`` on the HTTP port)."""
         self.hub.listener.http_bells = self.streamable.on_bell
         self.http = FrontHttp(
@@ -364,7 +366,7 @@ class FrontNode:
 
 
 def streamable_http(
-    settings: Settings, methods: AcpMethods, redis: Store, node_id: str
+    settings: Settings, methods: AcpMethods, redis: Store, node_id: str, access: Access
 ) -> StreamableHttp:
     """The Streamable HTTP connections of a front, on the store ``redis``."""
     links = HttpLinks(
@@ -373,7 +375,7 @@ def streamable_http(
         idle_ms=int(settings.http_idle_timeout * 1000),
         lease_ms=int(settings.http_lease * 1000),
     )
-    return StreamableHttp(settings, methods, links, node_id)
+    return StreamableHttp(settings, methods, links, node_id, access)
 
 
 def _offered_subprotocols(request: HttpRequest) -> list[str]:

@@ -25,11 +25,13 @@ from starlette.types import Receive, Scope, Send
 
 from ...auth.authenticator import Authenticator, websocket_token
 from ...auth.principal import AuthError, Principal
+from ...errors import ErrorCode
+from ...errors.store import http_failure
 from ...store.http_links import CONNECTION_SCOPE, session_scope
 from ...store.log import SessionLog
 from ..acp.access import needed_scope
 from .scopes import ScopeError, incoming_scope
-from .service import StreamableHttp
+from .service import ConnectionRefused, StreamableHttp
 from .sse import MEDIA_TYPE, ScopeStream, SseResponse
 
 CONNECTION_HEADER = "acp-connection-id"
@@ -73,6 +75,11 @@ class AcpHttpEndpoint:
             response = await self._answer(request)
         except Refused as refused:
             response = refused.response()
+        except Exception as exc:
+            failure = http_failure(exc)  # the store away or full: said so, not a bare 500
+            if failure is None:
+                raise
+            response = PlainTextResponse(failure[1] + "\n", failure[0])
         await response(scope, receive, send)
 
     async def _answer(self, request: Request) -> Any:
@@ -126,7 +133,10 @@ class AcpHttpEndpoint:
         if not request.headers.get(CONNECTION_HEADER):
             if method != "initialize" or "id" not in message:
                 raise Refused(400, "the Acp-Connection-Id header is missing (initialize first)")
-            conn_id, response = await self.service.initialize(principal, message["id"], text)
+            try:
+                conn_id, response = await self.service.initialize(principal, message["id"], text)
+            except ConnectionRefused as refused:
+                raise Refused(429, str(refused)) from None
             headers = {"Acp-Connection-Id": conn_id} if conn_id else {}
             return Response(response, 200, headers=headers, media_type="application/json")
         conn_id = await self._connection(request, principal)
@@ -189,7 +199,7 @@ class AcpHttpEndpoint:
         first = await links.first(conn_id, scope)
         if after < given and (first is None or first > after + 1):
             error = {
-                "error": "cursor_gap",
+                "error": ErrorCode.CURSOR_GAP.value,
                 "message": "events after Last-Event-ID are no longer kept: reattach the "
                 "session with session/load or session/resume",
                 "oldest": first,

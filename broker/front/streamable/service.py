@@ -24,11 +24,16 @@ from typing import Any
 from ...auth.principal import Principal
 from ...config import Settings
 from ...store.http_links import HttpLinks
+from ..acp.access import Access
 from ..acp.connection import Dispatcher
 from ..routing import HTTP_BELL
 from .link import HttpLink
 
 log = logging.getLogger(__name__)
+
+
+class ConnectionRefused(Exception):
+    """A new connection over this node's or its credential's cap (HTTP 429)."""
 
 
 def _entry(entry_id: str) -> tuple[int, int]:
@@ -39,9 +44,13 @@ def _entry(entry_id: str) -> tuple[int, int]:
 class StreamableHttp:
     """The Streamable HTTP connections of one front (``node``: its node id)."""
 
-    def __init__(self, settings: Settings, methods: Dispatcher, links: HttpLinks, node: str):
+    def __init__(
+        self, settings: Settings, methods: Dispatcher, links: HttpLinks, node: str, access: Access
+    ) -> None:
         self.settings = settings
         self.methods = methods
+        self.access = access
+        """The node's connection counts: a connection run here holds a place."""
         self.links = links
         self.node = node
         self.here: dict[str, HttpLink] = {}
@@ -110,10 +119,14 @@ class StreamableHttp:
     def _ended(self, link: HttpLink) -> None:
         if self.here.get(link.id) is link:
             del self.here[link.id]
+            self.access.close_connection(link.id)
 
     async def initialize(self, principal: Principal, msg_id: Any, text: str) -> tuple[str, str]:
         """Open a connection with its ``initialize`` request: its id and the response."""
         conn_id = uuid.uuid4().hex
+        refusal = self.access.open_connection(conn_id, principal)
+        if refusal is not None:
+            raise ConnectionRefused(refusal)
         await self.links.create(
             conn_id,
             {"tenant": principal.tenant, "subject": principal.subject, "at": str(time.time())},
@@ -163,6 +176,7 @@ class StreamableHttp:
         if record is None:
             await self.links.release(conn_id, self.node)
             return
+        self.access.open_connection(conn_id, principal)  # counted even past the cap: taken over
         link = self._make(conn_id, principal)
         link.restore(record)
         await link.resume_sessions(record)
