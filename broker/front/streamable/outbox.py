@@ -26,6 +26,10 @@ from ..acp.outbox import Outbox, Wire
 
 log = logging.getLogger(__name__)
 
+EVENT_SCOPES_KEPT = 4096
+"""Event frames whose scope is remembered (their texts are shared: see send_event)."""
+_EVENT_SCOPES: dict[str, str] = {}
+
 BATCH = 256
 """Messages appended in one store call at most (a script's arguments are bounded)."""
 
@@ -69,8 +73,10 @@ class HttpOutbox(Outbox):
         if self.closing:
             return
         scope = self.sink.route(fastjson.loads(text))
-        if scope is None:
-            return
+        if scope is not None:
+            self._queue_message(scope, text)
+
+    def _queue_message(self, scope: str, text: str) -> None:
         metrics.FRAMES_SENT.inc()
         metrics.BYTES_SENT.inc(len(text))
         self._pending.append((scope, text))
@@ -84,7 +90,19 @@ class HttpOutbox(Outbox):
             self._flushing = self._loop.create_task(self._flush())
 
     def send_event(self, text: str, alone: bool = False) -> None:
-        self.send_text(text, shared=True, alone=alone)
+        """An event's frame: the same text for every connection of its session, so its
+        scope (the session it names) is found once, not parsed again per connection."""
+        if self.closing:
+            return
+        scope = _EVENT_SCOPES.get(text)
+        if scope is None:
+            scope = self.sink.route(fastjson.loads(text))
+            if scope is None:
+                return
+            if len(_EVENT_SCOPES) >= EVENT_SCOPES_KEPT:
+                _EVENT_SCOPES.clear()
+            _EVENT_SCOPES[text] = scope
+        self._queue_message(scope, text)
 
     def send_encoded(self, parts: tuple[bytes, ...]) -> None:
         self.send_text(b"".join(parts).decode())

@@ -29,6 +29,8 @@ from ...store.http_links import HttpLinks
 from .service import StreamableHttp
 
 MEDIA_TYPE = "text/event-stream"
+READ_COUNT = 256
+"""Messages read from the store per round trip."""
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
@@ -59,27 +61,31 @@ class ScopeStream:
         key = (self.conn_id, self.scope)
         self.service.bells[key] = bell
         await self.links.set_reader(self.conn_id, self.scope, self.reader)
-        quiet_since = time.monotonic()
-        touched = quiet_since
+        quiet_since = checked = time.monotonic()
+        saved = self.after
         try:
             yield b": open\n\n"
             while not self.service.stopping:
                 bell.clear()
-                rows = await self.links.read(self.conn_id, self.scope, self.after)
-                if rows:
-                    for cursor, text in rows:
-                        yield message_frame(cursor, text)
-                    self.after = rows[-1][0]
-                    await self.links.save(self.conn_id, {"p:" + self.scope: str(self.after)})
-                    quiet_since = time.monotonic()
-                    continue
-                reader, _ = await self.links.reader(self.conn_id, self.scope)
-                if reader != self.reader:
-                    return  # the connection ended, or a newer stream took the scope
+                rows = await self.links.read(self.conn_id, self.scope, self.after, READ_COUNT)
+                for cursor, text in rows:
+                    yield message_frame(cursor, text)
                 now = time.monotonic()
-                if now - touched >= settings.http_poll_interval * 10:
-                    touched = now
+                if rows:
+                    self.after, quiet_since = rows[-1][0], now
+                # Who reads the scope, looked at when nothing came (a bell with nothing new:
+                # a DELETE, a newer stream) and once a poll interval while busy.
+                if not rows or now - checked >= settings.http_poll_interval:
+                    checked = now
+                    reader, _ = await self.links.reader(self.conn_id, self.scope)
+                    if reader != self.reader:
+                        return  # the connection ended, or a newer stream took the scope
+                    if self.after != saved:  # where a stream opened with no id starts
+                        saved = self.after
+                        await self.links.save(self.conn_id, {"p:" + self.scope: str(saved)})
                     await self.links.touch(self.conn_id)  # an open stream is a use
+                if len(rows) == READ_COUNT:
+                    continue  # more waits
                 if now - quiet_since >= settings.http_heartbeat:
                     quiet_since = now
                     yield b": keepalive\n\n"
@@ -88,6 +94,9 @@ class ScopeStream:
         finally:
             if self.service.bells.get(key) is bell:
                 del self.service.bells[key]
+            if self.after != saved:
+                with contextlib.suppress(Exception):  # a stream ending as its store went away
+                    await self.links.save(self.conn_id, {"p:" + self.scope: str(self.after)})
 
 
 class SseResponse:
