@@ -175,7 +175,7 @@ async def run(args: Any) -> None:
             pids = {"front": front.pid, "redis": common.redis_pid(redis_url) or front.pid}
             send, close = await broker_feeder(redis_url)
             try:
-                for transport in TRANSPORTS:
+                for transport in args.transports.split(","):
                     base = f"http://127.0.0.1:{port}"
                     async with watching(transport, front.url, base, rooms, args.watchers) as into:
                         await feed(send, rooms, 2 * len(rooms), None, 30)  # warm-up
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--watchers", type=int, default=10, help="per session and transport")
     p.add_argument("--rate", type=float, default=200.0, help="updates/s of the fixed-rate phase")
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--transports", default=",".join(TRANSPORTS), help="ws,http or one of them")
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.watchers, args.seconds = 4, 5, 2.0

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...auth.principal import Principal
@@ -31,6 +31,12 @@ from .scopes import id_key, incoming_scope, outgoing_scope
 
 log = logging.getLogger(__name__)
 
+Emit = Callable[
+    [str, list[tuple[str, str]], dict[str, str]], Awaitable[list[tuple[int, str]] | None]
+]
+"""Appends (scope, text) messages of a connection and sets fields of its record (see
+:meth:`~broker.store.http_links.HttpLinks.emit`)."""
+
 
 class HttpLink(ClientConnection):
     """The broker's side of one Streamable HTTP connection, on the front that holds it."""
@@ -40,6 +46,7 @@ class HttpLink(ClientConnection):
         "_pumping",
         "captured",
         "done",
+        "emit",
         "ended",
         "links",
         "node",
@@ -56,12 +63,16 @@ class HttpLink(ClientConnection):
         principal: Principal | None,
         conn_id: str,
         ended: Callable[[HttpLink], None],
-        ring: Callable[[str, str, str], None],
+        ring: Callable[[str, str, str, list[tuple[int, str]]], None],
+        emit: Emit,
     ) -> None:
         """``ended``: told when the connection stops running here; ``ring``: told (the
-        connection, a scope, its reader) when a GET stream has news in the store."""
+        connection, a scope, its reader, the messages) when a GET stream has news in the
+        store; ``emit``: appends messages to the store
+        (:meth:`~broker.store.http_links.HttpLinks.emit`, as this node gathers them)."""
         self.links = links
         self.ring = ring
+        self.emit = emit
         self.node = node
         self.ended = ended
         self.replies: dict[str, str] = {}
@@ -101,13 +112,15 @@ class HttpLink(ClientConnection):
     async def write(self, messages: list[tuple[str, str]]) -> bool:
         """See :meth:`~.outbox.Sink.write`."""
         fields = {"sessions": json.dumps(self.positions()), "done": self.done}
-        written = await self.links.emit(self.id, self.node, messages, fields)
+        written = await self.emit(self.id, messages, fields)
         if written is None:
             return False
-        pairs = zip(messages, written, strict=True)
-        rings = {(scope, reader) for (scope, _), (_, reader) in pairs if reader}
-        for scope, reader in rings:
-            self.ring(self.id, scope, reader)
+        rings: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for (scope, text), (cursor, reader) in zip(messages, written, strict=True):
+            if reader:
+                rings.setdefault((scope, reader), []).append((cursor, text))
+        for (scope, reader), stored in rings.items():
+            self.ring(self.id, scope, reader, stored)
         return True
 
     def lost(self, reason: str) -> None:

@@ -27,9 +27,54 @@ from ...store.http_links import HttpLinks
 from ..acp.access import Access
 from ..acp.connection import Dispatcher
 from ..routing import HTTP_BELL
+from .bell import Bell
 from .link import HttpLink
 
 log = logging.getLogger(__name__)
+
+
+Future = asyncio.Future[list[tuple[int, str]] | None]
+"""The cursor and reader of each message a connection appended (None: not this node's)."""
+
+
+class Emitter:
+    """Gathers what the connections of a node send in one step of the event loop (an event
+    fanned out to many of them) into one store round trip (:meth:`HttpLinks.emit_many`)."""
+
+    def __init__(self, links: HttpLinks, node: str) -> None:
+        self.links = links
+        self.node = node
+        self._waiting: list[tuple[str, list[tuple[str, str]], dict[str, str], Future]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def emit(self, conn_id: str, messages: list[tuple[str, str]], fields: dict[str, str]) -> Future:
+        """Append ``messages`` of connection ``conn_id`` (see :meth:`HttpLinks.emit`)."""
+        future: Future = asyncio.get_running_loop().create_future()
+        if not self._waiting:
+            asyncio.get_running_loop().call_soon(self._send_all)
+        self._waiting.append((conn_id, messages, fields, future))
+        return future
+
+    def _send_all(self) -> None:
+        batch, self._waiting = self._waiting, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(
+        self, batch: list[tuple[str, list[tuple[str, str]], dict[str, str], Future]]
+    ) -> None:
+        calls = [(conn_id, self.node, messages, fields) for conn_id, messages, fields, _ in batch]
+        try:
+            replies = await self.links.emit_many(calls)
+        except Exception as exc:  # each connection's writer is told, and lets it go visibly
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), reply in zip(batch, replies, strict=True):
+            if not future.done():
+                future.set_result(reply)
 
 
 class ConnectionRefused(Exception):
@@ -55,10 +100,12 @@ class StreamableHttp:
         self.node = node
         self.here: dict[str, HttpLink] = {}
         """The connections this front runs, by id."""
-        self.bells: dict[tuple[str, str], asyncio.Event] = {}
+        self.bells: dict[tuple[str, str], Bell] = {}
         """The GET streams open here, by (connection, scope): set when news is stored."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewing: asyncio.Task[None] | None = None
+        self.emitter = Emitter(links, node)
+        """What the connections run here send, gathered per step into one store call."""
         self.stopping = False
         """The front stops: its GET streams end (their clients reconnect elsewhere)."""
 
@@ -80,8 +127,8 @@ class StreamableHttp:
                 await self.links.release(link.id, self.node)
         for task in list(self._tasks):
             task.cancel()
-        for event in self.bells.values():
-            event.set()
+        for bell in self.bells.values():
+            bell.ring()
 
     async def _renew(self) -> None:
         period = self.settings.http_lease / 3
@@ -112,6 +159,7 @@ class StreamableHttp:
             conn_id=conn_id,
             ended=self._ended,
             ring=self.ring,
+            emit=self.emitter.emit,
         )
         self.here[conn_id] = link
         return link
@@ -210,9 +258,9 @@ class StreamableHttp:
             if holder is not None and holder != self.node:
                 await self.links.ring(holder, {HTTP_BELL: "end", "c": conn_id})
         await self.links.delete(conn_id)
-        for (conn, _), event in list(self.bells.items()):
+        for (conn, _), bell in list(self.bells.items()):
             if conn == conn_id:
-                event.set()
+                bell.ring()
 
     # -- bells ------------------------------------------------------------------------------
 
@@ -225,16 +273,17 @@ class StreamableHttp:
         elif kind == "end" and link is not None:
             link.end()
         elif kind == "out":
-            event = self.bells.get((conn_id, str(message.get("s"))))
-            if event is not None:
-                event.set()
+            bell = self.bells.get((conn_id, str(message.get("s"))))
+            if bell is not None:
+                bell.ring()
 
-    def ring(self, conn_id: str, scope: str, reader: str) -> None:
-        """News of ``scope`` is stored: ring its GET stream, here or on its node."""
+    def ring(self, conn_id: str, scope: str, reader: str, stored: list[tuple[int, str]]) -> None:
+        """``stored`` messages of ``scope`` are in the store: ring its GET stream, here
+        (handing them along) or on its node."""
         node = reader.split("|", 1)[0]
         if node == self.node:
-            event = self.bells.get((conn_id, scope))
-            if event is not None:
-                event.set()
+            bell = self.bells.get((conn_id, scope))
+            if bell is not None:
+                bell.ring(stored)
             return
         self._spawn(self.links.ring(node, {HTTP_BELL: "out", "c": conn_id, "s": scope}))

@@ -26,6 +26,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from ...store.http_links import HttpLinks
+from .bell import Bell
 from .service import StreamableHttp
 
 MEDIA_TYPE = "text/event-stream"
@@ -57,7 +58,7 @@ class ScopeStream:
     async def frames(self) -> AsyncIterator[bytes]:
         """The stream's bytes, until the connection ends or another stream takes the scope."""
         settings = self.service.settings
-        bell = asyncio.Event()
+        bell = Bell()
         key = (self.conn_id, self.scope)
         self.service.bells[key] = bell
         await self.links.set_reader(self.conn_id, self.scope, self.reader)
@@ -66,8 +67,10 @@ class ScopeStream:
         try:
             yield b": open\n\n"
             while not self.service.stopping:
-                bell.clear()
-                rows = await self.links.read(self.conn_id, self.scope, self.after, READ_COUNT)
+                bell.event.clear()
+                rows = bell.take(self.after)
+                if rows is None:
+                    rows = await self.links.read(self.conn_id, self.scope, self.after, READ_COUNT)
                 for cursor, text in rows:
                     yield message_frame(cursor, text)
                 now = time.monotonic()
@@ -90,7 +93,7 @@ class ScopeStream:
                     quiet_since = now
                     yield b": keepalive\n\n"
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(bell.wait(), settings.http_poll_interval)
+                    await asyncio.wait_for(bell.event.wait(), settings.http_poll_interval)
         finally:
             if self.service.bells.get(key) is bell:
                 del self.service.bells[key]
