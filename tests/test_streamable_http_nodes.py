@@ -24,13 +24,15 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def _front(redis_url: str, tmp_path: Path, name: str, *args: str) -> AsyncIterator[str]:
+async def _front(
+    redis_url: str, tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[str]:
     """A front process; its HTTP base URL."""
     port = _free_port()
     async with broker_process(
         redis_url,
         log_path=tmp_path / f"{name}.log",
-        env=ENV,
+        env={**ENV, **(env or {})},
         extra_args=["--http-port", str(port), *args],
     ) as node:
         _nodes[name] = node
@@ -125,3 +127,49 @@ async def test_a_front_killed_between_requests_loses_nothing(
 def _forget_nodes() -> Any:
     yield
     _nodes.clear()
+
+
+async def test_a_permission_asked_when_its_front_dies_is_asked_again_on_another(
+    redis_url: str, tmp_path: Path
+) -> None:
+    env = {"ACP_BROKER_CLIENT_REASK_INTERVAL": "1"}
+    async with (
+        _front(redis_url, tmp_path, "workers", env=env) as workers,
+        _front(redis_url, tmp_path, "doomed", "--no-workers") as doomed,
+    ):
+        acp = HttpAcp([doomed])
+        try:
+            await acp.initialize()
+            conn = await acp.open()
+            msg_id = await acp.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+            session_id = (await conn.until(is_response(msg_id)))[-1][1]["result"]["sessionId"]
+            acp.bases = [workers]
+            stream = await acp.open(session_id)  # on the front that lives
+            acp.bases = [doomed]
+            prompt = [{"type": "text", "text": "hello"}]
+            await acp.request(
+                "session/prompt", {"sessionId": session_id, "prompt": prompt}, session_id
+            )
+            first = (await stream.until(_is_permission, timeout=60))[-1][1]
+            await _nodes["doomed"].kill()  # the front running the connection, mid-question
+            # The stream's front takes the connection over; the agent asks again.
+            again = (await stream.until(_is_permission, timeout=60))[-1][1]
+            assert again["params"]["toolCall"] == first["params"]["toolCall"]
+            acp.bases = [workers]
+            option = again["params"]["options"][0]["optionId"]
+            answer = {
+                "jsonrpc": "2.0",
+                "id": again["id"],
+                "result": {"outcome": {"outcome": "selected", "optionId": option}},
+            }
+            assert (await acp.post(answer, session_id)).status_code == 202
+            done = await stream.until(
+                lambda m: (
+                    m.get("method") == "session/update"
+                    and m["params"]["update"].get("status") == "completed"
+                ),
+                timeout=60,
+            )
+            assert done
+        finally:
+            await acp.aclose()

@@ -181,7 +181,7 @@ class AcpHttpEndpoint:
             scope = session_scope(session_id)
         after = await self._start(conn_id, scope, request.headers.get("last-event-id"))
         await self.service.links.touch(conn_id)
-        stream = ScopeStream(self.service, conn_id, scope, after)
+        stream = ScopeStream(self.service, conn_id, scope, after, principal)
         return SseResponse(stream.frames(), self.service.settings.http_write_timeout)
 
     async def _start(self, conn_id: str, scope: str, last_event_id: str | None) -> int:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...auth.principal import Principal
 from ...protocol import jsonrpc
+from ...protocol.pending import PendingRequests
 from ...store.http_links import HttpLinks
 from ..acp.connection import ClientConnection, Dispatcher
 from ..acp.lifetime import Lifetime
@@ -96,6 +98,10 @@ class HttpLink(ClientConnection):
             conn_id=conn_id,
             outbox=outbox,
         )
+        # The ids of requests to the client go on from any front that ran the connection
+        # before (microseconds since the epoch: larger than any id an earlier one gave out
+        # at its pace, and below 2**53, exact in every JSON reader).
+        self._pending = PendingRequests(first=time.time_ns() // 1000)
 
     # -- the outbox's sink ------------------------------------------------------------------
 
@@ -151,6 +157,8 @@ class HttpLink(ClientConnection):
                 )
             except jsonrpc.RpcError as exc:  # gone, or its history cut: the client reloads it
                 log.info("session %s not resumed on %s: %s", session_id, self.id, exc.message)
+                continue
+            self.release(session_id)  # no reply to order them after: live events flow now
 
     # -- the inbox --------------------------------------------------------------------------
 

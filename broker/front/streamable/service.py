@@ -218,6 +218,12 @@ class StreamableHttp:
                 self._spawn(self._watch(conn_id, principal, entry))
                 return
 
+    async def ensure_held(self, conn_id: str, principal: Principal) -> None:
+        """Take the connection over when nobody runs it (its holder crashed): what its
+        sessions' agents ask meanwhile then reaches its streams, with no POST to wake it."""
+        if conn_id not in self.here and await self.links.claim(conn_id, self.node) == self.node:
+            await self._take(conn_id, principal)
+
     async def _take(self, conn_id: str, principal: Principal) -> None:
         """Run the connection here from now on (it was free, or its holder's lease lapsed)."""
         record = await self.links.load(conn_id)

@@ -9,6 +9,10 @@ node's channel) and looks by itself every ``http_poll_interval`` (a bell may be 
 Comment lines every ``http_heartbeat`` keep proxies from closing it; they carry no id and
 move no cursor.
 
+A stream also sees that someone runs its connection: when its holder crashed (its lease
+lapsed) and no request came since, the stream's front takes it over, so what the
+connection's sessions ask meanwhile (an agent asks again until answered) reaches it.
+
 One stream per scope: a new GET of the same scope takes over and the older one ends (a
 client reconnecting after a half-open stream gets in). A client that does not read within
 ``http_write_timeout`` is cut; what it missed waits in the store for its next GET.
@@ -25,6 +29,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from ...auth.principal import Principal
 from ...store.http_links import HttpLinks
 from .bell import Bell
 from .service import StreamableHttp
@@ -47,8 +52,11 @@ def message_frame(cursor: int, text: str) -> bytes:
 class ScopeStream:
     """One GET stream of a connection's scope, from cursor ``after``."""
 
-    def __init__(self, service: StreamableHttp, conn_id: str, scope: str, after: int) -> None:
+    def __init__(
+        self, service: StreamableHttp, conn_id: str, scope: str, after: int, principal: Principal
+    ) -> None:
         self.service = service
+        self.principal = principal
         self.links: HttpLinks = service.links
         self.conn_id = conn_id
         self.scope = scope
@@ -87,6 +95,7 @@ class ScopeStream:
                         saved = self.after
                         await self.links.save(self.conn_id, {"p:" + self.scope: str(saved)})
                     await self.links.touch(self.conn_id)  # an open stream is a use
+                    await self.service.ensure_held(self.conn_id, self.principal)
                 if len(rows) == READ_COUNT:
                     continue  # more waits
                 if now - quiet_since >= settings.http_heartbeat:
