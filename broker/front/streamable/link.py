@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ...auth.principal import Principal
@@ -28,16 +28,10 @@ from ...protocol.pending import PendingRequests
 from ...store.http_links import HttpLinks
 from ..acp.connection import ClientConnection, Dispatcher
 from ..acp.lifetime import Lifetime
-from .outbox import HttpOutbox
+from .outbox import Emitter, HttpOutbox
 from .scopes import id_key, incoming_scope, outgoing_scope
 
 log = logging.getLogger(__name__)
-
-Emit = Callable[
-    [str, list[tuple[str, str]], dict[str, str]], Awaitable[list[tuple[int, str]] | None]
-]
-"""Appends (scope, text) messages of a connection and sets fields of its record (see
-:meth:`~broker.store.http_links.HttpLinks.emit`)."""
 
 
 class HttpLink(ClientConnection):
@@ -48,7 +42,6 @@ class HttpLink(ClientConnection):
         "_pumping",
         "captured",
         "done",
-        "emit",
         "ended",
         "links",
         "node",
@@ -66,15 +59,14 @@ class HttpLink(ClientConnection):
         conn_id: str,
         ended: Callable[[HttpLink], None],
         ring: Callable[[str, str, str, list[tuple[int, str]]], None],
-        emit: Emit,
+        emitter: Emitter,
     ) -> None:
         """``ended``: told when the connection stops running here; ``ring``: told (the
         connection, a scope, its reader, the messages) when a GET stream has news in the
-        store; ``emit``: appends messages to the store
-        (:meth:`~broker.store.http_links.HttpLinks.emit`, as this node gathers them)."""
+        store; ``emitter``: appends what it sends to the store, with the node's other
+        connections'."""
         self.links = links
         self.ring = ring
-        self.emit = emit
         self.node = node
         self.ended = ended
         self.replies: dict[str, str] = {}
@@ -89,7 +81,7 @@ class HttpLink(ClientConnection):
         loop = asyncio.get_running_loop()
 
         def outbox(conn_id: str, lifetime: Lifetime) -> HttpOutbox:
-            return HttpOutbox(self, conn_id, settings.max_queue_bytes, loop, lifetime)
+            return HttpOutbox(self, emitter, conn_id, settings.max_queue_bytes, loop, lifetime)
 
         super().__init__(
             None,  # type: ignore[arg-type]  # no socket: see the module's description
@@ -115,19 +107,18 @@ class HttpLink(ClientConnection):
                 return None
         return outgoing_scope(message, self.replies)
 
-    async def write(self, messages: list[tuple[str, str]]) -> bool:
-        """See :meth:`~.outbox.Sink.write`."""
-        fields = {"sessions": json.dumps(self.positions()), "done": self.done}
-        written = await self.emit(self.id, messages, fields)
-        if written is None:
-            return False
+    def fields(self) -> dict[str, str]:
+        """See :meth:`~.outbox.Sink.fields`."""
+        return {"sessions": json.dumps(self.positions()), "done": self.done}
+
+    def stored(self, written: list[tuple[str, str]], cursors: list[tuple[int, str]]) -> None:
+        """See :meth:`~.outbox.Sink.stored`: the GET streams reading them are rung."""
         rings: dict[tuple[str, str], list[tuple[int, str]]] = {}
-        for (scope, text), (cursor, reader) in zip(messages, written, strict=True):
+        for (scope, text), (cursor, reader) in zip(written, cursors, strict=True):
             if reader:
                 rings.setdefault((scope, reader), []).append((cursor, text))
         for (scope, reader), stored in rings.items():
             self.ring(self.id, scope, reader, stored)
-        return True
 
     def lost(self, reason: str) -> None:
         """See :meth:`~.outbox.Sink.lost`."""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ... import fastjson
 from ...ops import metrics
+from ...store.http_links import HttpLinks
 from ..acp.lifetime import Lifetime
 from ..acp.outbox import Outbox, Wire
 
@@ -35,15 +36,19 @@ BATCH = 256
 
 
 class Sink(Protocol):
-    """Where an :class:`HttpOutbox` sends (its connection)."""
+    """What an :class:`HttpOutbox` writes for (its connection)."""
 
     def route(self, message: Any) -> str | None:
         """The scope of a message; None when it is taken by a waiting caller instead."""
         ...
 
-    async def write(self, messages: list[tuple[str, str]]) -> bool:
-        """Append (scope, text) messages to the store; False: the connection is no longer
-        this node's (nothing more is sent)."""
+    def fields(self) -> dict[str, str]:
+        """The record's fields to set with what is appended now (what a takeover reads)."""
+        ...
+
+    def stored(self, written: list[tuple[str, str]], cursors: list[tuple[int, str]]) -> None:
+        """``written`` (scope, text) messages are in the store, at ``cursors`` (cursor,
+        reader) each."""
         ...
 
     def lost(self, reason: str) -> None:
@@ -52,13 +57,15 @@ class Sink(Protocol):
 
 
 class HttpOutbox(Outbox):
-    """An :class:`~broker.front.acp.outbox.Outbox` whose frames go to the store's streams."""
+    """An :class:`~broker.front.acp.outbox.Outbox` whose frames go to the store's streams,
+    through the node's :class:`Emitter`."""
 
-    __slots__ = ("_flushing", "_pending", "sink")
+    __slots__ = ("_pending", "emitter", "sink", "waiting")
 
     def __init__(
         self,
         sink: Sink,
+        emitter: Emitter,
         conn_id: str,
         max_queue_bytes: int,
         loop: asyncio.AbstractEventLoop,
@@ -66,8 +73,10 @@ class HttpOutbox(Outbox):
     ) -> None:
         super().__init__(_NO_WIRE, conn_id, max_queue_bytes, loop, lifetime)
         self.sink = sink
+        self.emitter = emitter
         self._pending: list[tuple[str, str]] = []
-        self._flushing: asyncio.Task[None] | None = None
+        self.waiting = False
+        """Whether the emitter has this outbox in its list."""
 
     def send_text(self, text: str, *, shared: bool = False, alone: bool = False) -> None:
         if self.closing:
@@ -82,12 +91,12 @@ class HttpOutbox(Outbox):
         self._pending.append((scope, text))
         self.queued_bytes += len(text)
         if self.queued_bytes > self.max_queue_bytes:
-            self.closing = True
+            self.fail("slow store: outgoing messages not written in time")
             metrics.CLOSES.labels("slow_consumer").inc()
-            self.sink.lost("slow store: outgoing messages not written in time")
             return
-        if self._flushing is None:
-            self._flushing = self._loop.create_task(self._flush())
+        if not self.waiting:
+            self.waiting = True
+            self.emitter.want(self)
 
     def send_event(self, text: str, alone: bool = False) -> None:
         """An event's frame: the same text for every connection of its session, so its
@@ -119,34 +128,81 @@ class HttpOutbox(Outbox):
 
     def close(self) -> asyncio.Task[None] | None:
         self.closing = True
-        return self._flushing
+        return None
 
-    async def flushed(self) -> None:
-        """Wait until what was sent so far is in the store."""
-        while self._flushing is not None:
-            await asyncio.shield(self._flushing)
+    def take(self) -> list[tuple[str, str]]:
+        """The next messages to append (:data:`BATCH` at most; the rest wait their turn)."""
+        batch = self._pending[:BATCH]
+        del self._pending[:BATCH]
+        return batch
 
-    async def _flush(self) -> None:
-        """Write what waits, a step's worth at a time, until nothing does."""
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def stored(self, batch: list[tuple[str, str]], reply: list[tuple[int, str]] | None) -> None:
+        """The emitter appended ``batch`` (``reply``: the cursors, None: not ours)."""
+        self.queued_bytes -= sum(len(text) for _, text in batch)
+        if reply is None:
+            self.fail("the connection is run by another front now")
+            return
+        self.sink.stored(batch, reply)
+
+    def fail(self, reason: str) -> None:
+        """Send nothing more: the connection is let go here."""
+        if not self.closing:
+            self.closing = True
+            self._pending = []
+            self.queued_bytes = 0
+            self.sink.lost(reason)
+
+
+class Emitter:
+    """Appends what the connections of a node send to the store, one pipeline at a time: what
+    they all send in one step of the event loop (an event fanned out to many) goes in one
+    round trip (:meth:`~broker.store.http_links.HttpLinks.emit_many`), and one pipeline
+    after another keeps every connection's messages in the order they were sent."""
+
+    def __init__(self, links: HttpLinks, node: str) -> None:
+        self.links = links
+        self.node = node
+        self._ready: list[HttpOutbox] = []
+        self._running: asyncio.Task[None] | None = None
+
+    def want(self, outbox: HttpOutbox) -> None:
+        """``outbox`` has messages to append."""
+        self._ready.append(outbox)
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
         try:
             await asyncio.sleep(0)  # what this step of the event loop sends goes together
-            while self._pending:
-                batch = self._pending[:BATCH]
-                del self._pending[:BATCH]
+            while self._ready:
+                ready, self._ready = self._ready, []
+                batches = [(outbox, outbox.take()) for outbox in ready if not outbox.closing]
+                calls = [
+                    (outbox.conn_id, self.node, batch, outbox.sink.fields())
+                    for outbox, batch in batches
+                ]
                 try:
-                    kept = await self.sink.write(batch)
-                except Exception as exc:
-                    log.warning("could not store messages of %s: %s", self.conn_id, exc)
-                    kept = False
-                self.queued_bytes -= sum(len(text) for _, text in batch)
-                if not kept:
-                    self.closing = True
-                    self._pending = []
-                    self.queued_bytes = 0
-                    self.sink.lost("the connection's messages could not be written")
-                    return
+                    replies = await self.links.emit_many(calls)
+                except Exception as exc:  # each connection is let go, visibly
+                    log.warning("could not store %d connections' messages: %s", len(calls), exc)
+                    for outbox, _ in batches:
+                        outbox.fail("its messages could not be stored")
+                    continue
+                for (outbox, batch), reply in zip(batches, replies, strict=True):
+                    outbox.stored(batch, reply)
+                    if outbox.has_pending and not outbox.closing:
+                        self._ready.append(outbox)
+                    else:
+                        outbox.waiting = False
         finally:
-            self._flushing = None
+            self._running = None
+            for outbox in self._ready:  # cancelled (the node stops): nothing more is sent
+                outbox.waiting = False
+            self._ready = []
 
 
 class _NoWire:

@@ -29,52 +29,9 @@ from ..acp.connection import Dispatcher
 from ..routing import HTTP_BELL
 from .bell import Bell
 from .link import HttpLink
+from .outbox import Emitter
 
 log = logging.getLogger(__name__)
-
-
-Future = asyncio.Future[list[tuple[int, str]] | None]
-"""The cursor and reader of each message a connection appended (None: not this node's)."""
-
-
-class Emitter:
-    """Gathers what the connections of a node send in one step of the event loop (an event
-    fanned out to many of them) into one store round trip (:meth:`HttpLinks.emit_many`)."""
-
-    def __init__(self, links: HttpLinks, node: str) -> None:
-        self.links = links
-        self.node = node
-        self._waiting: list[tuple[str, list[tuple[str, str]], dict[str, str], Future]] = []
-        self._sending: set[asyncio.Task[None]] = set()
-
-    def emit(self, conn_id: str, messages: list[tuple[str, str]], fields: dict[str, str]) -> Future:
-        """Append ``messages`` of connection ``conn_id`` (see :meth:`HttpLinks.emit`)."""
-        future: Future = asyncio.get_running_loop().create_future()
-        if not self._waiting:
-            asyncio.get_running_loop().call_soon(self._send_all)
-        self._waiting.append((conn_id, messages, fields, future))
-        return future
-
-    def _send_all(self) -> None:
-        batch, self._waiting = self._waiting, []
-        task = asyncio.ensure_future(self._send(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(
-        self, batch: list[tuple[str, list[tuple[str, str]], dict[str, str], Future]]
-    ) -> None:
-        calls = [(conn_id, self.node, messages, fields) for conn_id, messages, fields, _ in batch]
-        try:
-            replies = await self.links.emit_many(calls)
-        except Exception as exc:  # each connection's writer is told, and lets it go visibly
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (*_, future), reply in zip(batch, replies, strict=True):
-            if not future.done():
-                future.set_result(reply)
 
 
 class ConnectionRefused(Exception):
@@ -159,7 +116,7 @@ class StreamableHttp:
             conn_id=conn_id,
             ended=self._ended,
             ring=self.ring,
-            emit=self.emitter.emit,
+            emitter=self.emitter,
         )
         self.here[conn_id] = link
         return link

@@ -101,8 +101,10 @@ class ScopeStream:
                 if now - quiet_since >= settings.http_heartbeat:
                     quiet_since = now
                     yield b": keepalive\n\n"
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(bell.event.wait(), settings.http_poll_interval)
+                if not bell.event.is_set():
+                    with contextlib.suppress(TimeoutError):  # a timer, not a task, per wait
+                        async with asyncio.timeout(settings.http_poll_interval):
+                            await bell.event.wait()
         finally:
             if self.service.bells.get(key) is bell:
                 del self.service.bells[key]
@@ -132,7 +134,8 @@ class SseResponse:
                     "more_body": True,
                 }
                 try:
-                    await asyncio.wait_for(send(message), self.write_timeout)
+                    async with asyncio.timeout(self.write_timeout):  # a timer, not a task
+                        await send(message)
                 except TimeoutError:
                     return  # a client that does not read is cut; it resumes from its last id
         finally:
