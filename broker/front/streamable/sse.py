@@ -79,8 +79,8 @@ class ScopeStream:
                 rows = bell.take(self.after)
                 if rows is None:
                     rows = await self.links.read(self.conn_id, self.scope, self.after, READ_COUNT)
-                for cursor, text in rows:
-                    yield message_frame(cursor, text)
+                if rows:  # one write for what came together
+                    yield b"".join([message_frame(cursor, text) for cursor, text in rows])
                 now = time.monotonic()
                 if rows:
                     self.after, quiet_since = rows[-1][0], now
