@@ -215,7 +215,12 @@ async def run(args: Any) -> None:
         for r in runs
     ]
     title = f"HTTP vs WebSocket deliveries: S={args.sessions} W={args.watchers}"
-    common.report("http", [common.table(title, headers, rows)], {"results": results}, args.out)
+    common.report(
+        "http",
+        [common.table(title, headers, rows)],
+        {"quick": args.quick, "results": results},
+        args.out,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
