@@ -137,7 +137,22 @@ async def test_credentials_on_every_request(tmp_path: Any, redis_url: str) -> No
             anonymous = {k: v for k, v in acp.headers(**SSE).items() if k != "Authorization"}
             assert (await acp.client.get(url, headers=anonymous)).status_code == 401
             conn = await acp.open()
-            assert await _new_session(acp, conn, str(tmp_path))
+            session_id = await _new_session(acp, conn, str(tmp_path))
+            # Another tenant's credential: the connection and the session are not there.
+            other_token, _ = await TokenStore(node.redis).create("globex", ["read", "write"])
+            other = HttpAcp(acp.bases, token=other_token)
+            try:
+                await other.initialize()
+                foreign = {**acp.headers(session_id, **SSE), **other.auth}
+                assert (await acp.client.get(url, headers=foreign)).status_code == 404
+                own_conn = other.headers(session_id, **SSE)
+                assert (await other.client.get(url, headers=own_conn)).status_code == 404
+                listing = {"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}}
+                foreign_post = {**acp.headers(**JSON), **other.auth}
+                response = await other.client.post(url, json=listing, headers=foreign_post)
+                assert response.status_code == 404
+            finally:
+                await other.aclose()
             reader = HttpAcp(
                 acp.bases, token=(await TokenStore(node.redis).create("acme", ["read"]))[0]
             )
