@@ -130,8 +130,10 @@ def _importers(prefix: str, of: str) -> list[tuple[str, str]]:
         ("broker.front", "workers"),  # `serve` (broker.serve) puts the roles together
         ("workers.agent_host", "workers.projector"),
         ("workers.projector", "workers.agent_host"),
-        ("broker.protocol", "broker.store.client"),  # protocol code is pure: no I/O
-        ("broker.protocol", "broker.store.log"),
+        ("broker.protocol", "broker.store"),  # protocol code is pure: no I/O, no store
+        ("broker.model", "broker.store"),  # the models both use (log events)
+        ("broker.model", "broker.protocol"),
+        ("broker.store", "broker.protocol"),
     ],
 )
 def test_a_part_does_not_import_what_it_must_not(importer: str, imported: str) -> None:
@@ -430,3 +432,13 @@ def test_only_the_store_sends_redis_commands() -> None:
                 ):
                     found.append((name, node.lineno, ast.unparse(node.func)))
     assert found == []
+
+
+def test_the_store_raises_no_http_errors() -> None:
+    # The HTTP layer's errors (broker.errors: ApiError, ErrorCode) are its own: the store
+    # raises its errors, and the HTTP layer maps them (broker.errors.store.query_refused).
+    assert [name for name in _modules_in("broker.store") if "broker.errors" in GRAPH[name]] == []
+
+
+def _modules_in(prefix: str) -> list[str]:
+    return [name for name in MODULES if name == prefix or name.startswith(prefix + ".")]

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from broker.errors import ApiError, ErrorCode
+from broker.errors import ErrorCode
+from broker.errors.store import query_refused
 from broker.store.cursors import CursorCodec, fingerprint
 from broker.store.events import EventType, Status
 from broker.store.index import ACP_LISTING, SessionIndex
@@ -16,6 +17,8 @@ from broker.store.log import SessionLog
 from broker.store.query import (
     CATALOG,
     STATUS_VALUES,
+    BadCursor,
+    BadQuery,
     SessionLister,
     SessionPage,
     parse_query,
@@ -265,9 +268,9 @@ async def test_tenants_see_only_their_sessions_and_cursors(store: Any) -> None:
     assert (await walk(source, {}, tenant="other"))[0] == newest_first(theirs)
     page = await source.page("default", parse_query({"limit": 2}))
     assert page.next_cursor is not None
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(BadCursor) as caught:
         await source.page("other", parse_query({"limit": 2, "after": page.next_cursor}))
-    assert caught.value.code == ErrorCode.INVALID_CURSOR
+    assert query_refused(caught.value).code == ErrorCode.INVALID_CURSOR
 
 
 async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: Any) -> None:
@@ -296,9 +299,9 @@ async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: An
         ({"kind": "shell"}, foreign),
     ]
     for inputs, bad in bad_cursors:
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(BadCursor) as caught:
             await source.page("default", parse_query({**inputs, "after": bad}))
-        assert caught.value.code == ErrorCode.INVALID_CURSOR, (inputs, bad)
+        assert query_refused(caught.value).code == ErrorCode.INVALID_CURSOR, (inputs, bad)
 
 
 @pytest.mark.parametrize(
@@ -319,9 +322,10 @@ async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: An
     ],
 )
 def test_bad_inputs_are_invalid_arguments(inputs: dict[str, Any]) -> None:
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(BadQuery) as caught:
         parse_query(inputs)
-    assert caught.value.code == ErrorCode.INVALID_ARGUMENT
+    error = query_refused(caught.value)
+    assert (error.code, error.message) == (ErrorCode.INVALID_ARGUMENT, str(caught.value))
 
 
 def test_inputs_are_normalized() -> None:
@@ -343,9 +347,9 @@ def test_inputs_are_normalized() -> None:
 
 @pytest.mark.parametrize("limit", ["²", "١٢", "1e2", "-1", "0", "1001", "ten", " 5 5 "])
 def test_a_limit_that_is_not_a_plain_number_in_range_is_an_invalid_argument(limit: str) -> None:
-    with pytest.raises(ApiError) as raised:
+    with pytest.raises(BadQuery) as raised:
         parse_query({"limit": limit})
-    assert raised.value.code == ErrorCode.INVALID_ARGUMENT
+    assert query_refused(raised.value).code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_a_limit_may_come_with_spaces_around_it() -> None:

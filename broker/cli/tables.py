@@ -8,9 +8,10 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import ApiError
+from ..errors.store import query_refused
 from ..store.client import connect
 from ..store.cursors import CursorCodec
-from ..store.query import SessionLister, SessionPage, parse_query
+from ..store.query import QueryRefused, SessionLister, SessionPage, parse_query
 
 HEADER = ("SESSION", "STATUS", "KIND", "CREATED", "AGENT", "TITLE", "CWD")
 
@@ -25,7 +26,8 @@ async def print_sessions(settings: Settings, inputs: Mapping[str, Any], *, cwd: 
         query = dataclasses.replace(parse_query(inputs), cwd=cwd)
         lister = SessionLister(redis, CursorCodec(settings.cursor_keys()))
         page = await lister.page(settings.tenant, query)
-    except ApiError as error:
+    except (ApiError, QueryRefused) as refused:
+        error = query_refused(refused) if isinstance(refused, QueryRefused) else refused
         print(f"acp-broker sessions: {error.code}: {error.message}")
         return 2
     finally:

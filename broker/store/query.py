@@ -32,7 +32,6 @@ from importlib import resources
 from typing import Any
 
 from ..config import SESSION_KINDS
-from ..errors import ApiError, ErrorCode, invalid_argument
 from .catalog import (
     ALL_LISTING,
     ID_PREFIX_CHARS,
@@ -97,14 +96,27 @@ class SessionPage:
     next_after: str | None = None
 
 
+class QueryRefused(ValueError):
+    """A session list query refused, its message for the caller (the HTTP layer answers it
+    with its own error code: :func:`broker.errors.store.query_refused`)."""
+
+
+class BadQuery(QueryRefused):
+    """An input of the query is unknown, malformed or out of range."""
+
+
+class BadCursor(QueryRefused):
+    """The query's cursor is forged, truncated, foreign or of another query."""
+
+
 # -- inputs -----------------------------------------------------------------------------
 
 
 def parse_query(args: Mapping[str, Any]) -> SessionQuery:
-    """Validate the inputs (``None`` or a blank string = left out); :class:`ApiError` if bad."""
+    """Validate the inputs (``None`` or a blank string = left out); :class:`BadQuery` if bad."""
     unknown = sorted(set(args) - set(INPUTS))
     if unknown:
-        raise invalid_argument(f"unknown input {unknown[0]!r}: the inputs are {', '.join(INPUTS)}")
+        raise BadQuery(f"unknown input {unknown[0]!r}: the inputs are {', '.join(INPUTS)}")
     return SessionQuery(
         statuses=_statuses(_text(args, "status")),
         kind=_kind(_text(args, "kind")),
@@ -119,7 +131,7 @@ def _text(args: Mapping[str, Any], name: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise invalid_argument(f"{name} must be a string")
+        raise BadQuery(f"{name} must be a string")
     return value.strip() or None
 
 
@@ -129,7 +141,7 @@ def _statuses(text: str | None) -> tuple[str, ...]:
     wanted = {part.strip().upper() for part in text.split(",") if part.strip()}
     bad = sorted(wanted - set(STATUS_VALUES))
     if bad:
-        raise invalid_argument(
+        raise BadQuery(
             f"unknown status {bad[0]!r}: status is RUNNING, STOPPED, DELETED or ERROR, "
             "or several of them joined with commas"
         )
@@ -141,13 +153,13 @@ def _kind(text: str | None) -> str | None:
         return None
     kind = text.lower()
     if kind not in KIND_VALUES:
-        raise invalid_argument(f"unknown kind {text!r}: kind is browser, shell or combined")
+        raise BadQuery(f"unknown kind {text!r}: kind is browser, shell or combined")
     return kind
 
 
 def _q(text: str | None) -> str | None:
     if text is not None and len(text) > Q_MAX_CHARS:
-        raise invalid_argument(f"q must be at most {Q_MAX_CHARS} characters")
+        raise BadQuery(f"q must be at most {Q_MAX_CHARS} characters")
     return text
 
 
@@ -160,9 +172,7 @@ def _limit(value: Any) -> int:
     elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         number = int(value.strip())  # ASCII only: "²" is a digit to isdigit(), not to int()
     if number is None or not LIMIT_MIN <= number <= LIMIT_MAX:
-        raise invalid_argument(
-            f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}; got {value!r}"
-        )
+        raise BadQuery(f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}; got {value!r}")
     return number
 
 
@@ -309,12 +319,12 @@ class SessionLister:
         self._scan = store.register_script(text)
 
     async def page(self, tenant: str, query: SessionQuery) -> SessionPage:
-        """One page of ``query``'s sessions (``invalid_cursor`` :class:`ApiError` if bad)."""
+        """One page of ``query``'s sessions (:class:`BadCursor` if its cursor is bad)."""
         return await self.page_after(tenant, query, self.position(tenant, query))
 
     def position(self, tenant: str, query: SessionQuery) -> str | None:
         """The keyset position ``query``'s cursor holds (None: the first page);
-        ``invalid_cursor`` :class:`ApiError` if it is not one of ours for this query."""
+        :class:`BadCursor` if it is not one of ours for this query."""
         return self._position(query.after, fingerprint(tenant, CATALOG, query.filters()))
 
     async def page_after(self, tenant: str, query: SessionQuery, after: str | None) -> SessionPage:
@@ -343,11 +353,11 @@ class SessionLister:
         if cursor is None:
             return None
         if len(cursor) > CURSOR_MAX_CHARS:
-            raise ApiError(ErrorCode.INVALID_CURSOR, "the cursor is not one this server gave out")
+            raise BadCursor("the cursor is not one this server gave out")
         try:
             return self.cursors.decode(cursor, mark)
         except (InvalidCursor, ValueError) as exc:
-            raise ApiError(ErrorCode.INVALID_CURSOR, str(exc)) from None
+            raise BadCursor(str(exc)) from None
 
     def _page(self, shown: list[tuple[str, JsonObject]], position: str, mark: str) -> SessionPage:
         rows = [row for _, row in shown]

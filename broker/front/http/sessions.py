@@ -20,6 +20,7 @@ from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...config import Settings
 from ...errors import ApiError, ErrorCode
+from ...errors.store import query_refused
 from ...ops import metrics
 from ...store.client import Store
 from ...store.cursors import CursorCodec
@@ -32,6 +33,7 @@ from ...store.query import (
     LIMIT_MIN,
     Q_MAX_CHARS,
     STATUS_VALUES,
+    QueryRefused,
     SessionLister,
     SessionPage,
     SessionQuery,
@@ -88,6 +90,8 @@ class SessionsService:
                     metrics.list_seconds("http").observe(time.perf_counter() - started)
         except ApiError:
             raise
+        except QueryRefused as exc:
+            raise query_refused(exc) from None
         except TimeoutError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE,
