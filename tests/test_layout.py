@@ -442,3 +442,16 @@ def test_the_store_raises_no_http_errors() -> None:
 
 def _modules_in(prefix: str) -> list[str]:
     return [name for name in MODULES if name == prefix or name.startswith(prefix + ".")]
+
+
+def test_only_the_store_reaches_the_client_behind_a_store() -> None:
+    # A role holds a ``Store`` (opaque: ``aclose`` only) and hands it to the ports.
+    found = [
+        (name, alias.name)
+        for name, tree in _outside_the_store()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("store.client")
+        for alias in node.names
+        if alias.name in ("Commands", "commands")
+    ]
+    assert found == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .client import Store
+from .client import Store, commands
 from .keys import PREFIX
 
 
@@ -20,7 +20,7 @@ class IdempotencyRecords:
     """Claim, read, settle and let go of a tenant's ``Idempotency-Key`` records."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def claim(self, tenant: str, key: str, value: str, ttl: int) -> bool:
         """Write ``value`` for ``key`` for ``ttl`` seconds unless it has a record; whether

@@ -45,7 +45,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .. import fastjson
 from .catalog import catalog_entries
-from .client import Store, is_cluster
+from .client import Store, commands, is_cluster
 from .direct import store_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
@@ -424,10 +424,10 @@ class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
     def __init__(self, redis: Store, *, changed: Callable[[str], None] | None = None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.announcer = IndexAnnouncer(redis, changed)
-        self._project = redis.register_script(_script("project.lua"))
-        self._touch = redis.register_script(_script("touch.lua"))
+        self._project = self.redis.register_script(_script("project.lua"))
+        self._touch = self.redis.register_script(_script("touch.lua"))
         # Replies as bytes: a page's texts go on to the client's frame as they were read.
         self._calls = store_calls(redis, encoding=None)
         self._direct = self._calls.direct

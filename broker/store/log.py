@@ -18,7 +18,7 @@ from .appends import call_ids as call_ids
 from .archive import ArchivedLog, ArchiveStore
 from .archived import RESTORE_CHUNK as RESTORE_CHUNK
 from .archived import ArchivedLogs
-from .client import Store
+from .client import Store, commands
 from .direct import direct_calls, store_calls
 from .events import EventRow, JsonObject, LogEvent, Position, SessionSnapshot
 from .floors import FloorSource
@@ -48,7 +48,7 @@ class SessionLog:
         max_events: int = 0,
         direct_reads: bool = False,
     ) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         reads = store_calls(redis, bare=direct_reads)
         self.appender = LogAppender(
             redis,

@@ -46,7 +46,7 @@ from .catalog import (
     word_listing,
     words,
 )
-from .client import Store
+from .client import Store, commands
 from .cursors import CursorCodec, InvalidCursor, fingerprint
 from .events import JsonObject
 from .index import cwd_listing, decode_row, normalize_cwd
@@ -316,7 +316,7 @@ class SessionLister:
         self.cursors = cursors
         self.scan_budget = scan_budget
         text = resources.files(__package__).joinpath("lua", "scan.lua").read_text()
-        self._scan = store.register_script(text)
+        self._scan = commands(store).register_script(text)
 
     async def page(self, tenant: str, query: SessionQuery) -> SessionPage:
         """One page of ``query``'s sessions (:class:`BadCursor` if its cursor is bad)."""
