@@ -5,6 +5,9 @@ when it starts and every ``lease_ttl / 3`` seconds after (with its leases), and 
 out when it stops. A front (or ``acp-broker mcp`` over stdio) that is about to have an
 agent run asks :func:`any_alive` first, so that with no host it says so at once instead
 of waiting out a command's routing deadline.
+
+Beside it: which host holds a session's lease (where a front sends its commands), and what
+each agent advertised (its ``agentCapabilities``, written by the host that started it).
 """
 
 from __future__ import annotations

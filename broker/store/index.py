@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -420,6 +420,14 @@ _NOTHING: Any = object()
 """A session whose notices the index holds already."""
 
 
+class IndexDump(TypedDict):
+    """Everything the index holds for a tenant: its rows (session id -> row text) and its
+    listings' members (listing key -> members, in order)."""
+
+    rows: dict[str, str]
+    listings: dict[str, list[str]]
+
+
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
@@ -798,7 +806,7 @@ class SessionIndex:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
         return decode_row(raw) if raw else None
 
-    async def dump(self, tenant: str) -> Mapping[str, Any]:
+    async def dump(self, tenant: str) -> IndexDump:
         """Everything the index holds for a tenant (to compare a rebuild with the live one)."""
         keys = TenantKeys(tenant)
         rows = await self.redis.hgetall(keys.rows)
@@ -807,4 +815,4 @@ class SessionIndex:
         for version in versions.values():
             for name in Version.decode(version).entries:  # type: ignore[union-attr]
                 listings[name] = await self.redis.zrange(keys.index(name), 0, -1)
-        return {"rows": rows, "listings": listings}
+        return IndexDump(rows=rows, listings=listings)

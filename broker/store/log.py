@@ -8,8 +8,7 @@ restored into Redis before an append (:mod:`.archived`).
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
 
 from .appends import BOOKKEEPING_ROOM as BOOKKEEPING_ROOM
 from .appends import LogAppender
@@ -133,7 +132,7 @@ class SessionLog:
 
     def snapshot_and_holder(
         self, tenant: str, session_id: str
-    ) -> Coroutine[Any, Any, tuple[SessionSnapshot, str | None]]:
+    ) -> Awaitable[tuple[SessionSnapshot, str | None]]:
         """See :meth:`.LogReader.snapshot_and_holder` (its coroutine, not one around it:
         what each connect's ``session/resume`` reads)."""
         return self.reader.snapshot_and_holder(tenant, session_id)

@@ -1,4 +1,5 @@
-"""Per-tenant bounds checked before a write (the per-session one is in the append script)."""
+"""Per-tenant bounds checked before a write (the per-session one is in the append script),
+and the rate counters every node adds a credential's requests to."""
 
 from __future__ import annotations
 
