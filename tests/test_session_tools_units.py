@@ -11,7 +11,8 @@ import pytest
 from broker.errors import ApiError
 from broker.front.http.event_stream import frame, resume_after
 from broker.front.http.idempotency import IdempotencyKeys, checked_key, fingerprint
-from broker.front.http.session_tools import live_view_url, session_id_of, wait_of
+from broker.front.http.session_tools import live_view_url
+from broker.front.http.tool_models import session_id_of, wait_of
 from broker.front.http.turns import turn_report
 from broker.store.client import connect
 from broker.store.events import LogEvent
