@@ -1,21 +1,116 @@
-"""The exact words a bad input gets, from every surface that takes the session tools' inputs:
-the MCP tools (over streamable HTTP) and the REST routes, against a broker node on a real
-redis-server. Clients and models match on these texts: they stay as they are."""
+"""The session tools' inputs, declared once (``broker/front/http/tool_models.py``): how a
+model checks, words and describes them; and the exact words a bad input gets from every
+surface that takes them, the MCP tools (over streamable HTTP) and the REST routes, against a
+broker node on a real redis-server (clients and models match on these texts)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import httpx2 as httpx
 import pytest
 from mcp import Client
+from pydantic import Field
 
+from broker.errors import ApiError, invalid_argument
+from broker.front.http.mcp import session_list_tool
+from broker.front.http.mcp_tools import tool_set
+from broker.front.http.tool_inputs import (
+    BODY_WORDING,
+    LIST_WORDING,
+    TOOL_WORDING,
+    InputKind,
+    ToolInput,
+    input_schema,
+    query_parameters,
+)
+from broker.front.http.tool_models import SessionListInput
 from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import make_settings
 from .support.client import tool_result_text
+
+
+def _count(value: Any) -> int:
+    if value is None:
+        return 3
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid_argument(f"count must be a whole number; got {value!r}")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise invalid_argument("name must be a non-empty string")
+    return value
+
+
+Count = Annotated[int, InputKind(_count, {"type": "integer", "minimum": 0})]
+Name = Annotated[str, InputKind(_name, {"type": "string", "minLength": 1})]
+
+
+class Toy(ToolInput):
+    """A tool as a new one is written: a model, its fields typed with kinds of input."""
+
+    name: Name = Field(description="Who.")
+    count: Count = Field(default=3, description="How many.")
+
+
+def words(model: type[ToolInput], args: dict[str, Any], wording: Any = TOOL_WORDING) -> str:
+    with pytest.raises(ApiError) as raised:
+        model.parse(args, wording)
+    assert raised.value.code == "invalid_argument"
+    return raised.value.message
+
+
+def test_a_model_checks_its_inputs_in_order_and_words_each_surface() -> None:
+    assert Toy.parse({"name": "a"}) == Toy(name="a", count=3)
+    assert Toy.parse({"name": "a", "count": None}).count == 3  # null: left out
+    assert words(Toy, {"name": "a", "zz": 1, "b": 2}) == "unknown input 'b'; inputs: name, count"
+    assert words(Toy, {"b": 1}, LIST_WORDING) == "unknown input 'b': the inputs are name, count"
+    assert words(Toy, {"b": 1}, BODY_WORDING) == "unknown member 'b' (members: count, name)"
+    assert words(Toy, {"count": 1}) == "name is required"
+    assert words(Toy, {"name": None}) == "name is required"
+    # A REST body lets the input's own check say what it wants.
+    assert words(Toy, {"count": 1}, BODY_WORDING) == "name must be a non-empty string"
+    # The first input that fails, in declared order; a message's braces kept as they are.
+    assert words(Toy, {"name": "", "count": {}}) == "name must be a non-empty string"
+    assert words(Toy, {"name": "a", "count": {"x": 1}}) == (
+        "count must be a whole number; got {'x': 1}"
+    )
+
+
+def test_a_models_schema_is_what_its_kinds_and_fields_say() -> None:
+    assert input_schema(Toy) == {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "description": "Who."},
+            "count": {"type": "integer", "minimum": 0, "default": 3, "description": "How many."},
+        },
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    assert query_parameters(Toy, {"count": "How many, in a query."})[1] == {
+        "name": "count",
+        "in": "query",
+        "required": False,
+        "description": "How many, in a query.",
+        "schema": {"type": "integer", "minimum": 0, "default": 3},
+    }
+
+
+def test_every_tool_shows_its_models_schema() -> None:
+    for entry in tool_set(lambda rows: []).values():
+        assert entry.tool.input_schema == input_schema(entry.inputs)
+    listed = session_list_tool().input_schema
+    assert listed == input_schema(SessionListInput)
+    # As the tool's page says: five optional inputs, limit 20 by default.
+    assert list(listed["properties"]) == ["status", "kind", "q", "limit", "after"]
+    assert "required" not in listed and listed["properties"]["limit"]["default"] == 20
+    assert listed["properties"]["kind"]["enum"] == ["browser", "shell", "combined"]
+
 
 NONE = "sess_" + "0" * 32
 RULE = "('sess_' and 32 lowercase hex digits)"

@@ -1,9 +1,11 @@
 """The session tools beside ``session_list``: what ``tools/list`` shows and how each answers.
 
-Each tool is a :class:`SessionTool`: its MCP definition (title, truthful annotations, the
-input schema of its input model from :mod:`.tool_models`), the scope it needs, that model
-(which checks the call's arguments) and its handler over :class:`.session_tools.SessionTools`.
-A new tool is a model there and a handler and a definition here.
+Each tool is a :class:`SessionTool`: its name, title, description and truthful
+annotations, the scope it needs, its input model (:mod:`.tool_models`: the tool's
+``inputSchema`` and the check of every call's arguments) and its handler over
+:class:`.session_tools.SessionTools`, which gets the checked inputs. A new tool is a model
+there, and a handler and a line of :func:`tool_set` here.
+
 A result is text for a model: a session's line (``ID  STATUS  KIND  CREATED``, as
 ``session_list`` writes it), ``live view: URL``, and for a prompt the turn's reply
 (:meth:`~.turns.TurnReport.text_lines`).
@@ -29,43 +31,40 @@ LineRenderer = Callable[[list[JsonObject]], list[str]]
 
 @dataclass(frozen=True, slots=True)
 class SessionTool(Generic[InputT]):
-    """One tool: its definition, the scope it needs, its inputs' model and its handler
-    ``(tools, tenant, inputs, live view base) -> the result's text``."""
+    """One tool: its definition, its input model, its handler ``(tools, tenant, inputs,
+    live view base) -> the result's text`` and the scope a caller needs."""
 
-    tool: types.Tool
-    scope: Scope
+    name: str
+    title: str
+    description: str
     inputs: type[InputT]
     handler: Callable[[SessionTools, str, InputT, str], Awaitable[str]]
+    scope: Scope = Scope.WRITE
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False
+
+    @property
+    def tool(self) -> types.Tool:
+        """The tool as ``tools/list`` shows it."""
+        return types.Tool(
+            name=self.name,
+            title=self.title,
+            description=self.description,
+            input_schema=input_schema(self.inputs),
+            annotations=types.ToolAnnotations(
+                title=self.title,
+                read_only_hint=self.read_only,
+                destructive_hint=self.destructive,
+                idempotent_hint=self.idempotent,
+                open_world_hint=self.open_world,
+            ),
+        )
 
     async def run(self, tools: SessionTools, tenant: str, arguments: JsonObject, base: str) -> str:
         """The call: its inputs checked (``invalid_argument``), then handled."""
         return await self.handler(tools, tenant, self.inputs.parse(arguments), base)
-
-
-def _tool(
-    name: str,
-    title: str,
-    description: str,
-    inputs: type[ToolInput],
-    *,
-    read_only: bool = False,
-    destructive: bool = False,
-    idempotent: bool = False,
-    open_world: bool = False,
-) -> types.Tool:
-    return types.Tool(
-        name=name,
-        title=title,
-        description=description,
-        input_schema=input_schema(inputs),
-        annotations=types.ToolAnnotations(
-            title=title,
-            read_only_hint=read_only,
-            destructive_hint=destructive,
-            idempotent_hint=idempotent,
-            open_world_hint=open_world,
-        ),
-    )
 
 
 def session_text(view: SessionView, line: LineRenderer) -> str:
@@ -77,67 +76,33 @@ def turn_text(turn: TurnView) -> str:
     return "\n".join(turn.report.text_lines(turn.live_view_url))
 
 
-_CREATE_TOOL = _tool(
-    "session_create",
-    "Create a session",
-    "Starts a new session on an agent, as an editor's session/new does, and "
-    "optionally runs a first prompt in it. Returns the session's line (id, status, "
-    "kind, creation time) and its live view URL, where a person can watch it; with "
-    "a prompt, the agent's reply and the stop reason. The session is an ordinary "
-    "one: editors and the web console can open it.",
-    CreateSession,
-    open_world=True,
+CREATE = (
+    "Starts a new session on an agent, as an editor's session/new does, and optionally runs a "
+    "first prompt in it. Returns the session's line (id, status, kind, creation time) and its "
+    "live view URL, where a person can watch it; with a prompt, the agent's reply and the stop "
+    "reason. The session is an ordinary one: editors and the web console can open it."
 )
-
-_RESUME_TOOL = _tool(
-    "session_resume",
-    "Resume a session",
-    "Brings a STOPPED or ERROR session back onto an agent process (RUNNING), "
-    "nothing lost; on a running session it does nothing. Returns the session's "
-    "line and its live view URL.",
-    SessionRef,
-    idempotent=True,
-    open_world=True,
+RESUME = (
+    "Brings a STOPPED or ERROR session back onto an agent process (RUNNING), nothing lost; on "
+    "a running session it does nothing. Returns the session's line and its live view URL."
 )
-
-_PROMPT_TOOL = _tool(
-    "session_prompt",
-    "Prompt a session",
-    "Runs one turn: sends text to the session's agent and returns its reply "
-    "(the message text, each tool call on a line, then `stop reason: …`). A turn "
-    "that outlives wait goes on; the result then ends with `still running`. When "
-    "the agent asks a person something (a permission), the result says so and "
-    "gives the live view URL where it is answered. Every window where the "
-    "session is open sees the turn live.",
-    SessionPrompt,
-    open_world=True,
+PROMPT = (
+    "Runs one turn: sends text to the session's agent and returns its reply (the message text, "
+    "each tool call on a line, then `stop reason: …`). A turn that outlives wait goes on; the "
+    "result then ends with `still running`. When the agent asks a person something (a "
+    "permission), the result says so and gives the live view URL where it is answered. Every "
+    "window where the session is open sees the turn live."
 )
-
-_CANCEL_TOOL = _tool(
-    "session_cancel",
-    "Cancel a turn",
-    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`).",
-    SessionRef,
-    idempotent=True,
+CANCEL = (
+    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`)."
 )
-
-_STOP_TOOL = _tool(
-    "session_stop",
-    "Stop a session",
-    "Releases the session's agent process (STOPPED); nothing is lost, and "
-    "session_resume brings it back. Returns the session's line.",
-    SessionRef,
-    idempotent=True,
+STOP = (
+    "Releases the session's agent process (STOPPED); nothing is lost, and session_resume "
+    "brings it back. Returns the session's line."
 )
-
-_DELETE_TOOL = _tool(
-    "session_delete",
-    "Delete a session",
-    "Deletes the session for everyone, as session/delete does; it then lists as "
-    "DELETED. Deleting it again returns its line again.",
-    SessionRef,
-    destructive=True,
-    idempotent=True,
+DELETE = (
+    "Deletes the session for everyone, as session/delete does; it then lists as DELETED. "
+    "Deleting it again returns its line again."
 )
 
 
@@ -170,11 +135,16 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         return "\n".join(line([(await tools.delete(tenant, inputs.id, base)).row]))
 
     defined: list[SessionTool[Any]] = [
-        SessionTool(_CREATE_TOOL, Scope.WRITE, CreateSession, create),
-        SessionTool(_RESUME_TOOL, Scope.WRITE, SessionRef, resume),
-        SessionTool(_PROMPT_TOOL, Scope.WRITE, SessionPrompt, prompt),
-        SessionTool(_CANCEL_TOOL, Scope.WRITE, SessionRef, cancel),
-        SessionTool(_STOP_TOOL, Scope.WRITE, SessionRef, stop),
-        SessionTool(_DELETE_TOOL, Scope.WRITE, SessionRef, delete),
-    ]
-    return {entry.tool.name: entry for entry in defined}
+        SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
+                    open_world=True),
+        SessionTool("session_resume", "Resume a session", RESUME, SessionRef, resume,
+                    idempotent=True, open_world=True),
+        SessionTool("session_prompt", "Prompt a session", PROMPT, SessionPrompt, prompt,
+                    open_world=True),
+        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionRef, cancel,
+                    idempotent=True),
+        SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True),
+        SessionTool("session_delete", "Delete a session", DELETE, SessionRef, delete,
+                    destructive=True, idempotent=True),
+    ]  # fmt: skip
+    return {entry.name: entry for entry in defined}
