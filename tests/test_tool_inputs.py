@@ -16,6 +16,7 @@ from pydantic import Field
 from broker.errors import ApiError, invalid_argument
 from broker.front.http.mcp import session_list_tool
 from broker.front.http.mcp_tools import tool_set
+from broker.front.http.openapi import openapi_document
 from broker.front.http.tool_inputs import (
     BODY_WORDING,
     LIST_WORDING,
@@ -25,7 +26,7 @@ from broker.front.http.tool_inputs import (
     input_schema,
     query_parameters,
 )
-from broker.front.http.tool_models import SessionListInput
+from broker.front.http.tool_models import CreateSession, PromptInput, SessionListInput
 from broker.serve import Broker
 from broker.store.client import connect
 
@@ -110,6 +111,16 @@ def test_every_tool_shows_its_models_schema() -> None:
     assert list(listed["properties"]) == ["status", "kind", "q", "limit", "after"]
     assert "required" not in listed and listed["properties"]["limit"]["default"] == 20
     assert listed["properties"]["kind"]["enum"] == ["browser", "shell", "combined"]
+    # The OpenAPI document says the same, from the same models.
+    document = openapi_document()
+    schemas = document["components"]["schemas"]
+    assert schemas["CreateSession"] == input_schema(CreateSession)
+    assert schemas["PromptInput"] == input_schema(PromptInput)
+    parameters = document["paths"]["/v1/sessions"]["get"]["parameters"]
+    assert {p["name"]: p["schema"] for p in parameters} == {
+        name: {k: v for k, v in schema.items() if k != "description"}
+        for name, schema in listed["properties"].items()
+    }
 
 
 NONE = "sess_" + "0" * 32
