@@ -16,18 +16,12 @@ from typing import Any
 
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.client import Store
-from ...store.keys import PREFIX
+from ...store.idempotency import IdempotencyRecords
 
 TTL_SECONDS = 24 * 3600
 HEADER = "idempotency-key"
 KEY_MAX = 255
 POLL_SECONDS = 0.1
-
-
-def idempotency_key(tenant: str, key: str) -> str:
-    """The Redis key of a tenant's ``Idempotency-Key`` (hashed: any text, fixed length)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    return f"{PREFIX}:idem:{tenant}:{digest}"
 
 
 def checked_key(value: str) -> str:
@@ -49,22 +43,22 @@ class IdempotencyKeys:
     """Claims, settles and looks up keys."""
 
     def __init__(self, redis: Store, *, wait: float = 30.0) -> None:
-        self.redis = redis
+        self.records = IdempotencyRecords(redis)
         self.wait = wait
 
     async def claim(self, tenant: str, key: str, body: Any) -> str | None:
         """None when this request claimed ``key`` (it creates, then :meth:`settle` or
         :meth:`forget`); else the session id the first request with it made."""
-        name, mark = idempotency_key(tenant, key), fingerprint(body)
+        mark = fingerprint(body)
         pending = json.dumps({"fp": mark, "sid": None})
-        if await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS):
+        if await self.records.claim(tenant, key, pending, TTL_SECONDS):
             return None
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.wait
         while True:
-            raw = await self.redis.get(name)
+            raw = await self.records.get(tenant, key)
             if raw is None:  # the first request failed and let the key go: this one claims it
-                if await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS):
+                if await self.records.claim(tenant, key, pending, TTL_SECONDS):
                     return None
                 continue
             stored = json.loads(raw)
@@ -84,8 +78,8 @@ class IdempotencyKeys:
     async def settle(self, tenant: str, key: str, body: Any, session_id: str) -> None:
         """The claimed key now names ``session_id``, for the rest of its 24 hours."""
         value = json.dumps({"fp": fingerprint(body), "sid": session_id})
-        await self.redis.set(idempotency_key(tenant, key), value, keepttl=True)
+        await self.records.settle(tenant, key, value)
 
     async def forget(self, tenant: str, key: str) -> None:
         """The claimed key is let go (the create failed): a retry creates."""
-        await self.redis.delete(idempotency_key(tenant, key))
+        await self.records.forget(tenant, key)

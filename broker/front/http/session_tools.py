@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
-
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...auth.principal import Scope
@@ -35,6 +33,7 @@ from ...protocol.jsonrpc import (
 )
 from ...store import hosts
 from ...store.client import Store
+from ...store.errors import StoreError
 from ...store.events import EventType, SessionSnapshot, Status
 from ...store.index import SessionIndex, row_of
 from ...store.log import SessionLog, SessionMissing
@@ -159,7 +158,7 @@ class SessionTools:
             raise ApiError(ErrorCode.FORBIDDEN, str(exc)) from None
         except SessionMissing as exc:  # gone between two reads (purged)
             raise not_found(str(exc)) from None
-        except (*STORE_AWAY, RedisError, TimeoutError) as exc:
+        except (*STORE_AWAY, StoreError, TimeoutError) as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
             ) from exc

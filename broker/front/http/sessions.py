@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...config import Settings
@@ -25,6 +23,7 @@ from ...errors import ApiError, ErrorCode
 from ...ops import metrics
 from ...store.client import Store
 from ...store.cursors import CursorCodec
+from ...store.errors import StoreError
 from ...store.query import SessionLister, SessionPage, SessionQuery
 from ..listing import Listing
 from ..pages import Key, PageCache
@@ -75,7 +74,7 @@ class SessionsService:
                 ErrorCode.UNAVAILABLE,
                 f"the session store did not answer within {self.deadline:g} s; retry later",
             ) from exc
-        except RedisError as exc:
+        except StoreError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
             ) from exc
