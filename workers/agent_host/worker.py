@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -56,6 +57,12 @@ from .taken import TakenMarks, kept_reply
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hosts"
+QUEUE_WINDOW_MS = 30_000
+"""How far back the first host to read the shared queue starts reading it: a front sends a
+command again every ``ack_timeout`` until its route deadline (30 s), so a command queued
+within it has a front waiting for its answer (the fronts start faster than the hosts: a
+``session/new`` sent a moment before the first host is up is run, not lost); older ones are
+stale, their fronts gave up. Copies of one command are run once (see :mod:`.taken`)."""
 CREATING = frozenset({Op.NEW.value, Op.FORK.value})
 """Commands that make a session: run once per call id, whichever hosts get copies of it
 (see :mod:`.taken`)."""
@@ -110,7 +117,7 @@ class HostWorker:
         self._inbox_last: str | None = None
 
     async def start(self) -> None:
-        await self._create_group("$")  # commands queued before this deployment are stale
+        await self._create_group(queue_window_start(time.time()))
         await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
         self._loops = [
             asyncio.create_task(self._read_inbox(), name="host-inbox"),
@@ -429,6 +436,12 @@ class HostWorker:
             except (RpcError, SessionMissing) as exc:
                 log.warning("could not take over session %s: %s", session_id, exc)
                 await self.leases.forget(tenant, session_id)
+
+
+def queue_window_start(now: float) -> str:
+    """The queue entry id a new consumer group starts after, at Unix time ``now`` (the ids
+    of stream entries are Redis's clock in ms): :data:`QUEUE_WINDOW_MS` back."""
+    return f"{max(int(now * 1000) - QUEUE_WINDOW_MS, 0)}-0"
 
 
 def checked_command(command: Any) -> JsonObject:
