@@ -30,6 +30,7 @@ from redis.exceptions import RedisError, ResponseError
 from broker.config import Settings
 from broker.errors.failures import FailureLog, describe
 from broker.errors.store import rpc_failure
+from broker.lifetimes import RoleLoops
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -113,41 +114,47 @@ class HostWorker:
         self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._loops: list[asyncio.Task[Any]] = []
+        """The commands running (one task each, tracked here until done; cancelled on stop)."""
+        self.role_loops = RoleLoops("agent host")
+        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
+        self.role_loops.add("host-inbox", self._read_inbox)
+        self.role_loops.add("host-queue", self._read_queue)
+        self.role_loops.add("host-leases", self._keep_leases)
+        self.role_loops.add(
+            "host-command-trimming",
+            lambda: run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
+        )
         self._inbox_last: str | None = None
 
     async def start(self) -> None:
         await self._create_group(queue_window_start(time.time()))
         await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
-        self._loops = [
-            asyncio.create_task(self._read_inbox(), name="host-inbox"),
-            asyncio.create_task(self._read_queue(), name="host-queue"),
-            asyncio.create_task(self._keep_leases(), name="host-leases"),
-            asyncio.create_task(
-                run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
-                name="host-command-trimming",
-            ),
-        ]
+        await self.role_loops.start()
         if self.settings.prestart_agents:
             await self.host.start()
 
     def loops(self) -> list[asyncio.Task[Any]]:
-        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
-        return list(self._loops)
+        """The tasks of the role's loops (see :attr:`role_loops`)."""
+        return list(self.role_loops.tasks())
+
+    async def __aenter__(self) -> HostWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(hand_over=True)
 
     async def stop(self, *, hand_over: bool = False) -> None:
-        await cancel_and_wait(*self._loops, *self._tasks)
+        await self.role_loops.stop()
+        await cancel_and_wait(*self._tasks)
         with contextlib.suppress(RedisError, OSError):  # it lapses by itself within lease_ttl
             await hosts.withdraw(self.redis, self.host_id)
         await self.host.stop(hand_over=hand_over)
 
     async def run(self) -> None:
         """The role as a coroutine: start, then serve until cancelled (handing sessions over)."""
-        await self.start()
-        try:
+        async with self:
             await asyncio.Event().wait()
-        finally:
-            await self.stop(hand_over=True)
 
     # -- reading commands ---------------------------------------------------------------------
 
