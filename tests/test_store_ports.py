@@ -209,15 +209,23 @@ async def test_the_host_registry_says_who_is_alive_and_what_agents_can(store: An
 # -- idempotency keys, rate counters, tokens ---------------------------------------------------
 
 
-async def test_an_idempotency_record_is_claimed_once_settled_and_forgotten(store: Any) -> None:
+async def test_an_idempotency_record_is_claimed_once_fenced_settled_and_forgotten(
+    store: Any,
+) -> None:
     records = IdempotencyRecords(store)
-    assert await records.claim(TENANT, "k", "pending", 60)
-    assert not await records.claim(TENANT, "k", "other", 60)
-    assert await records.claim("other", "k", "x", 60)  # tenants apart
-    await records.settle(TENANT, "k", "done")
+    assert await records.claim(TENANT, "k", "pending-1", 60_000)
+    assert not await records.claim(TENANT, "k", "pending-2", 60_000)
+    assert await records.claim("other", "k", "x", 60_000)  # tenants apart
+    assert await records.get(TENANT, "k") == "pending-1"
+    assert await records.renew(TENANT, "k", "pending-1", 60_000)
+    assert not await records.renew(TENANT, "k", "pending-2", 60_000)  # not its claim
+    assert not await records.settle(TENANT, "k", "pending-2", "done-2", 60)
+    assert await records.settle(TENANT, "k", "pending-1", "done", 60)
     assert await records.get(TENANT, "k") == "done"
-    await records.forget(TENANT, "k")
-    assert await records.get(TENANT, "k") is None
+    assert not await records.forget(TENANT, "k", "pending-1")  # settled: no claim to forget
+    assert await records.claim(TENANT, "gone", "pending-3", 60_000)
+    assert await records.forget(TENANT, "gone", "pending-3")
+    assert await records.get(TENANT, "gone") is None
 
 
 async def test_rate_counters_add_up_across_callers(store: Any) -> None:

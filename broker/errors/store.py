@@ -14,7 +14,7 @@ from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 from ..store.archive import ArchiveCorrupt
 from ..store.faults import brief
 from ..store.log import ArchiveUnavailable, SessionFull, StoreFull, is_oom
-from ..store.query import BadCursor, QueryRefused
+from ..store.query import BadCursor
 from ..store.quotas import TenantFull
 from ..store.retry import is_store_away
 from . import ApiError, ErrorCode
@@ -103,8 +103,6 @@ def _detail(exc: BaseException) -> str:
     return text.split(" ", 1)[1] if text.startswith("LIMIT ") else text
 
 
-def query_refused(exc: QueryRefused) -> ApiError:
-    """The API error for a session list query the store refused: ``invalid_cursor`` for its
-    cursor, ``invalid_argument`` for any other input."""
-    code = ErrorCode.INVALID_CURSOR if isinstance(exc, BadCursor) else ErrorCode.INVALID_ARGUMENT
-    return ApiError(code, str(exc))
+def query_refused(exc: BadCursor) -> ApiError:
+    """The API error for a session list query whose cursor the store refused."""
+    return ApiError(ErrorCode.INVALID_CURSOR, str(exc))
