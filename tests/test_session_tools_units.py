@@ -11,10 +11,12 @@ import pytest
 from broker.errors import ApiError
 from broker.front.http.event_stream import frame, resume_after
 from broker.front.http.idempotency import Claim, IdempotencyKeys, checked_key, fingerprint
-from broker.front.http.session_tools import live_view_url, session_id_of, wait_of
+from broker.front.http.session_tools import live_view_url
+from broker.front.http.tool_models import session_id_of, wait_of
 from broker.front.http.turns import turn_report
 from broker.store.client import connect
 from broker.store.events import LogEvent
+from broker.store.idempotency import idempotency_key
 
 
 def event(seq: int, body: dict[str, Any]) -> LogEvent:
@@ -153,7 +155,7 @@ async def test_a_claim_is_a_lease_renewed_while_creating_and_fenced(redis_url: s
         assert isinstance(claim, Claim)
         async with keys.creating(claim):  # a create longer than the lease keeps its claim
             await asyncio.sleep(1.5)
-            assert await store.get(claim.name) == claim.pending
+            assert await store.get(idempotency_key(claim.tenant, claim.key)) == claim.pending
         # A claimer that died (no renewal, no settle): a retry takes the key over once the
         # lease lapsed, and creates.
         dead = await keys.claim("t1", "dead", {"cwd": "/a"})
@@ -162,7 +164,7 @@ async def test_a_claim_is_a_lease_renewed_while_creating_and_fenced(redis_url: s
         assert isinstance(retry, Claim) and retry != dead
         # The first, back from a stall, cannot overwrite what the retry holds (fenced).
         await keys.settle(dead, "sess_dead")
-        assert await store.get(retry.name) == retry.pending
+        assert await store.get(idempotency_key(retry.tenant, retry.key)) == retry.pending
         await keys.settle(retry, "sess_retry")
         assert await keys.claim("t1", "dead", {"cwd": "/a"}) == "sess_retry"
     finally:

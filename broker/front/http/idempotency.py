@@ -26,12 +26,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...errors.failures import describe
 from ...store.client import Store
-from ...store.keys import PREFIX
+from ...store.errors import StoreError
+from ...store.idempotency import IdempotencyRecords
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +41,6 @@ LEASE_SECONDS = 10.0
 HEADER = "idempotency-key"
 KEY_MAX = 255
 POLL_SECONDS = 0.1
-
-_RENEW = """if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0"""
-_SETTLE = """if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) return 1 end
-return 0"""
-_FORGET = """if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1]) end
-return 0"""
-
-
-def idempotency_key(tenant: str, key: str) -> str:
-    """The Redis key of a tenant's ``Idempotency-Key`` (hashed: any text, fixed length)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    return f"{PREFIX}:idem:{tenant}:{digest}"
 
 
 def checked_key(value: str) -> str:
@@ -77,10 +60,11 @@ def fingerprint(body: Any) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """A key this request claimed: its Redis key, and the pending value only it wrote (its
-    fencing token inside)."""
+    """A key this request claimed: the tenant and key, and the pending value only it wrote
+    (its fencing token inside)."""
 
-    name: str
+    tenant: str
+    key: str
     pending: str
     fp: str
 
@@ -89,7 +73,7 @@ class IdempotencyKeys:
     """Claims, settles and looks up keys."""
 
     def __init__(self, redis: Store, *, wait: float = 30.0, lease: float = LEASE_SECONDS) -> None:
-        self.redis = redis
+        self.records = IdempotencyRecords(redis)
         self.wait = wait
         self.lease_ms = int(lease * 1000)
 
@@ -97,16 +81,17 @@ class IdempotencyKeys:
         """A :class:`Claim` when this request claimed ``key`` (it creates within
         :meth:`creating`, then :meth:`settle`); else the session id the first request with
         it made (waited for while that request runs, up to ``wait``)."""
-        name, mark = idempotency_key(tenant, key), fingerprint(body)
-        claim = Claim(name, json.dumps({"fp": mark, "sid": None, "by": secrets.token_hex(8)}), mark)
-        if await self.redis.set(name, claim.pending, nx=True, px=self.lease_ms):
+        mark = fingerprint(body)
+        pending = json.dumps({"fp": mark, "sid": None, "by": secrets.token_hex(8)})
+        claim = Claim(tenant, key, pending, mark)
+        if await self.records.claim(tenant, key, pending, self.lease_ms):
             return claim
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.wait
         while True:
-            raw = await self.redis.get(name)
+            raw = await self.records.get(tenant, key)
             if raw is None:  # the first request failed, or died and its claim lapsed
-                if await self.redis.set(name, claim.pending, nx=True, px=self.lease_ms):
+                if await self.records.claim(tenant, key, pending, self.lease_ms):
                     return claim
                 continue
             stored = json.loads(raw)
@@ -131,8 +116,8 @@ class IdempotencyKeys:
         try:
             yield
         except BaseException:
-            with contextlib.suppress(RedisError, OSError):  # else it lapses within the lease
-                await self._fenced(_FORGET, claim)
+            with contextlib.suppress(StoreError, OSError):  # else it lapses within the lease
+                await self.records.forget(claim.tenant, claim.key, claim.pending)
             raise
         finally:
             renewing.cancel()
@@ -143,10 +128,12 @@ class IdempotencyKeys:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
-                if not await self._fenced(_RENEW, claim, self.lease_ms):
+                if not await self.records.renew(
+                    claim.tenant, claim.key, claim.pending, self.lease_ms
+                ):
                     log.warning("the claim of an Idempotency-Key lapsed while its create ran")
                     return
-            except (RedisError, OSError) as exc:  # the next renewal tries again
+            except (StoreError, OSError) as exc:  # the next renewal tries again
                 log.warning("could not renew an Idempotency-Key's claim: %s", describe(exc))
 
     async def settle(self, claim: Claim, session_id: str) -> None:
@@ -154,13 +141,11 @@ class IdempotencyKeys:
         lapsed and another request took the key (logged: this request's client still gets
         its session, retries get the other's)."""
         value = json.dumps({"fp": claim.fp, "sid": session_id})
-        if not await self._fenced(_SETTLE, claim, value, TTL_SECONDS):
+        if not await self.records.settle(
+            claim.tenant, claim.key, claim.pending, value, TTL_SECONDS
+        ):
             log.warning(
                 "an Idempotency-Key's claim lapsed before session %s was made: the key names "
                 "the session of the request that took it over",
                 session_id,
             )
-
-    async def _fenced(self, script: str, claim: Claim, *args: Any) -> bool:
-        """Run ``script`` on the claim's key, which changes it only while ``claim`` holds it."""
-        return bool(await self.redis.eval(script, 1, claim.name, claim.pending, *args))
