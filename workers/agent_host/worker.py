@@ -21,12 +21,14 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 from broker.config import Settings
 from broker.errors.failures import FailureLog, describe
 from broker.errors.store import rpc_failure
+from broker.lifetimes import RoleLoops
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -58,6 +60,12 @@ from .taken import TakenMarks, kept_reply
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hosts"
+QUEUE_WINDOW_MS = 30_000
+"""How far back the first host to read the shared queue starts reading it: a front sends a
+command again every ``ack_timeout`` until its route deadline (30 s), so a command queued
+within it has a front waiting for its answer (the fronts start faster than the hosts: a
+``session/new`` sent a moment before the first host is up is run, not lost); older ones are
+stale, their fronts gave up. Copies of one command are run once (see :mod:`.taken`)."""
 CREATING = frozenset({Op.NEW.value, Op.FORK.value})
 """Commands that make a session: run once per call id, whichever hosts get copies of it
 (see :mod:`.taken`)."""
@@ -110,41 +118,47 @@ class HostWorker:
         self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._loops: list[asyncio.Task[Any]] = []
+        """The commands running (one task each, tracked here until done; cancelled on stop)."""
+        self.role_loops = RoleLoops("agent host")
+        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
+        self.role_loops.add("host-inbox", self._read_inbox)
+        self.role_loops.add("host-queue", self._read_queue)
+        self.role_loops.add("host-leases", self._keep_leases)
+        self.role_loops.add(
+            "host-command-trimming",
+            lambda: run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
+        )
         self._inbox_last: str | None = None
 
     async def start(self) -> None:
-        await self._create_group("$")  # commands queued before this deployment are stale
+        await self._create_group(queue_window_start(time.time()))
         await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
-        self._loops = [
-            asyncio.create_task(self._read_inbox(), name="host-inbox"),
-            asyncio.create_task(self._read_queue(), name="host-queue"),
-            asyncio.create_task(self._keep_leases(), name="host-leases"),
-            asyncio.create_task(
-                run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
-                name="host-command-trimming",
-            ),
-        ]
+        await self.role_loops.start()
         if self.settings.prestart_agents:
             await self.host.start()
 
     def loops(self) -> list[asyncio.Task[Any]]:
-        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
-        return list(self._loops)
+        """The tasks of the role's loops (see :attr:`role_loops`)."""
+        return list(self.role_loops.tasks())
+
+    async def __aenter__(self) -> HostWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(hand_over=True)
 
     async def stop(self, *, hand_over: bool = False) -> None:
-        await cancel_and_wait(*self._loops, *self._tasks)
+        await self.role_loops.stop()
+        await cancel_and_wait(*self._tasks)
         with contextlib.suppress(StoreError, OSError):  # it lapses by itself within lease_ttl
             await hosts.withdraw(self.redis, self.host_id)
         await self.host.stop(hand_over=hand_over)
 
     async def run(self) -> None:
         """The role as a coroutine: start, then serve until cancelled (handing sessions over)."""
-        await self.start()
-        try:
+        async with self:
             await asyncio.Event().wait()
-        finally:
-            await self.stop(hand_over=True)
 
     # -- reading commands ---------------------------------------------------------------------
 
@@ -427,6 +441,12 @@ class HostWorker:
             except (RpcError, SessionMissing) as exc:
                 log.warning("could not take over session %s: %s", session_id, exc)
                 await self.leases.forget(tenant, session_id)
+
+
+def queue_window_start(now: float) -> str:
+    """The queue entry id a new consumer group starts after, at Unix time ``now`` (the ids
+    of stream entries are Redis's clock in ms): :data:`QUEUE_WINDOW_MS` back."""
+    return f"{max(int(now * 1000) - QUEUE_WINDOW_MS, 0)}-0"
 
 
 def checked_command(command: Any) -> JsonObject:

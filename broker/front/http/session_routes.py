@@ -113,17 +113,14 @@ class SessionRoutes:
             view = await self.tools.create(tenant, inputs, base)
         else:
             key = checked_key(key)
-            first = await self.keys.claim(tenant, key, body)
-            if first is not None:  # a retry: the first request's session, nothing run again
-                view = await self.tools.view(tenant, first, base, project=False)
+            claim = await self.keys.claim(tenant, key, body)
+            if isinstance(claim, str):  # a retry: the first request's session, nothing run again
+                view = await self.tools.view(tenant, claim, base, project=False)
                 return self._created(session_document(view))
-            try:
+            async with self.keys.creating(claim):
                 view = await self.tools.create(tenant, inputs, base)
-            except BaseException:
-                await self.keys.forget(tenant, key)
-                raise
             # Settled before the first prompt runs: a retry meanwhile gets the session.
-            await self.keys.settle(tenant, key, body, view.row["sessionId"])
+            await self.keys.settle(claim, view.row["sessionId"])
         document = session_document(view)
         if inputs.prompt is not None:
             turn = await self.tools.prompt(tenant, document["id"], inputs.prompt, inputs.wait, base)
