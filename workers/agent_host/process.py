@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
@@ -56,8 +57,18 @@ class AgentProcess:
         *,
         request_timeout: float,
         env_allowed: Sequence[str] = DEFAULT_AGENT_ENV,
+        argv: Sequence[str] | None = None,
+        tenant: str = "",
     ) -> None:
         self.spec = spec
+        self.argv = list(argv or spec.command)
+        """What is run: the spec's command, or the command line that seals it."""
+        self.tenant = tenant
+        """The tenant whose sessions this process runs ("" for the start-up check)."""
+        self.key: tuple[str, str, tuple[str, ...]] = (spec.name, tenant, ())
+        """Its place in the host's pool (set by the pool)."""
+        self.last_active = time.monotonic()
+        """When it last was sent or said something (idle processes are stopped)."""
         self.env_allowed = env_allowed
         self.events = events
         self.request_timeout = request_timeout
@@ -80,7 +91,7 @@ class AgentProcess:
         """Spawn the process and run ``initialize``; raises :class:`AgentFailed`."""
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self.spec.command,
+                *self.argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -138,6 +149,7 @@ class AgentProcess:
     async def _write(self, message: dict[str, Any]) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         data = (jsonrpc.encode(message) + "\n").encode()
+        self.last_active = time.monotonic()
         async with self._write_lock:
             try:
                 self._proc.stdin.write(data)
@@ -161,6 +173,7 @@ class AgentProcess:
                 await self._handle_line(line)
 
     async def _handle_line(self, line: bytes) -> None:
+        self.last_active = time.monotonic()
         message = jsonrpc.parse_frame(line)
         if isinstance(message, Invalid):
             self.fail(f"agent {self.name!r} wrote something that is not JSON-RPC: {line[:80]!r}")

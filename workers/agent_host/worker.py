@@ -50,6 +50,7 @@ from broker.store.retry import is_store_away, retrying, unheard
 from .clients import RemoteClients
 from .host import AgentHost
 from .leases import HeldElsewhere, Leases
+from .sandbox import sandbox_policy
 from .streams import run_command_trimming
 from .taken import TakenMarks, kept_reply
 
@@ -100,6 +101,8 @@ class HostWorker:
             cancel_grace=settings.cancel_grace,
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
+            sandbox=sandbox_policy(settings),
+            idle_timeout=settings.agent_idle_timeout,
         )
         self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
@@ -121,8 +124,7 @@ class HostWorker:
                 name="host-command-trimming",
             ),
         ]
-        if self.settings.prestart_agents:
-            await self.host.start()
+        await self.host.start(prestart=self.settings.prestart_agents)
 
     def loops(self) -> list[asyncio.Task[Any]]:
         """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
