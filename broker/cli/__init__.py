@@ -410,7 +410,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import report
 
     agents = [AgentSpec.parse(text) for text in args.agent] or None
-    lines, healthy = report(_settings(args, agents=agents))
+    lines, healthy = asyncio.run(report(_settings(args, agents=agents)))
     print("\n".join(lines))
     return 0 if healthy else 1
 

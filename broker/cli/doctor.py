@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from ..config import Settings
 
 
-def report(settings: Settings) -> tuple[list[str], bool]:
+async def report(settings: Settings) -> tuple[list[str], bool]:
     """Lines that say how each configured agent would run on this host, and whether every
     agent that must run sealed can."""
     from workers.agent_host.sandbox import SandboxRefused, Sealer, sandbox_policy
 
     sealer = Sealer(sandbox_policy(settings))
-    sealing = asyncio.run(sealer.sealing())
+    sealing = await sealer.sealing()
     lines = [
         f"sandbox setting: {settings.sandbox}",
         sealing.describe(),
@@ -23,7 +21,7 @@ def report(settings: Settings) -> tuple[list[str], bool]:
     healthy = True
     for spec in settings.agent_list():
         try:
-            plan = asyncio.run(sealer.plan(spec))
+            plan = await sealer.plan(spec)
         except SandboxRefused as exc:
             lines.append(f"agent {spec.name}: REFUSED: {exc}")
             healthy = False
