@@ -178,6 +178,10 @@ class Settings(BaseSettings):
     """Seconds an agent process may go without a request or a message before it is
     stopped (its sessions recorded STOPPED: a prompt or a resume brings them back); None:
     never."""
+    max_agent_processes: int = Field(default=256, ge=1)
+    """The most agent processes an agent host runs at once (a process per agent and tenant,
+    and per set of directories when sealed); a session that needs one more is refused
+    (-32005) until an idle one is stopped."""
     redis_url_file: str | None = None
     """A file holding ``redis_url`` (keeps the password off command lines)."""
     jwt_secret_file: str | None = None

@@ -69,6 +69,21 @@ async def test_a_spec_may_ask_for_a_process_per_session(node: Broker) -> None:
     assert host.sessions.by_id[one].agent is not host.sessions.by_id[two].agent
 
 
+@pytest.mark.parametrize("node", [{"max_agent_processes": 2}], indirect=True)
+async def test_agent_processes_per_host_are_capped(node: Broker) -> None:
+    host = _host(node)
+    await _new(host, "team-a", "/w")
+    await _new(host, "team-b", "/w")
+    await _new(host, "team-a", "/w")  # its process is there: no new one
+    with pytest.raises(RpcError) as caught:
+        await _new(host, "team-c", "/w")
+    assert caught.value.code == -32005
+    assert caught.value.data == {"limit": "max_agent_processes"}
+    assert len(host.agents.processes()) == 2
+    await host.reaper.reap(0.0)  # idle ones stopped: room again
+    await _new(host, "team-c", "/w")
+
+
 async def test_a_sealed_agent_gets_no_writable_root(node: Broker) -> None:
     with pytest.raises(RpcError) as caught:
         await _new(_host(node), "team-a", "/")

@@ -8,7 +8,13 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from broker.config import AgentSpec
 from broker.ops import metrics
-from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
+from broker.protocol.jsonrpc import (
+    INTERNAL_ERROR,
+    LIMIT_EXCEEDED,
+    JsonObject,
+    RpcError,
+    invalid_params,
+)
 
 from .process import AgentEvents, AgentFailed, AgentProcess
 from .sandbox import SandboxPlan, SandboxPolicy, SandboxRefused, Sealer
@@ -44,6 +50,7 @@ class AgentPool:
         agent_env: Sequence[str],
         on_agent_started: Callable[[str, JsonObject], Awaitable[None]] | None,
         sandbox: SandboxPolicy | None = None,
+        max_processes: int | None = None,
     ) -> None:
         self.specs = {spec.name: spec for spec in agents}
         self.default_agent = agents[0].name
@@ -52,8 +59,10 @@ class AgentPool:
         self.agent_env = agent_env
         self.on_agent_started = on_agent_started
         self.sealer = Sealer(sandbox or SandboxPolicy())
+        self.max_processes = max_processes
         self._processes: dict[ProcessKey, AgentProcess] = {}
         self._starting: dict[ProcessKey, asyncio.Lock] = {}
+        self._launching = 0
 
     def spec(self, name: str) -> AgentSpec:
         spec = self.specs.get(name)
@@ -79,11 +88,27 @@ class AgentPool:
             process = self._processes.get(key)
             if process is not None and not process.failed:
                 return process
-            process = await self._start(spec, plan, tenant, dirs)
+            self._check_room(key)
+            self._launching += 1
+            try:
+                process = await self._start(spec, plan, tenant, dirs)
+            finally:
+                self._launching -= 1
             process.key = key
             self._processes[key] = process
             metrics.AGENT_PROCESSES.inc()
             return process
+
+    def _check_room(self, key: ProcessKey) -> None:
+        """Refuse one process more than ``max_processes`` (a failed one's place is free)."""
+        running = len(self._processes) - (key in self._processes) + self._launching
+        if self.max_processes is not None and running >= self.max_processes:
+            raise RpcError(
+                LIMIT_EXCEEDED,
+                f"limit exceeded: this agent host runs {running} agent processes "
+                "(max_agent_processes); try again when an idle one is stopped",
+                {"limit": "max_agent_processes"},
+            )
 
     async def _plan(self, spec: AgentSpec) -> SandboxPlan | None:
         try:

@@ -58,6 +58,7 @@ class AgentHost(AgentEvents):
         max_pending_updates: int = 10_000,
         sandbox: SandboxPolicy | None = None,
         idle_timeout: float | None = None,
+        max_processes: int | None = None,
     ) -> None:
         self.log = session_log
         self.leases = leases
@@ -69,6 +70,7 @@ class AgentHost(AgentEvents):
             agent_env=agent_env,
             on_agent_started=on_agent_started,
             sandbox=sandbox,
+            max_processes=max_processes,
         )
         self.sessions = HeldSessions()
         self.recorder = SessionRecorder(

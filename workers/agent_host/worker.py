@@ -103,6 +103,7 @@ class HostWorker:
             on_agent_started=self._publish_capabilities,
             sandbox=sandbox_policy(settings),
             idle_timeout=settings.agent_idle_timeout,
+            max_processes=settings.max_agent_processes,
         )
         self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
