@@ -126,6 +126,21 @@ async def test_an_agent_that_must_run_sealed_where_it_cannot_is_refused_in_one_l
     assert not healthy and f"agent plain: REFUSED: {reason}" in lines
 
 
+async def test_auto_without_bwrap_runs_agents_unsealed_and_says_so_once(
+    node: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    host = _host(node)
+    host.agents.sealer._sealing = None
+    with caplog.at_level(logging.INFO):
+        await host.agents.start(prestart=False)
+    await _new(host, "team-a", "/w")
+    assert host.agents.processes()[0].argv == plain_agent().command
+    warned = [r for r in caplog.records if "UNSEALED" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "bwrap (bubblewrap) is not installed" in warned[0].getMessage()
+
+
 @pytest.mark.parametrize("node", [{"sandbox": "off"}], indirect=True)
 async def test_sandbox_off_runs_agents_unsealed_and_says_so(
     node: Broker, caplog: pytest.LogCaptureFixture
