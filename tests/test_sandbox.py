@@ -88,6 +88,7 @@ async def deployment(tmp_path: Path, sandbox: str) -> AsyncIterator[Deployment]:
         url = bare.replace("redis://", f"redis://:{PASSWORD}@")
         config = _config(tmp_path, url, sandbox)
         env = {"ACP_BROKER_CONFIG": str(config), "ACP_BROKER_JWT_SECRET": JWT_SECRET}
+        env["ACP_BROKER_SANDBOX"] = sandbox  # the tests' own default is off
         cwds = {tenant: tmp_path / tenant for tenant in ("team-a", "team-b")}
         for tenant, cwd in cwds.items():
             cwd.mkdir()

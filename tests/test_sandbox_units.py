@@ -26,7 +26,8 @@ from .support.client import wait_for
 
 @pytest.fixture
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
-    overrides: dict[str, Any] = {"agents": [plain_agent()], **getattr(request, "param", {})}
+    overrides: dict[str, Any] = {"agents": [plain_agent()], "sandbox": "auto"}
+    overrides |= getattr(request, "param", {})
     broker = Broker(make_settings(**overrides), redis=connect(None))
     await broker.start()
     yield broker

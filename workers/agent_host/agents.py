@@ -17,7 +17,7 @@ from broker.protocol.jsonrpc import (
 )
 
 from .process import AgentEvents, AgentFailed, AgentProcess
-from .sandbox import SandboxPlan, SandboxPolicy, SandboxRefused, Sealer
+from .sandbox import SEALED_ENV, SandboxPlan, SandboxPolicy, SandboxRefused, Sealer
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ class AgentPool:
             env_allowed=self.agent_env,
             argv=argv,
             tenant=tenant,
+            env=SEALED_ENV if plan is not None else None,
         )
         try:
             await process.start(CLIENT_CAPABILITIES)

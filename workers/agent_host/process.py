@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
@@ -59,11 +59,14 @@ class AgentProcess:
         env_allowed: Sequence[str] = DEFAULT_AGENT_ENV,
         argv: Sequence[str] | None = None,
         tenant: str = "",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = spec
         self.argv = list(argv or spec.command)
         """What is run: the spec's command, or the command line that seals it."""
         self.tenant = tenant
+        self.env = dict(env or {})
+        """Variables set for it (a sealed agent's ``TMPDIR``); its spec's ``env`` wins."""
         """The tenant whose sessions this process runs ("" for the start-up check)."""
         self.key: tuple[str, str, tuple[str, ...]] = (spec.name, tenant, ())
         """Its place in the host's pool (set by the pool)."""
@@ -95,7 +98,7 @@ class AgentProcess:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env=agent_environment(os.environ, self.env_allowed, self.spec.env),
+                env=agent_environment(os.environ, self.env_allowed, {**self.env, **self.spec.env}),
                 limit=_LINE_LIMIT,
             )
         except OSError as exc:

@@ -35,6 +35,9 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 """What every sealed agent sees read-only (where it exists): the programs and libraries a
 command needs."""
 
+SEALED_ENV = {"TMPDIR": "/tmp"}
+"""What a sealed agent's environment says differently: the host's ``TMPDIR`` is not there."""
+
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """Where this installation's ``broker`` and ``workers`` packages are."""
 _NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
