@@ -48,6 +48,7 @@ class Deployment:
     host: RoleProcess
     config: Path
     redis: str
+    url: str
     clients: dict[str, RawClient]
     cwds: dict[str, Path]
 
@@ -69,6 +70,10 @@ def _config(tmp_path: Path, url: str, sandbox: str) -> Path:
         'name = "hostile"\n'
         f"command = {json.dumps(agent)}\n"
         f"ro_paths = [{json.dumps(str(etc))}]\n"
+        "[[agents]]\n"
+        'name = "offline"\n'
+        f"command = {json.dumps(agent)}\n"
+        "network = false\n"
     )
     return path
 
@@ -111,15 +116,16 @@ async def deployment(tmp_path: Path, sandbox: str) -> AsyncIterator[Deployment]:
             for tenant in cwds:
                 headers = {"Authorization": f"Bearer {await _token(url, tenant)}"}
                 clients[tenant] = await RawClient.initialized(front.url, additional_headers=headers)
-            yield Deployment(front, host, config, f"127.0.0.1:{port_of(bare)}", clients, cwds)
+            address = f"127.0.0.1:{port_of(bare)}"
+            yield Deployment(front, host, config, address, url, clients, cwds)
             for client in clients.values():
                 await client.close()
 
 
-async def _new(deploy: Deployment, tenant: str) -> str:
-    reply = await deploy.clients[tenant].call(
-        "session/new", {"cwd": str(deploy.cwds[tenant]), "mcpServers": []}, timeout=60
-    )
+async def _new(deploy: Deployment, tenant: str, agent: str = "hostile") -> str:
+    params: dict[str, Any] = {"cwd": str(deploy.cwds[tenant]), "mcpServers": []}
+    params["_meta"] = {"acpBroker/agent": agent}
+    reply = await deploy.clients[tenant].call("session/new", params, timeout=60)
     return str(reply["result"]["sessionId"])
 
 
@@ -196,6 +202,15 @@ async def test_a_sealed_agent_reaches_no_secret_no_other_tenant_and_not_the_host
         own = json.loads(await _say(deploy, "team-a", mine, json.dumps(orders)))
         assert own["other_cwd_read"] == {"ok": True, "data": "team-a's own file"}
         assert own["other_cwd_write"]["ok"]
+        # Handed the full URL (leaked some other way), an agent with the network reaches
+        # Redis (keeping Redis off the agents' network is the operator's part); one whose
+        # spec says network = false reaches nothing.
+        orders["urls"] = [deploy.url]
+        handed = json.loads(await _say(deploy, "team-a", mine, json.dumps(orders)))
+        assert handed["redis"]["ok"]
+        offline = await _new(deploy, "team-a", agent="offline")
+        cut = json.loads(await _say(deploy, "team-a", offline, json.dumps(orders)))
+        assert not cut["redis"]["ok"] and "NOAUTH" not in cut["redis"]["data"]
     assert "agents run sealed by bubblewrap" in (tmp_path / "host.log").read_text()
 
 

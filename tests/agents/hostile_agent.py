@@ -5,8 +5,9 @@ Run it as ``python tests/agents/hostile_agent.py``. A prompt whose text is a JSO
 of the broker's Redis, ``host:port``) makes it try, in turn: read ``/proc/$PPID/environ`` and
 ``/proc/$PPID/cmdline``, list ``/proc`` (and read every command line there), read the
 broker's configuration file, read and write a file in another tenant's working directory,
-talk to Redis with any ``redis://`` URL it found on the way (and, without one, at the
-address it was told), send ``signal`` to the agent host, fill ``/tmp`` up to ``tmp_bytes``.
+talk to Redis with any ``redis://`` URL it was handed (``urls``) or found on the way (and,
+without one, at the address it was told), send ``signal`` to the agent host, fill ``/tmp``
+up to ``tmp_bytes``.
 It answers with one ``agent_message_chunk``: a JSON object, one entry per attempt,
 ``{"ok": whether it worked, "data": what it got}``. Any other prompt is echoed.
 """
@@ -128,7 +129,7 @@ def probe(orders: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "other_cwd_read": _attempt(lambda: _read(os.path.join(other, "secret.txt"))),
         "other_cwd_write": _attempt(lambda: _write_other(other)),
     }
-    found = _URL.findall(json.dumps(report))
+    found = [*orders.get("urls", []), *_URL.findall(json.dumps(report))]
     report["redis"] = _attempt(lambda: _redis(found, str(orders["redis"])))
     report["signal"] = _attempt(lambda: os.kill(int(orders["host_pid"]), int(orders["signal"])))
     report["fill_tmp"] = _attempt(lambda: _fill_tmp(int(orders["tmp_bytes"])))
