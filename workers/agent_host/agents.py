@@ -157,9 +157,8 @@ class AgentPool:
         every configured agent once now (sealed as its sessions' would be, then stopped), so
         a broken command or a sandbox that cannot start shows at start-up, and its
         capabilities are known before a session asks for it."""
-        sealing = await self.sealer.sealing()
-        line = await self.sealer.describe(list(self.specs.values()))
-        log.log(logging.INFO if sealing.works else logging.WARNING, "%s", line)
+        line, warn = await self.sealer.describe(list(self.specs.values()))
+        log.log(logging.WARNING if warn else logging.INFO, "%s", line)
         if not prestart:
             return
         results = await asyncio.gather(

@@ -266,22 +266,29 @@ class Sealer:
             f"agent {spec.name!r} is not run: it must run sealed and {sealing.problem}"
         )
 
-    async def describe(self, specs: Sequence[AgentSpec]) -> str:
-        """The start-up line: how this host's agents run."""
+    async def describe(self, specs: Sequence[AgentSpec]) -> tuple[str, bool]:
+        """The start-up line: how this host's agents run; and whether it is a warning (an
+        agent runs unsealed, or is refused)."""
+        wanted = {spec.name: self.wanted(spec) for spec in specs}
+        if all(want is False for want in wanted.values()):
+            return f"agents run UNSEALED (sandbox off): {', '.join(wanted)}", True
         sealing = await self.sealing()
-        unsealed = [spec.name for spec in specs if self.wanted(spec) is False]
-        refused = [s.name for s in specs if self.wanted(s) and not sealing.works]
-        if sealing.works:
-            line = sealing.describe()
-        elif refused:
-            line = f"{sealing.problem}: agents that must run sealed are refused"
-        else:
-            line = f"agents run UNSEALED ({sealing.problem}): each can read what the host can"
-        if unsealed:
-            line += f"; unsealed by their spec: {', '.join(unsealed)}"
+        sealed = [name for name, want in wanted.items() if want is not False and sealing.works]
+        off = [name for name, want in wanted.items() if want is False]
+        unsealable = [name for name, want in wanted.items() if want is None and not sealing.works]
+        refused = [name for name, want in wanted.items() if want and not sealing.works]
+        parts = [f"{sealing.describe()}: {', '.join(sealed)}"] if sealed else []
+        for names, why in ((unsealable, sealing.problem), (off, "sandbox off")):
+            if names:
+                parts.append(
+                    f"agents run UNSEALED ({why}), each reads what the host's user can: "
+                    f"{', '.join(names)}"
+                )
         if refused:
-            line += f"; refused: {', '.join(refused)}"
-        return line
+            parts.append(
+                f"agents refused ({sealing.problem}), they must run sealed: {', '.join(refused)}"
+            )
+        return "; ".join(parts), bool(off or unsealable or refused)
 
 
 def sandbox_policy(settings: Settings) -> SandboxPolicy:
