@@ -85,6 +85,17 @@ async def test_agent_processes_per_host_are_capped(node: Broker) -> None:
     await _new(host, "team-c", "/w")
 
 
+@pytest.mark.parametrize(
+    "node", [{"agents": [AgentSpec(name="gone", command=["/nonexistent/agent"])]}], indirect=True
+)
+async def test_a_sealed_agent_that_cannot_start_says_why_in_one_line(node: Broker) -> None:
+    with pytest.raises(RpcError) as caught:
+        await _new(_host(node), "team-a", "/w", agent="gone")
+    message = caught.value.message
+    assert message.startswith("agent 'gone' exited with code 1: bwrap: execvp /nonexistent/agent")
+    assert "\n" not in message
+
+
 async def test_a_sealed_agent_gets_no_writable_root(node: Broker) -> None:
     with pytest.raises(RpcError) as caught:
         await _new(_host(node), "team-a", "/")

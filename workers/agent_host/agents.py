@@ -184,7 +184,9 @@ class AgentPool:
         """A process failed or was stopped: the next command for its key starts another."""
         if self._processes.get(agent.key) is agent:
             del self._processes[agent.key]
-            self._starting.pop(agent.key, None)
+            lock = self._starting.get(agent.key)
+            if lock is not None and not lock.locked():  # keys come and go with tenants
+                del self._starting[agent.key]
             metrics.AGENT_PROCESSES.dec()
 
     async def stop(self) -> None:

@@ -28,6 +28,8 @@ from .environment import agent_environment
 log = logging.getLogger(__name__)
 
 _LINE_LIMIT = 64 * 1024 * 1024
+_LAST_WORDS_WAIT = 1.0
+"""Seconds an exited process's last lines on stderr are waited for, to say why it exited."""
 
 
 class AgentFailed(Exception):
@@ -81,6 +83,7 @@ class AgentProcess:
         self._pending = PendingRequests()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._write_lock = asyncio.Lock()
+        self._last_stderr = ""
 
     @property
     def name(self) -> str:
@@ -104,8 +107,8 @@ class AgentProcess:
         except OSError as exc:
             raise AgentFailed(f"agent {self.name!r} could not start: {exc}") from exc
         self._spawn(self._read_stdout())
-        self._spawn(self._read_stderr())
-        self._spawn(self._watch_exit())
+        stderr = self._spawn(self._read_stderr())
+        self._spawn(self._watch_exit(stderr))
         result = await self.request(
             "initialize",
             {
@@ -209,12 +212,17 @@ class AgentProcess:
     async def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
         while line := await self._proc.stderr.readline():
-            log.info("agent %s: %s", self.name, line.decode(errors="replace").rstrip())
+            text = line.decode(errors="replace").rstrip()
+            self._last_stderr = text or self._last_stderr
+            log.info("agent %s: %s", self.name, text)
 
-    async def _watch_exit(self) -> None:
+    async def _watch_exit(self, stderr: asyncio.Future[Any]) -> None:
         assert self._proc is not None
         code = await self._proc.wait()
-        self.fail(f"agent {self.name!r} exited with code {code}")
+        # Its last words say why (a sandbox that could not be set up says so there).
+        await asyncio.wait({stderr}, timeout=_LAST_WORDS_WAIT)
+        said = f": {self._last_stderr[:200]}" if self._last_stderr else ""
+        self.fail(f"agent {self.name!r} exited with code {code}{said}")
 
     def fail(self, reason: str) -> None:
         """Mark the process failed (once), kill it, fail what waits on it, tell the owner."""
@@ -249,7 +257,8 @@ class AgentProcess:
             proc.kill()
         await proc.wait()
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
