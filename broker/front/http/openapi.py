@@ -8,6 +8,7 @@ from ...errors import ErrorCode
 from ...store.events import JsonObject
 from ...store.query import KIND_VALUES, STATUS_VALUES
 from . import openapi_tools as tool_paths
+from .openapi_events import SESSION_EVENT
 from .sessions import AFTER_REST, TOOL_DESCRIPTION, input_properties
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
@@ -43,6 +44,7 @@ def openapi_document() -> JsonObject:
                 "Session": _session_schema(),
                 "SessionList": _list_schema(),
                 "Problem": _problem_schema(),
+                "SessionEvent": SESSION_EVENT,
                 **tool_paths.schemas(),
             },
         },

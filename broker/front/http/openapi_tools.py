@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...store.events import JsonObject
 from ...store.names import SESSION_ID_RULE
+from .openapi_events import event_stream_content
 from .session_tools import WAIT_DEFAULT, WAIT_MAX
 
 _REF = "#/components/schemas/"
@@ -182,7 +183,7 @@ def session_paths() -> JsonObject:
                 "responses": {
                     "200": {
                         "description": "The event stream.",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        "content": event_stream_content(),
                     },
                     **_problems("read", "404"),
                 },
