@@ -31,10 +31,10 @@ from ...protocol import jsonrpc, v2
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.trace import with_trace
 from ..deadlines import DeadlinePassed, deadline_for, within_deadline
-from .access import Access, in_flight_limit
+from .access import Access, in_flight_limit, waiting_limit
 from .dispatch import Deferred, InTask, PendingRead, StepAnswer
 from .flow import Pace
-from .pacing import FramePacer
+from .pacing import FramePacer, requests_in
 from .session_state import BatchReplies
 
 if TYPE_CHECKING:
@@ -145,6 +145,18 @@ class Intake(FramePacer):
         if not self.paced_now(message):
             return False
         self._dispatch(message, None)
+        return True
+
+    def refuse_frame_now(self, frame: str) -> bool:
+        """A frame read while more wait for the pace than it serves within ``max_pace`` (see
+        :mod:`.flow`): its requests refused in this step (True); False for a frame with no
+        request (nothing done: it waits its turn, as answers and notifications are not paced)."""
+        message = self._receive(frame)
+        if message is None:
+            return True
+        if not requests_in(message):
+            return False
+        self._dispatch(message, waiting_limit(self._settings))
         return True
 
     def _receive(self, frame: str) -> Message | Invalid | Batch | None:
