@@ -99,3 +99,34 @@ async def test_pipelined_requests_are_all_answered_once_and_the_client_is_not_cu
     assert during <= max(4 * before, before + 0.25), (before, during)
     await ws.close()
     await other.close()
+
+
+async def test_frames_with_no_request_piling_up_behind_paced_ones_close_the_connection(
+    store: Any,
+) -> None:
+    """Requests past the backlog's bound are refused; what is never refused (notifications,
+    answers) past ``max_queue_bytes`` closes the connection (1008), so no queue grows
+    without end behind a paced request."""
+    settings = make_settings(rate_per_connection=1.0, max_pace=0.0, max_queue_bytes=4096)
+    broker = Broker(settings, redis=store)
+    await broker.start()
+    try:
+        url = f"ws://127.0.0.1:{broker.port}/acp"
+        ws = await websockets.connect(url, max_queue=None)
+        init = {"protocolVersion": 1, "clientCapabilities": {}}
+        await ws.send(
+            json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init})
+        )
+        assert "result" in json.loads(await ws.recv())
+        for n in range(1, 4):  # the burst (2), then one that waits a second for its pace
+            await ws.send(f'{{"jsonrpc":"2.0","id":{n},"method":"session/list","params":{{}}}}')
+        note = {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "x" * 900}}
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            async with asyncio.timeout(30):
+                for _ in range(200):
+                    await ws.send(json.dumps(note))
+                while True:
+                    await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    finally:
+        await broker.stop()

@@ -26,9 +26,11 @@ from typing import Any, Protocol
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
 
 from ...auth.principal import Principal
 from ...config import Settings
+from ...ops import metrics
 from ...protocol import jsonrpc, v2
 from ...protocol.jsonrpc import JsonObject, Request, Response
 from ...protocol.pending import PeerGone, PendingRequests
@@ -56,6 +58,10 @@ __all__ = [
 
 CLOSE_GOING_AWAY = 1001
 """Close code when the broker shuts down: reconnect (to any node)."""
+CLOSE_POLICY = 1008
+UNREAD_BACKLOG = "more than max_queue_bytes sent and waiting for the connection's pace"
+"""Why a connection is closed whose frames with no request (answers, notifications) pile up
+past ``max_queue_bytes`` behind its paced requests (requests past it are refused instead)."""
 
 
 class Dispatcher(RequestDispatcher, Protocol):
@@ -190,6 +196,13 @@ class ClientConnection:
                 if text is not None and (
                     intake.take_frame_now(text) if idle else intake.refuse_frame_now(text)
                 ):
+                    return True
+                if not idle and self._waiting_bytes >= settings.max_queue_bytes:
+                    # Frames with no request (never refused) past the bound: no queue grows
+                    # without end behind a paced request.
+                    if self.ws.protocol.state is State.OPEN:  # closed once
+                        metrics.CLOSES.labels("unread_backlog").inc()
+                        self.lifetime.spawn(self.ws.close(CLOSE_POLICY, UNREAD_BACKLOG))
                     return True
         self._idle = False
         self._waiting += 1

@@ -16,8 +16,9 @@ or ``max_queue_bytes``, and a request read past that is refused at once (-32005,
 ``max_pace``. The client's Pings and Pongs are thus read as they come, never held behind
 its own requests: its Pings are answered (a websockets client closes a connection whose
 Pong is 20 s late) and its Pongs reach the front's keepalive, which besides does not count
-the time reading is held back (:mod:`.keepalive`; frames with no request, which are never
-refused, still queue: past a bound websockets stops reading).
+the time reading is held back (:mod:`.keepalive`). A frame with anything but requests in
+it (a notification, such as a cancel, or an answer) is never refused: it waits its turn,
+and a connection whose waiting frames pass ``max_queue_bytes`` that way is closed (1008).
 
 A credential's requests are counted across the deployment in Redis
 (:class:`TokenRates`): one counter a second per credential, which every node adds to in
