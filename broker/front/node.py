@@ -47,6 +47,7 @@ from ..store.log import SessionLog
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
+from .acp.flow import waiting_bound
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
@@ -229,6 +230,10 @@ class FrontNode:
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
+            # The socket is read on while frames wait for their pace; past this many queued,
+            # requests are refused as they are read (:mod:`.acp.flow`): what still queues
+            # (answers, notifications) stops reading only when it is this many more.
+            max_queue=2 * waiting_bound(self.settings.rate_per_connection, self.settings.max_pace),
             ping_interval=None,  # self.keepalive pings
             ping_timeout=None,
             compression=None,
