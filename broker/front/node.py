@@ -47,6 +47,7 @@ from ..store.log import SessionLog
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
+from .acp.flow import waiting_bound
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
@@ -74,7 +75,8 @@ abandoned with its tasks' stacks logged: a shutdown ends, whatever one part does
 
 
 class Colocated(Protocol):
-    """A role run in the front's process, started after its fan-out and stopped before it."""
+    """A role run in the front's process, started after its fan-out and stopped before it
+    (``serve``'s agent host and projector, each an async context manager of its own)."""
 
     async def start(self) -> None: ...
 
@@ -228,6 +230,10 @@ class FrontNode:
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
+            # The socket is read on while frames wait for their pace; past this many queued,
+            # requests are refused as they are read (:mod:`.acp.flow`): what still queues
+            # (answers, notifications) stops reading only when it is this many more.
+            max_queue=2 * waiting_bound(self.settings.rate_per_connection, self.settings.max_pace),
             ping_interval=None,  # self.keepalive pings
             ping_timeout=None,
             compression=None,
@@ -247,6 +253,13 @@ class FrontNode:
         await self.http.start()
         if self.authenticator.enabled:
             self.credentials.start()
+
+    async def __aenter__(self) -> FrontNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(hand_over=True)
 
     async def stop(self, *, hand_over: bool = False) -> None:
         """Stop accepting, tell clients to reconnect elsewhere, stop the roles.

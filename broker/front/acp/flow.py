@@ -8,12 +8,17 @@ client that waits for each reply is thus never refused, however fast it goes: it
 goes at the rate. What is refused (-32005) is a connection that keeps more than
 ``max_requests_in_flight`` requests unanswered at once.
 
-A client that pipelines faster than its pace is slowed, not cut off: the front's keepalive
-does not count the time its reading is held back against the client's Pongs, which wait
-behind its requests (:mod:`.keepalive`). The client's own Pings wait there too, so a client
-that keeps more than its own ping timeout's worth of requests unread (a websockets client:
-20 s, 1,000 requests at the default pace) times itself out; one that bounds what it has
-unanswered, or pings only when idle, does not.
+A client that pipelines faster than its pace is slowed, never cut off for it. The socket
+is read on while the connection's frames wait for their pace: they wait in websockets'
+queue, up to :func:`waiting_bound` frames (what the pace serves in ``max_pace`` seconds)
+or ``max_queue_bytes``, and a request read past that is refused at once (-32005,
+``rate_per_connection``), so each request is answered or refused within about
+``max_pace``. The client's Pings and Pongs are thus read as they come, never held behind
+its own requests: its Pings are answered (a websockets client closes a connection whose
+Pong is 20 s late) and its Pongs reach the front's keepalive, which besides does not count
+the time reading is held back (:mod:`.keepalive`). A frame with anything but requests in
+it (a notification, such as a cancel, or an answer) is never refused: it waits its turn,
+and a connection whose waiting frames pass ``max_queue_bytes`` that way is closed (1008).
 
 A credential's requests are counted across the deployment in Redis
 (:class:`TokenRates`): one counter a second per credential, which every node adds to in
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from ...errors.failures import FailureLog
 from ...store.client import Store
 from ...store.keys import PREFIX
+from ...store.quotas import RateCounters
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,13 @@ class Pace:
         return min(capacity, tokens + (now - self.stamp) * self.rate)
 
 
+def waiting_bound(rate: float, max_pace: float) -> int:
+    """Frames a connection may have read and not yet taken (waiting for their pace) before a
+    request read is refused: what its pace lets in within ``max_pace`` seconds, its burst
+    included (at least 16, websockets' own queue)."""
+    return max(16, math.ceil(rate * (max_pace + 2)))
+
+
 def rate_key(subject: str, second: int) -> str:
     """The counter of one credential's requests in one second (all nodes add to it)."""
     return f"{PREFIX}:rate:{{{subject}}}:{second}"
@@ -85,7 +98,7 @@ class TokenRates:
     """Per-credential request budgets, counted in Redis across every node."""
 
     def __init__(self, redis: Store, rate: float) -> None:
-        self.redis = redis
+        self.counters = RateCounters(redis)
         self.limit = max(1, int(rate))
         self.lease = max(1, self.limit // 10)
         self._leased: dict[str, tuple[int, int]] = {}  # subject -> (second, requests left)
@@ -114,11 +127,8 @@ class TokenRates:
         if left < requests:
             want = max(self.lease, requests - left)
             key = rate_key(subject, second)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incrby(key, want)
-                pipe.expire(key, WINDOW_TTL)
-                total, _ = await pipe.execute()
-            before = int(total) - want
+            total = await self.counters.add(key, want, WINDOW_TTL)
+            before = total - want
             left += max(0, min(want, self.limit - before))
         if left < requests:
             self._leased[subject] = (second, left)
