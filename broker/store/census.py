@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .client import Store
+from .client import Store, commands
 from .keys import PARTITIONS, PREFIX, hot_key
 
 CENSUS_INTERVAL = 60.0
@@ -38,6 +38,7 @@ class Census:
 
 async def census(redis: Store) -> Census:
     """Count the sessions of the store (see the module's description)."""
+    redis = commands(redis)
     async with redis.pipeline(transaction=False) as pipe:
         for partition in range(PARTITIONS):
             pipe.zcard(hot_key(partition))

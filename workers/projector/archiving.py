@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,7 @@ class Archiver:
         *,
         session_log: SessionLog | None = None,
     ) -> None:
+        self.store = redis
         self.sets = RetentionSets(redis)
         self.archive = archive
         self.log = session_log or SessionLog(redis, archive=archive)
@@ -184,7 +186,7 @@ async def run_archiving(
         try:
             if time.monotonic() - counted >= CENSUS_INTERVAL:
                 counted = time.monotonic()
-                await count_sessions(archiver.redis)
+                await count_sessions(archiver.store)
             purged = await archiver.purge_round(deleted_retention)
             if purged.sessions:
                 log.info("purged %d deleted sessions", purged.sessions)
