@@ -310,3 +310,17 @@ async def test_an_idle_connection_expires(redis_url: str) -> None:
         await wait_for(lambda: acp.conn_id not in node.streamable.here, 10, "the holder let go")
         response = await acp.post({"jsonrpc": "2.0", "id": 1, "method": "session/list"})
         assert response.status_code == 404
+
+
+async def test_a_connections_requests_are_paced_as_on_websocket(redis_url: str) -> None:
+    # 5 requests a second (bursts of 10): 30 requests take about 4 s, every one answered.
+    async with _node(redis_url, rate_per_connection=5.0) as (_, acp):
+        await acp.initialize()
+        conn = await acp.open()
+        started = time.monotonic()
+        ids = [await acp.request("session/list", {}) for _ in range(30)]
+        answered = await conn.until(is_response(ids[-1]), timeout=60)
+        elapsed = time.monotonic() - started
+        replies = [m for _, m in answered if "result" in m]
+        assert sorted(m["id"] for m in replies) == ids
+        assert elapsed >= 3.0, elapsed
