@@ -115,6 +115,8 @@ async def test_refusals_as_the_rfd_says(acp: HttpAcp, base: str) -> None:
     assert (await client.get(url, headers=acp.headers())).status_code == 406
     session_get = acp.headers("no-such-session", **SSE)
     assert (await client.get(url, headers=session_get)).status_code == 404
+    huge = {"jsonrpc": "2.0", "id": 3, "method": "session/list", "params": {"x": "y" * 5_000_000}}
+    assert (await acp.post(huge)).status_code == 413  # max_message_bytes: 4 MiB
     prompt = {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {"sessionId": "x"}}
     assert (await acp.post(prompt)).status_code == 400
     assert (await acp.delete()).status_code == 202
