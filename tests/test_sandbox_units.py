@@ -198,8 +198,11 @@ def test_secrets_are_read_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
     secret_file.write_text("j" * 40)
     monkeypatch.setenv("ACP_BROKER_REDIS_URL_FILE", str(url_file))
     toml = tmp_path / "broker.toml"
-    toml.write_text(f'jwt_secret_file = "{secret_file}"\n')
+    toml.write_text(
+        f'jwt_secret_file = "{secret_file}"\nsandbox_hidden_paths = ["/etc/acp-broker.env"]\n'
+    )
     settings = load_settings(str(toml))
+    assert "/etc/acp-broker.env" in settings.hidden_paths()
     assert settings.redis_url == "redis://:pw@127.0.0.1:6390/0"
     assert settings.jwt_secret == "j" * 40
     assert {str(url_file), str(secret_file), str(toml)} <= set(settings.hidden_paths())
