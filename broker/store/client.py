@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import fakeredis
 from redis.asyncio import Redis, RedisCluster
@@ -30,14 +30,25 @@ log = logging.getLogger(__name__)
 
 
 class Store(Protocol):
-    """What the roles need of the store: the commands they send (the log's streams and
-    scripts, the index's sorted sets and hashes, the queues' streams and consumer groups,
-    leases, the live feed's sharded pub/sub), pipelines and scripts. Every client
-    :func:`connect` makes satisfies it (redis-py's ``Redis`` for one server or a Sentinel
-    master, ``RedisCluster``, fakeredis's for the embedded store), and mypy checks that
-    the roles use nothing else; how the store is laid out is :func:`topology`'s to say.
+    """An open store, as :func:`connect` makes it (one server, a Sentinel master, a Redis
+    Cluster or the embedded store): what the roles hold and hand to the store's ports, whose
+    typed methods are all a role can do with it (the session log, the index, the live feed,
+    the command bus, leases and the host registry, idempotency and token records, rate
+    counters, the retention sets and the archive: see ``docs/storage.md``). The commands
+    behind it are the ports' own (:class:`Commands`)."""
 
-    The commands' arguments and replies keep redis-py's own (loose) types."""
+    async def aclose(self) -> None: ...
+
+
+class Commands(Store, Protocol):
+    """The client behind a :class:`Store`, as the store's own modules send it commands:
+    the log's streams and scripts, the index's sorted sets and hashes, the queues' streams
+    and consumer groups, leases, the live feed's sharded pub/sub, pipelines and scripts.
+    Every client :func:`connect` makes is one (redis-py's ``Redis``, ``RedisCluster``,
+    fakeredis's); nothing outside ``broker/store`` uses it (``tests/test_layout.py``).
+
+    The commands' arguments and replies keep redis-py's own (loose) types: the ports'
+    signatures are where the types are precise."""
 
     def get(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -144,6 +155,12 @@ class Store(Protocol):
     def register_script(self, script: str) -> Any: ...
 
     async def aclose(self) -> None: ...
+
+
+def commands(store: Store) -> Commands:
+    """The client behind ``store``, to send it commands (what every client :func:`connect`
+    makes is)."""
+    return cast(Commands, store)
 
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

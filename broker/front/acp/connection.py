@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection
@@ -56,6 +57,10 @@ __all__ = [
 
 CLOSE_GOING_AWAY = 1001
 """Close code when the broker shuts down: reconnect (to any node)."""
+
+
+OutboxMaker = Callable[[str, Lifetime], Outbox]
+"""Makes a connection's outbox, given the connection's id and lifetime."""
 
 
 class Dispatcher(RequestDispatcher, Protocol):
@@ -97,7 +102,10 @@ class ClientConnection:
         *,
         principal: Principal | None,
         conn_id: str | None = None,
+        outbox: OutboxMaker | None = None,
     ) -> None:
+        """``outbox``: makes the part that sends (another transport's); by default an
+        :class:`~.outbox.Outbox` writing to ``ws``."""
         self.ws = ws
         self.id = conn_id or str(ws.id)  # given: the caller had made it already
         # Looked up once, for the parts: on Python 3.11 each lookup of the running loop is a
@@ -120,10 +128,15 @@ class ClientConnection:
         # The parts hold the connection weakly (it holds them), all by this one reference.
         owner = weakref.ref(self)
         self.lifetime = lifetime = Lifetime(loop)
-        self.outbox = outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
+        if outbox is None:
+            self.outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
+        else:
+            self.outbox = outbox(self.id, lifetime)
         pinged = isinstance(ws, PingedConnection)
-        self.intake = Intake(owner, methods, outbox, lifetime, loop, holds=pinged)
-        self.sessions = ActiveSessions(owner, settings, methods.log, methods.hub, outbox, lifetime)
+        self.intake = Intake(owner, methods, self.outbox, lifetime, loop, holds=pinged)
+        self.sessions = ActiveSessions(
+            owner, settings, methods.log, methods.hub, self.outbox, lifetime
+        )
 
     # -- reading ----------------------------------------------------------------------------
 
