@@ -9,12 +9,12 @@ while it runs waits for it (bounded), then gets its session.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-from typing import Any
+from typing import Any, cast
 
 from ...errors import ApiError, ErrorCode, invalid_argument
+from ...retry import retry, steady, within
 from ...store.client import Store
 from ...store.keys import PREFIX
 
@@ -22,6 +22,12 @@ TTL_SECONDS = 24 * 3600
 HEADER = "idempotency-key"
 KEY_MAX = 255
 POLL_SECONDS = 0.1
+_PENDING = object()
+"""What a look at a key another request claimed finds while that request runs."""
+
+
+def _pending(found: object) -> bool:
+    return found is _PENDING
 
 
 def idempotency_key(tenant: str, key: str) -> str:
@@ -59,27 +65,26 @@ class IdempotencyKeys:
         pending = json.dumps({"fp": mark, "sid": None})
         if await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS):
             return None
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.wait
-        while True:
+
+        async def look() -> object:
             raw = await self.redis.get(name)
             if raw is None:  # the first request failed and let the key go: this one claims it
-                if await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS):
-                    return None
-                continue
+                claimed = await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS)
+                return None if claimed else _PENDING
             stored = json.loads(raw)
             if stored.get("fp") != mark:
                 raise invalid_argument(
                     "this Idempotency-Key was used with another request body; use a new key"
                 )
-            if stored.get("sid"):
-                return str(stored["sid"])
-            if loop.time() > give_up:
-                raise ApiError(
-                    ErrorCode.UNAVAILABLE,
-                    "the first request with this Idempotency-Key is still running; retry later",
-                )
-            await asyncio.sleep(POLL_SECONDS)
+            return str(stored["sid"]) if stored.get("sid") else _PENDING
+
+        found = await retry(look, within(steady(POLL_SECONDS), self.wait), again=_pending)
+        if found is _PENDING:
+            raise ApiError(
+                ErrorCode.UNAVAILABLE,
+                "the first request with this Idempotency-Key is still running; retry later",
+            )
+        return cast(str | None, found)
 
     async def settle(self, tenant: str, key: str, body: Any, session_id: str) -> None:
         """The claimed key now names ``session_id``, for the rest of its 24 hours."""
