@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import hiredis
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import ConnectionError, RedisClusterException
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.compat.redis import (
@@ -28,6 +29,7 @@ from broker.compat.redis import (
     GatedCluster,
     PausesBackoff,
     StreamKeysCluster,
+    error_from_reply,
     gated,
     packed_by_hiredis,
     stream_read_keys,
@@ -516,3 +518,34 @@ async def test_redis_pys_retry_asks_the_backoff_the_pause_after_each_failure_cou
             failing, failed
         )
     assert asked == [1, 2] and len(calls) == 3
+
+
+# -- error_from_reply ---------------------------------------------------------------------------
+
+
+async def _bare_error(port: int, *command: Any) -> str:
+    """The text of the error reply the server at ``port`` gives to ``command``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(hiredis.pack_command(command))
+        parser = hiredis.Reader()
+        while (reply := parser.gets()) is False:
+            parser.feed(await reader.read(1 << 16))
+        assert isinstance(reply, hiredis.ReplyError)
+        return str(reply)
+    finally:
+        writer.close()
+
+
+async def test_an_error_reply_read_bare_fails_as_the_same_reply_through_the_client(
+    redis_url: str,
+) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    async with Redis(port=port) as client:
+        await client.set("k", "v")
+        for command in [("HGET", "k", "f"), ("EVALSHA", "0" * 40, "0"), ("NOSUCHCOMMAND",)]:
+            with pytest.raises(RedisError) as through_the_client:
+                await client.execute_command(*command)
+            bare = error_from_reply(await _bare_error(port, *command))
+            assert type(bare) is type(through_the_client.value), command
+            assert str(bare) == str(through_the_client.value)

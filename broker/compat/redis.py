@@ -38,8 +38,8 @@ from redis.asyncio.sentinel import (
     SentinelManagedSSLConnection,
 )
 from redis.backoff import AbstractBackoff
-from redis.connection import HiredisRespSerializer
-from redis.exceptions import MovedError, RedisClusterException
+from redis.connection import DefaultParser, HiredisRespSerializer
+from redis.exceptions import MovedError, RedisClusterException, RedisError
 
 
 class _HiredisPacking(AbstractConnection):
@@ -64,6 +64,17 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
         name = f"Hiredis{connection_class.__name__}"
         _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
     return _PACKED[connection_class]
+
+
+def error_from_reply(text: str) -> RedisError:
+    """The exception redis-py's client raises for the error reply ``text`` (``READONLY …``
+    as ``ReadOnlyError``, ``NOSCRIPT …`` as ``NoScriptError``, ``OOM …`` as
+    ``OutOfMemoryError``, an unknown code as ``ResponseError`` with the whole text): its
+    parsers' own mapping (``parse_error`` of ``redis.connection.DefaultParser``, the parser
+    class its connections take by default), so that a reply read on a bare connection
+    fails as the same reply through the client does."""
+    error: RedisError = DefaultParser.parse_error(text)
+    return error
 
 
 class PausesBackoff(AbstractBackoff):

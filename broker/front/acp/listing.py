@@ -22,12 +22,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ... import fastjson
 from ...config import Settings
 from ...ops import tracing
 from ...protocol.jsonrpc import JsonObject, Request, invalid_params
+from ...store.breaker import StoreAway
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
 from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normalize_cwd
 from ..listing import Listing
@@ -157,9 +158,9 @@ class AcpListing:
             pages.missed()
             token = pages.begin()
 
-        async def again(direct: bool) -> fastjson.Fragment:
+        async def again() -> fastjson.Fragment:
             # Read here, not dispatched: this ask's miss is counted (once) above.
-            page = await self.index.page(tenant, query.listing, query.after, limit, direct=direct)
+            page = await self.index.page(tenant, query.listing, query.after, limit)
             return keep(page)
 
         def keep(page: Page) -> fastjson.Fragment:
@@ -170,11 +171,14 @@ class AcpListing:
         def finish(future: asyncio.Future[Any]) -> fastjson.Fragment | InTask:
             try:
                 page = self.index.read_page(read, limit)
-            except RedisError:  # the client's way recovers from anything
-                # Not on the bare connection again: a stalled server would fail it as slowly.
-                return InTask(functools.partial(again, False))
+            except RedisConnectionError as exc:
+                if isinstance(exc, StoreAway):  # the breaker's: answered at once
+                    raise
+                # A lost connection: read again, on a fresh one (a stalled server's timeout,
+                # an error reply: the client's answer, at once).
+                return InTask(again)
             if page is None:  # members of an earlier format: they need the rows too
-                return InTask(functools.partial(again, True))
+                return InTask(again)
             return keep(page)
 
         return PendingRead(read[1], finish, read[0].in_step)
