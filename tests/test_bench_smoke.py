@@ -33,6 +33,7 @@ BENCHMARKS = (
     "c50k",
     "sessionmem",
     "idle",
+    "agents",
 )
 
 

@@ -71,7 +71,8 @@ abandoned with its tasks' stacks logged: a shutdown ends, whatever one part does
 
 
 class Colocated(Protocol):
-    """A role run in the front's process, started after its fan-out and stopped before it."""
+    """A role run in the front's process, started after its fan-out and stopped before it
+    (``serve``'s agent host and projector, each an async context manager of its own)."""
 
     async def start(self) -> None: ...
 
@@ -232,6 +233,13 @@ class FrontNode:
         await self.http.start()
         if self.authenticator.enabled:
             self.credentials.start()
+
+    async def __aenter__(self) -> FrontNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(hand_over=True)
 
     async def stop(self, *, hand_over: bool = False) -> None:
         """Stop accepting, tell clients to reconnect elsewhere, stop the roles.

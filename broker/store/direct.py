@@ -33,7 +33,13 @@ from redis.exceptions import NoScriptError
 from ..compat.redis import error_from_reply
 from ..retry import doubling_pause, retry
 from .breaker import StoreAway, StoreBreaker, breaker_of
-from .client import RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE, RECONNECT_RETRIES, Store
+from .client import (
+    RECONNECT_FIRST_PAUSE,
+    RECONNECT_MAX_PAUSE,
+    RECONNECT_RETRIES,
+    Store,
+    commands,
+)
 from .raw import CONNECT_TIMEOUT, RawConnection, bare_options, open_raw, reply_timeout
 
 T = TypeVar("T")
@@ -186,7 +192,7 @@ class StoreCalls:
     back in RESP's shape (:func:`as_resp`)."""
 
     def __init__(self, redis: Store, direct: DirectCalls | None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.direct = direct
         """The bare connection's calls; None where the client carries every call."""
 

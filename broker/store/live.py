@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .cluster_feed import ClusterFeed
 from .subscriber import BulkSubscriber, Message
 
-__all__ = ["LiveFeed", "Message", "open_live_feed"]
+__all__ = ["LiveFeed", "Message", "Publisher", "open_live_feed"]
 
 
 class LiveFeed(Protocol):
@@ -74,4 +74,17 @@ def open_live_feed(redis: Store) -> LiveFeed:
     topology allows (see the module's description)."""
     if topology(redis) is Topology.CLUSTER:
         return ClusterFeed(redis)
-    return BulkSubscriber(redis.pubsub())
+    return BulkSubscriber(commands(redis).pubsub())
+
+
+class Publisher:
+    """Publishing on the live feed's channels (``SPUBLISH``): a session's channel, a
+    node's reply channel, the index's announcements."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = commands(redis)
+
+    async def publish(self, channel: str, data: str) -> int:
+        """Publish ``data`` on ``channel``; how many subscribers heard it (0: none, see
+        :func:`~.retry.unheard`)."""
+        return int(await self.redis.spublish(channel, data))

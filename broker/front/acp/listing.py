@@ -22,14 +22,12 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-
 from ... import fastjson
 from ...config import Settings
 from ...ops import tracing
 from ...protocol.jsonrpc import JsonObject, Request, invalid_params
-from ...store.breaker import StoreAway
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
+from ...store.errors import StoreError, connection_lost
 from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normalize_cwd
 from ..listing import Listing
 from ..pages import Key, PageCache
@@ -171,12 +169,10 @@ class AcpListing:
         def finish(future: asyncio.Future[Any]) -> fastjson.Fragment | InTask:
             try:
                 page = self.index.read_page(read, limit)
-            except RedisConnectionError as exc:
-                if isinstance(exc, StoreAway):  # the breaker's: answered at once
-                    raise
-                # A lost connection: read again, on a fresh one (a stalled server's timeout,
-                # an error reply: the client's answer, at once).
-                return InTask(again)
+            except StoreError as exc:
+                if not connection_lost(exc):  # a stall's timeout, an error reply, the breaker
+                    raise  # answered at once, as the client's would be
+                return InTask(again)  # read again, on a fresh connection
             if page is None:  # members of an earlier format: they need the rows too
                 return InTask(again)
             return keep(page)
