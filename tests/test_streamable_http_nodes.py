@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.acp_http import HttpAcp, Stream, is_response
 from tests.support.broker_process import BrokerProcess, broker_process
+from tests.support.reliable import ReliableClient, flat
+from tests.support.reliable import is_response as is_reliable_response
 
 ENV = {"ACP_DEMO_TEST_COMMANDS": "1", "ACP_BROKER_HTTP_LEASE": "1.5"}
 
@@ -174,3 +176,55 @@ async def test_a_permission_asked_when_its_front_dies_is_asked_again_on_another(
             assert done
         finally:
             await acp.aclose()
+
+
+def _idle(message: Any) -> bool:
+    update = message.get("params", {}).get("update", {}) if isinstance(message, dict) else {}
+    return update.get("sessionUpdate") == "state_update" and update.get("state") == "idle"
+
+
+async def test_a_reliable_websocket_resumes_on_another_front_after_a_kill(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # The same cursor rule on WebSocket: a v2 client that negotiated the reliable transport
+    # resumes on another front, after the last cursor it applied, nothing lost or repeated.
+    async with (
+        _front(redis_url, tmp_path, "workers"),
+        _front(redis_url, tmp_path, "doomed", "--no-workers"),
+    ):
+        client = ReliableClient()
+        try:
+            await client.connect(_nodes["doomed"].url)
+            reply = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+            session_id = reply["result"]["sessionId"]
+            prompt = {"sessionId": session_id, "prompt": [{"type": "text", "text": "/notool a"}]}
+            msg_id = await client.submit("session/prompt", prompt)
+            await client.until(is_reliable_response(msg_id))  # the turn's rest: not read yet
+            await client.ack()
+            await _nodes["doomed"].kill()
+            answer = await client.connect(_nodes["workers"].url, resume=True)
+            assert answer["result"]["remote"]["generation"] == "2", answer
+            await client.until(_idle)
+            prompt["prompt"] = [{"type": "text", "text": "/notool b"}]
+            await client.submit("session/prompt", prompt)
+            await client.until(_idle)
+            updates = [
+                m
+                for m in flat([m for _, m in client.applied])
+                if m.get("method") == "session/update" and "_meta" in m["params"]
+            ]
+            seen = [
+                (
+                    m["params"]["_meta"]["acpBroker/position"]["seq"],
+                    m["params"]["update"]["sessionUpdate"],
+                )
+                for m in updates
+            ]
+            assert len(set(seen)) == len(seen)
+            assert [s for s, _ in seen] == sorted(s for s, _ in seen)
+            idle = [m for m in updates if _idle(m)]
+            assert len(idle) == 2  # both turns' ends, once each
+            assert client.errors == []
+        finally:
+            if client.ws is not None:
+                await client.ws.close()

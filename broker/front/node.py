@@ -63,7 +63,9 @@ from .list_changes import ListChanges
 from .pages import IndexWatch, PageCache
 from .revocation import CredentialWatch
 from .routing import NodeRouter
+from .streamable import remote_frames
 from .streamable.endpoint import AcpHttpEndpoint
+from .streamable.reliable_ws import ReliableWebSocket
 from .streamable.service import StreamableHttp
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,8 @@ class FrontNode:
         )
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
+        self.reliable: set[ServerConnection] = set()
+        """The sockets speaking ACP Remote's reliable transport (their state is in the store)."""
         self.keepalive = Keepalive(settings.ping_interval, timeout=settings.ping_interval)
         """Pings every connection (one loop for all, not websockets' task each)."""
         self._server: Server | None = None
@@ -273,9 +277,10 @@ class FrontNode:
             self._server.close(close_connections=False)
             connections = list(self.connections)
             await asyncio.gather(*(conn.drain(self.settings.drain_timeout) for conn in connections))
-            for conn in connections:
+            sockets = [conn.ws for conn in connections] + list(self.reliable)
+            for ws in sockets:
                 with contextlib.suppress(Exception):  # drained already; a broken one is gone
-                    await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
+                    await ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
         await self._stop_part("the Streamable HTTP connections", self.streamable.stop())
         await self._stop_part("the HTTP listener", self.http.stop())
@@ -302,6 +307,9 @@ class FrontNode:
         conn_id = str(ws.id)
         principal = self._principals.pop(conn_id, None)
         _forget_handshake(ws)
+        if ws.subprotocol == remote_frames.SUBPROTOCOL:
+            await self._handle_reliable(ws, principal)
+            return
         conn = ClientConnection(ws, self.methods, principal=principal, conn_id=conn_id)
         self.connections.add(conn)
         pinged = cast(websocket_only.WebSocketOnlyConnection, ws)  # see connection_class
@@ -316,6 +324,21 @@ class FrontNode:
             self.keepalive.discard(pinged)
             self.connections.discard(conn)
             self.list_changes.discard(conn)
+
+    async def _handle_reliable(self, ws: ServerConnection, principal: Principal | None) -> None:
+        """A socket that asked for ACP Remote's reliable transport (its connection lives in
+        the store, as a Streamable HTTP one does): pinged as every socket, and counted once,
+        as the connection it opens or resumes."""
+        pinged = cast(websocket_only.WebSocketOnlyConnection, ws)  # see connection_class
+        self.keepalive.add(pinged)
+        self.reliable.add(ws)
+        metrics.CONNECTIONS.inc()
+        try:
+            await ReliableWebSocket(self.streamable, ws, principal).run()
+        finally:
+            metrics.CONNECTIONS.dec()
+            self.reliable.discard(ws)
+            self.keepalive.discard(pinged)
 
     async def _process_request(
         self, ws: ServerConnection, request: HttpRequest
@@ -401,7 +424,10 @@ def _offered_subprotocols(request: HttpRequest) -> list[str]:
 
 
 def _select_subprotocol(ws: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
-    """Echo the credential subprotocol a browser offered (browsers require the echo)."""
+    """The reliable transport's subprotocol when offered (it selects that binding), else
+    echo the credential subprotocol a browser offered (browsers require the echo)."""
+    if remote_frames.SUBPROTOCOL in offered:
+        return Subprotocol(remote_frames.SUBPROTOCOL)
     for protocol in offered:
         if protocol.startswith(SUBPROTOCOL_PREFIX):
             return protocol

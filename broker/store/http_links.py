@@ -119,6 +119,10 @@ class HttpLinks:
         if await self.redis.exists(keys.record):
             await self.redis.hset(keys.record, mapping=fields)
 
+    async def next_generation(self, conn_id: str) -> int:
+        """Count one more physical connection (generation) of the connection: its number."""
+        return int(await self.redis.hincrby(LinkKeys(conn_id).record, "g", 1))
+
     async def touch(self, conn_id: str) -> bool:
         """The connection was used: its idle time starts again. False: it is gone."""
         return bool(await self.redis.pexpire(LinkKeys(conn_id).record, self.idle_ms))

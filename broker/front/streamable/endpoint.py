@@ -30,6 +30,7 @@ from ...errors.store import http_failure
 from ...store.http_links import CONNECTION_SCOPE, session_scope
 from ...store.log import SessionLog
 from ..acp.access import needed_scope
+from .resume import CursorRefused, resume_after
 from .scopes import ScopeError, incoming_scope
 from .service import ConnectionRefused, StreamableHttp
 from .sse import MEDIA_TYPE, ScopeStream, SseResponse
@@ -187,25 +188,21 @@ class AcpHttpEndpoint:
     async def _start(self, conn_id: str, scope: str, last_event_id: str | None) -> int:
         """Where a stream starts: after ``Last-Event-ID``, else after the last stream's end."""
         links = self.service.links
-        _, given = await links.reader(conn_id, scope)
         if last_event_id is None or last_event_id == "":
             record = await links.load(conn_id) or {}
             return int(record.get("p:" + scope) or 0)
-        if not last_event_id.isdigit() or len(last_event_id) > 18:
-            raise Refused(400, "Last-Event-ID is not an event id of this stream")
-        after = int(last_event_id)
-        if after > given:
-            raise Refused(400, "Last-Event-ID is past the stream's last event")
-        first = await links.first(conn_id, scope)
-        if after < given and (first is None or first > after + 1):
+        try:
+            return await resume_after(links, conn_id, scope, last_event_id)
+        except CursorRefused as refused:
+            if not refused.gap:
+                raise Refused(400, f"Last-Event-ID is {refused}") from None
             error = {
                 "error": ErrorCode.CURSOR_GAP.value,
                 "message": "events after Last-Event-ID are no longer kept: reattach the "
                 "session with session/load or session/resume",
-                "oldest": first,
+                "oldest": refused.oldest,
             }
-            raise Refused(409, "", error)
-        return after
+            raise Refused(409, "", error) from None
 
     # -- DELETE -----------------------------------------------------------------------------
 

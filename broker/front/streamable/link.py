@@ -25,7 +25,7 @@ from typing import Any
 from ...auth.principal import Principal
 from ...protocol import jsonrpc
 from ...protocol.pending import PendingRequests
-from ...store.http_links import HttpLinks
+from ...store.http_links import CONNECTION_SCOPE, HttpLinks
 from ..acp.connection import ClientConnection, Dispatcher
 from ..acp.lifetime import Lifetime
 from .outbox import Emitter, HttpOutbox
@@ -45,6 +45,7 @@ class HttpLink(ClientConnection):
         "ended",
         "links",
         "node",
+        "one_stream",
         "replies",
         "ring",
     )
@@ -71,6 +72,9 @@ class HttpLink(ClientConnection):
         self.ended = ended
         self.replies: dict[str, str] = {}
         """The scope each request in flight is answered on, by :func:`~.scopes.id_key`."""
+        self.one_stream = False
+        """Everything goes on the connection's one stream (the reliable transport's
+        binding), not a stream per session."""
         self.captured: dict[str, asyncio.Future[str]] = {}
         """Responses a caller waits for itself (``initialize``'s), by request id."""
         self.done = "0"
@@ -105,7 +109,8 @@ class HttpLink(ClientConnection):
                 if not waiter.done():
                     waiter.set_result(jsonrpc.encode(message))
                 return None
-        return outgoing_scope(message, self.replies)
+        scope = outgoing_scope(message, self.replies)
+        return CONNECTION_SCOPE if self.one_stream else scope
 
     def fields(self) -> dict[str, str]:
         """See :meth:`~.outbox.Sink.fields`."""
@@ -137,6 +142,7 @@ class HttpLink(ClientConnection):
         self.protocol_version = int(version) if version else None
         self.client_capabilities = json.loads(record.get("caps") or "{}")
         self.done = record.get("done") or "0"
+        self.one_stream = record.get("one") == "1"
 
     async def resume_sessions(self, record: dict[str, str]) -> None:
         """Make the record's sessions active here again, each from where its events were

@@ -126,8 +126,11 @@ class StreamableHttp:
             del self.here[link.id]
             self.access.close_connection(link.id)
 
-    async def initialize(self, principal: Principal, msg_id: Any, text: str) -> tuple[str, str]:
-        """Open a connection with its ``initialize`` request: its id and the response."""
+    async def initialize(
+        self, principal: Principal, msg_id: Any, text: str, *, one_stream: bool = False
+    ) -> tuple[str, str]:
+        """Open a connection with its ``initialize`` request: its id and the response.
+        ``one_stream``: everything it sends goes on the connection's stream."""
         conn_id = uuid.uuid4().hex
         refusal = self.access.open_connection(conn_id, principal)
         if refusal is not None:
@@ -138,6 +141,7 @@ class StreamableHttp:
         )
         await self.links.claim(conn_id, self.node)
         link = self._make(conn_id, principal)
+        link.one_stream = one_stream
         answer = link.capture(msg_id)
         try:
             await link.intake.take_frame(text)
@@ -151,7 +155,10 @@ class StreamableHttp:
             await self.links.delete(conn_id)
             return "", response
         caps = json.dumps(link.client_capabilities)
-        await self.links.save(conn_id, {"v": str(link.protocol_version), "caps": caps})
+        fields = {"v": str(link.protocol_version), "caps": caps}
+        if one_stream:
+            fields["one"] = "1"
+        await self.links.save(conn_id, fields)
         return conn_id, response
 
     async def post(self, conn_id: str, principal: Principal, text: str) -> None:

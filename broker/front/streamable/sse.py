@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -65,6 +65,19 @@ class ScopeStream:
 
     async def frames(self) -> AsyncIterator[bytes]:
         """The stream's bytes, until the connection ends or another stream takes the scope."""
+        yield b": open\n\n"
+        async with contextlib.aclosing(self.records()) as records:
+            async for rows in records:
+                if rows:  # one write for what came together
+                    yield b"".join([message_frame(cursor, text) for cursor, text in rows])
+                else:
+                    yield b": keepalive\n\n"
+
+    async def records(self) -> AsyncGenerator[list[tuple[int, str]], None]:
+        """The scope's messages after :attr:`after`, (cursor, text) each, as they come (what
+        came together in one list), until the connection ends or another reader takes the
+        scope; an empty list when a heartbeat is due (nothing came for ``http_heartbeat``).
+        Whatever the transport, a message is sent at its cursor, in order, once per reader."""
         settings = self.service.settings
         bell = Bell()
         key = (self.conn_id, self.scope)
@@ -73,14 +86,13 @@ class ScopeStream:
         quiet_since = checked = time.monotonic()
         saved = self.after
         try:
-            yield b": open\n\n"
             while not self.service.stopping:
                 bell.event.clear()
                 rows = bell.take(self.after)
                 if rows is None:
                     rows = await self.links.read(self.conn_id, self.scope, self.after, READ_COUNT)
-                if rows:  # one write for what came together
-                    yield b"".join([message_frame(cursor, text) for cursor, text in rows])
+                if rows:
+                    yield rows
                 now = time.monotonic()
                 if rows:
                     self.after, quiet_since = rows[-1][0], now
@@ -100,7 +112,7 @@ class ScopeStream:
                     continue  # more waits
                 if now - quiet_since >= settings.http_heartbeat:
                     quiet_since = now
-                    yield b": keepalive\n\n"
+                    yield []
                 if not bell.event.is_set():
                     with contextlib.suppress(TimeoutError):  # a timer, not a task, per wait
                         async with asyncio.timeout(settings.http_poll_interval):
