@@ -191,7 +191,7 @@ class AcpMethods:
             meta=without_trace(user_meta),
             origin=conn.id,
         )
-        await self._opened(conn, session_id, replay_after=0)
+        await self.opened(conn, session_id, replay_after=0)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
@@ -210,12 +210,12 @@ class AcpMethods:
             conn.tenant, snapshot.session_id, agent_params, meta=user_meta, origin=conn.id
         )
         # The copied history is the parent's, which this client has: it gets what follows.
-        await self._opened(conn, session_id, replay_after=copied)
+        await self.opened(conn, session_id, replay_after=copied)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
 
-    async def _opened(self, conn: ClientConnection, session_id: str, *, replay_after: int) -> None:
+    async def opened(self, conn: ClientConnection, session_id: str, *, replay_after: int) -> None:
         """A session an agent host just made: listed now and active on ``conn``, each step
         tried again while the store is out of reach for a moment, within the request's
         deadline. The session exists already: an error here would have its client ask for

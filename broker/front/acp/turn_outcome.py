@@ -72,11 +72,16 @@ def _named(event: LogEvent, prompt_id: str) -> bool:
     return event.body.get("promptId") == prompt_id
 
 
+LOST_REASON: Final = "prompt_lost"
+"""``data.reason`` of the error that says a prompt never reached its agent."""
+
+
 def _lost() -> RpcError:
     return RpcError(
         INTERNAL_ERROR,
         "the prompt never reached the session's agent (its connection dropped first): "
         "send it again",
+        {"reason": LOST_REASON},
     )
 
 
