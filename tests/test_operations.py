@@ -5,15 +5,19 @@ another input is ``operation_conflict``. Two front nodes on one real Redis."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 
 from broker.errors.operations import OPERATION_CONFLICT, OPERATION_OUTCOME_UNKNOWN
 from broker.front.acp import turn_outcome
+from broker.front.http.keyed import REST_CLIENT
 from broker.protocol.jsonrpc import INVALID_REQUEST
-from broker.protocol.operations import fingerprint
+from broker.protocol.operations import digest, fingerprint
 from broker.serve import Broker
 from broker.store.client import connect
 from broker.store.events import EventType
@@ -21,7 +25,9 @@ from broker.store.log import SessionLog
 from broker.store.operations import Claim, OperationKey, OperationLedger
 
 from .conftest import make_settings
+from .support.broker_process import broker_process
 from .support.client import RawClient, text, wait_for
+from .support.roles import role_process
 
 CWD = "/work/operations"
 
@@ -227,3 +233,102 @@ async def test_a_lapsed_claim_of_a_repeatable_mutation_is_taken_over(
     )
     assert entry.claim is Claim.NEW
     await client.close()
+
+
+def _base(node: Broker) -> str:
+    return f"http://127.0.0.1:{node.http_port}"
+
+
+async def test_rest_mutations_with_an_idempotency_key_run_once_on_either_front(
+    fronts: list[Broker],
+) -> None:
+    a, b = fronts
+    async with (
+        httpx.AsyncClient(base_url=_base(a), timeout=30) as on_a,
+        httpx.AsyncClient(base_url=_base(b), timeout=30) as on_b,
+    ):
+        made = await on_a.post("/v1/sessions", json={"cwd": CWD})
+        session_id = made.json()["id"]
+        path = f"/v1/sessions/{session_id}/prompt"
+        key = {"Idempotency-Key": "rest-prompt-1"}
+        first = await on_a.post(path, json={"text": "/notool hey"}, headers=key)
+        assert first.status_code == 200, first.text
+        again = await on_b.post(path, content=b'{ "text" : "/notool hey" }', headers=key)
+        assert (again.status_code, again.json()) == (200, first.json())
+        assert again.headers["idempotent-replayed"] == "true"
+        assert len(await _prompts_logged(a, session_id)) == 1
+        other = await on_b.post(path, json={"text": "/notool else"}, headers=key)
+        assert (other.status_code, other.json()["code"]) == (409, OPERATION_CONFLICT)
+        assert len(await _prompts_logged(a, session_id)) == 1
+        # The same key on another path is another input: a conflict too.
+        stop = await on_a.post(f"/v1/sessions/{session_id}/stop", headers=key)
+        assert stop.status_code == 409
+        # Deleting twice under one key: the first answer, twice.
+        gone = {"Idempotency-Key": "rest-delete-1"}
+        assert (await on_a.delete(f"/v1/sessions/{session_id}", headers=gone)).status_code == 204
+        replay = await on_b.delete(f"/v1/sessions/{session_id}", headers=gone)
+        assert replay.status_code == 204 and replay.headers["idempotent-replayed"] == "true"
+        bad = await on_a.delete(f"/v1/sessions/{session_id}", headers={"Idempotency-Key": ""})
+        assert bad.status_code == 400
+
+
+async def test_a_rest_prompt_whose_first_request_died_is_not_run_again(
+    fronts: list[Broker],
+) -> None:
+    a, _ = fronts
+    async with httpx.AsyncClient(base_url=_base(a), timeout=30) as http:
+        session_id = (await http.post("/v1/sessions", json={"cwd": CWD})).json()["id"]
+        path = f"/v1/sessions/{session_id}/prompt"
+        ledger = OperationLedger(a.redis)
+        key = OperationKey(a.settings.tenant, "", REST_CLIENT, "rest-orphan")
+        body = {"method": "POST", "path": path, "body": {"text": "/notool lost"}}
+        entry = await ledger.begin(key, digest(body), lease=60)
+        await ledger.lapse(key, entry)
+        reply = await http.post(
+            path, json={"text": "/notool lost"}, headers={"Idempotency-Key": "rest-orphan"}
+        )
+        assert (reply.status_code, reply.json()["code"]) == (409, OPERATION_OUTCOME_UNKNOWN)
+        assert await _prompts_logged(a, session_id) == []
+
+
+async def test_a_prompt_sent_again_after_its_front_was_killed_runs_once(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The deploy case: the front that took the prompt dies (SIGKILL) mid-turn; the client
+    sends the prompt again, same operation id, through another front: it gets the turn's
+    real end, and the agent ran it once."""
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            role_process("agent-host", redis_url, tmp_path / "host.log")
+        )
+        fronts = [
+            await stack.enter_async_context(
+                broker_process(
+                    redis_url, log_path=tmp_path / f"front{i}.log", extra_args=("--no-workers",)
+                )
+            )
+            for i in range(2)
+        ]
+        first = await RawClient.connect(fronts[0].url)
+        await first.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        session_id = await first.new_session(CWD)
+        params = _prompt(session_id, "/slow 6", "op-killed")
+        await first.send({"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": params})
+        await first.read_chunks(session_id, 2, timeout=20)
+        await fronts[0].kill()
+        second = await RawClient.connect(fronts[1].url)
+        await second.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        resumed = await second.call(
+            "session/resume", {"sessionId": session_id, "cwd": CWD, "mcpServers": []}
+        )
+        assert "result" in resumed, resumed
+        retry = await second.call("session/prompt", params)
+        assert retry["result"]["stopReason"] == "end_turn", retry
+        assert second.chunks(session_id)[-1] == "chunk 6"
+        store = connect(redis_url)
+        try:
+            events = await SessionLog(store).read("default", session_id)
+        finally:
+            await store.aclose()
+        assert len([e for e in events if e.type == EventType.PROMPT]) == 1
+        await second.close()

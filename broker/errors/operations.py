@@ -2,15 +2,16 @@
 
 The conditions are the ACP Remote drafts' common registry (provisional names): each JSON-RPC
 error carries ``data.condition`` and ``data.retryable`` as the drafts say; REST answers the
-same condition as its problem ``code``.
+same condition as its problem ``code`` (``operation_conflict``, ``operation_outcome_unknown``:
+409; a first request still running: ``unavailable``, 503).
 """
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Final
 
 from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
+from . import ApiError, ErrorCode
 
 OPERATION_CONFLICT: Final = "operation_conflict"
 OPERATION_OUTCOME_UNKNOWN: Final = "operation_outcome_unknown"
@@ -25,16 +26,26 @@ UNKNOWN_MESSAGE: Final = (
     "(its connection or node went away mid-way): check the session's state, and send the "
     "operation again under a new operationId only if it did not happen"
 )
+_ID: Final = "operationId"
+_KEY: Final = "Idempotency-Key"
 PENDING_MESSAGE: Final = (
     "the first request with this operationId is still running: retry it (same operationId) shortly"
 )
 
-STATUS: Final = {
-    OPERATION_CONFLICT: HTTPStatus.CONFLICT,
-    OPERATION_OUTCOME_UNKNOWN: HTTPStatus.CONFLICT,
-    TEMPORARILY_UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
-}
-"""The HTTP status REST answers each condition with."""
+
+def rest_conflict() -> ApiError:
+    """REST's :func:`operation_conflict`: an ``Idempotency-Key`` with another request."""
+    return ApiError(ErrorCode.OPERATION_CONFLICT, CONFLICT_MESSAGE.replace(_ID, _KEY))
+
+
+def rest_outcome_unknown() -> ApiError:
+    """REST's :func:`operation_outcome_unknown`."""
+    return ApiError(ErrorCode.OPERATION_OUTCOME_UNKNOWN, UNKNOWN_MESSAGE.replace(_ID, _KEY))
+
+
+def rest_pending() -> ApiError:
+    """REST's :func:`operation_pending`."""
+    return ApiError(ErrorCode.UNAVAILABLE, PENDING_MESSAGE.replace(_ID, _KEY))
 
 
 def operation_conflict() -> RpcError:

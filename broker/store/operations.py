@@ -15,6 +15,7 @@ This module is the store's side only: no protocol here (see :mod:`broker.protoco
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -27,6 +28,8 @@ from .keys import PREFIX
 
 RETENTION_SECONDS: Final = 24 * 3600
 """How long an operation's outcome is kept (and a retry answered with it): a day."""
+POLL_SECONDS: Final = 0.1
+"""How often a retry looks whether the request that claimed its key has settled it."""
 
 _SWAP: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -103,6 +106,36 @@ class OperationLedger:
         entry = await self.read(key, fingerprint)
         if entry is None:  # settled and expired, or let go, between the two commands
             return await self.begin(key, fingerprint, lease)
+        return entry
+
+    async def decide(
+        self,
+        key: OperationKey,
+        fingerprint: str,
+        lease: float,
+        *,
+        repeatable: bool,
+        wait: float,
+    ) -> Entry:
+        """:meth:`begin`, then past another request's claim: wait up to ``wait`` seconds
+        while its lease holds, and take a lapsed claim over when the operation is
+        ``repeatable``. The entry is ``NEW`` (run it), ``DONE``, ``CONFLICT``, or
+        ``PENDING``: lapsed (not repeatable: its outcome is unknown) or still running
+        after ``wait``."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + wait
+        entry = await self.begin(key, fingerprint, lease)
+        while entry.claim is Claim.PENDING:
+            if entry.lapsed:
+                if not repeatable:
+                    return entry
+                taken = await self.take_over(key, entry, lease)
+                entry = taken or await self.begin(key, fingerprint, lease)
+                continue
+            if loop.time() >= give_up:
+                return entry
+            await asyncio.sleep(POLL_SECONDS)
+            entry = await self.begin(key, fingerprint, lease)
         return entry
 
     async def read(self, key: OperationKey, fingerprint: str) -> Entry | None:

@@ -24,7 +24,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ...errors.operations import operation_conflict, operation_outcome_unknown
+from ...errors.operations import (
+    operation_conflict,
+    operation_outcome_unknown,
+    operation_pending,
+)
 from ...protocol.jsonrpc import INTERNAL_ERROR, JsonObject, Request, RpcError
 from ...protocol.operations import (
     MUTATIONS,
@@ -44,8 +48,6 @@ from .turn_outcome import LOST_REASON, prompt_outcome
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS: Final = 0.1
-"""How often a retry looks whether the first request with its id has settled."""
 LEASE_MARGIN: Final = 5.0
 """Seconds a claim outlives its request's deadline (the request is answered by then)."""
 _OPENING: Final = frozenset({"session/new", "session/fork"})
@@ -93,24 +95,23 @@ class Operation:
         self.lease = deadline_for(request.method, methods.settings) + LEASE_MARGIN
 
     async def run(self, handler: MethodHandler) -> Any:
-        entry = await self.ledger.begin(self.key, self.fingerprint, self.lease)
-        while True:
-            if entry.claim is Claim.CONFLICT:
-                raise operation_conflict()
-            if entry.claim is Claim.DONE:
-                return await self._replay(entry.outcome)
-            if entry.claim is Claim.NEW:
-                return await self._first(handler, entry)
-            if self.prompt_id is not None:
-                return await self._prompt_from_log()
-            if not entry.lapsed:
-                await asyncio.sleep(POLL_SECONDS)  # bounded: the request's deadline
-                entry = await self.ledger.begin(self.key, self.fingerprint, self.lease)
-            elif self.request.method in REPEATABLE:
-                taken = await self.ledger.take_over(self.key, entry, self.lease)
-                entry = taken or await self.ledger.begin(self.key, self.fingerprint, self.lease)
-            else:
-                raise operation_outcome_unknown()
+        prompt = self.prompt_id is not None
+        entry = await self.ledger.decide(
+            self.key,
+            self.fingerprint,
+            self.lease,
+            repeatable=self.request.method in REPEATABLE,
+            wait=0 if prompt else self.lease,  # a prompt's outcome is the log's to tell
+        )
+        if entry.claim is Claim.CONFLICT:
+            raise operation_conflict()
+        if entry.claim is Claim.DONE:
+            return await self._replay(entry.outcome)
+        if entry.claim is Claim.NEW:
+            return await self._first(handler, entry)
+        if prompt:
+            return await self._prompt_from_log()
+        raise operation_outcome_unknown() if entry.lapsed else operation_pending()
 
     async def _first(self, handler: MethodHandler, entry: Entry) -> Any:
         """Run the request: its outcome (a result or a refusal) settles the record."""
