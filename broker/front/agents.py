@@ -194,8 +194,13 @@ class RemoteAgents(AgentGateway):
             self._prompts.pop(prompt_id, None)
             self._started.pop(prompt_id, None)
 
-    async def cancel(self, tenant: str, session_id: str) -> None:
-        await self._answered(Op.CANCEL, tenant, session_id, {}, holder_only=True)
+    async def cancel(
+        self, tenant: str, session_id: str, activity_id: str | None = None, origin: str = ""
+    ) -> None:
+        """Cancel the running turn; ``activity_id``: only that prompt's (one still queued
+        is withdrawn, one that ended is a logged no-op)."""
+        fields = {} if activity_id is None else {"activityId": activity_id, "origin": origin}
+        await self._answered(Op.CANCEL, tenant, session_id, fields, holder_only=True)
 
     async def close(self, tenant: str, session_id: str, origin: str) -> None:
         await self._answered(Op.CLOSE, tenant, session_id, {"origin": origin}, holder_only=True)

@@ -71,6 +71,21 @@ def operation_id(params: JsonObject, *, remote: bool) -> str | None:
     return value
 
 
+ACTIVITY_ID: Final = "activityId"
+"""The draft's name of what a cancel targets: a prompt's id (the broker's ``promptId``)."""
+
+
+def activity_id(params: JsonObject) -> str | None:
+    """The activity a cancel targets (a param, or ``_meta.activityId``; None: the running
+    turn, whoever's it is). A malformed one targets nothing that exists: it is a string of
+    its own, logged as a late cancel."""
+    meta = params.get("_meta")
+    value = params.get(ACTIVITY_ID)
+    if value is None and isinstance(meta, dict):
+        value = meta.get(ACTIVITY_ID)
+    return None if value is None else str(value)[:128]
+
+
 def client_instance_id(params: JsonObject) -> str:
     """The client instance an ``initialize`` names (``""``: none); -32602 when malformed."""
     remote, meta = params.get("remote"), params.get("_meta")

@@ -341,7 +341,11 @@ class HostWorker:
             )
             return commands.prompt_reply(outcome)
         if op == Op.CANCEL:
-            return await host.cancel(tenant, sid)
+            activity = command.get("activityId")
+            origin = str(command.get("origin") or "")
+            return await host.cancel(
+                tenant, sid, activity if isinstance(activity, str) else None, origin
+            )
         if op == Op.CLOSE:
             return await host.close(tenant, sid, command["origin"])
         if op == Op.FORWARD:

@@ -27,6 +27,7 @@ from ...protocol.jsonrpc import (
     invalid_params,
     session_not_found,
 )
+from ...protocol.operations import activity_id
 from ...protocol.render import POSITION_META, check_position
 from ...protocol.trace import trace_fields, with_trace, without_trace
 from ...protocol.turns import client_prompt_id
@@ -302,9 +303,13 @@ class AcpMethods:
         return outcome.result
 
     async def session_cancel(self, conn: ClientConnection, request: Request) -> None:
+        """Cancel the session's running turn; with an ``activityId`` (the draft's param, or
+        ``_meta.activityId``: a prompt's id), only that prompt: one still queued is withdrawn,
+        one that ended is a logged no-op."""
         session_id = request.params.get("sessionId")
         if isinstance(session_id, str) and session_id in conn.active:
-            await self.host.cancel(conn.tenant, session_id)
+            activity = activity_id(request.params)
+            await self.host.cancel(conn.tenant, session_id, activity, conn.id)
 
     async def session_set_mode(self, conn: ClientConnection, request: Request) -> Any:
         session_id = self.active_session(conn, request.params)
