@@ -4,17 +4,21 @@ agents as real subprocesses."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from broker.protocol.render import QUEUE_META
 from broker.protocol.turns import PROMPT_ID_META, WITHDRAWN_META
 from broker.serve import Broker
+from broker.store.client import connect
 from broker.store.events import EventType
+from broker.store.keys import lease_key
 from broker.store.log import SessionLog
 
 from .support.client import RawClient, text, wait_for
 from .test_operations import CWD, _client, _resumed
 from .test_operations import fronts as fronts  # the fixture: two fronts on one Redis
+from .test_scale_out import _kill_holder, cluster_of
 
 
 def _named(session_id: str, words: str, activity: str) -> dict[str, Any]:
@@ -162,3 +166,35 @@ async def test_a_queued_v2_prompt_is_answered_on_acceptance_under_its_message_id
     ]
     for client in (first, second):
         await client.close()
+
+
+async def test_a_prompt_queued_at_a_host_that_dies_runs_once_at_the_next(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """kill -9 the agent host holding a session while a turn runs there and a second prompt,
+    sent through another front, waits in its queue: the running turn ends with an error, the
+    queued prompt runs at the host that takes the session over, once, and is answered."""
+    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=2) as deployment:
+        nodes, hosts = deployment.nodes, deployment.hosts
+        first = await RawClient.initialized(nodes[0].url)
+        session_id = await first.new_session(CWD)
+        redis = connect(redis_url)
+        holder = await redis.get(lease_key("default", session_id))
+        await _send(first, "run", _named(session_id, "/slow 100", "host-run"))
+        await first.read_chunks(session_id, 2, 20)
+        second = await RawClient.initialized(nodes[1].url)
+        resumed = await second.call(
+            "session/resume", {"sessionId": session_id, "cwd": CWD, "mcpServers": []}
+        )
+        assert "result" in resumed, resumed
+        await _send(second, "wait", _named(session_id, "/notool after", "host-wait"))
+        await first.read_until(lambda: _queue_changes(first, session_id), 20)
+        await _kill_holder(hosts, holder)
+        assert (await first.reply_to("run", 40))["error"]["code"] == -32603
+        assert (await second.reply_to("wait", 60))["result"]["stopReason"] == "end_turn"
+        events = await SessionLog(redis).read("default", session_id)
+        started = [e.body["promptId"] for e in events if e.type == EventType.PROMPT]
+        assert started == ["host-run", "host-wait"]
+        await redis.aclose()
+        for client in (first, second):
+            await client.close()
