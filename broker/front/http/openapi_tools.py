@@ -249,7 +249,7 @@ def schemas() -> dict[str, JsonObject]:
                 "liveViewUrl": text,
                 "text": text | {"description": "The agent's reply (its message chunks joined)."},
                 "toolCalls": {"type": "array", "items": text},
-                "state": {"type": "string", "enum": ["ended", "running", "waiting"]},
+                "state": {"type": "string", "enum": ["ended", "queued", "running", "waiting"]},
                 "stopReason": {"type": ["string", "null"]},
                 "error": {"type": ["string", "null"]},
             },
