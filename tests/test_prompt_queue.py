@@ -198,3 +198,24 @@ async def test_a_prompt_queued_at_a_host_that_dies_runs_once_at_the_next(
         await redis.aclose()
         for client in (first, second):
             await client.close()
+
+
+async def test_prompts_waiting_in_the_queue_of_a_deleted_session_fail_and_never_run(
+    fronts: list[Broker],
+) -> None:
+    a, b = fronts
+    first = await _client(a)
+    session_id = await first.new_session(CWD)
+    await _send(first, "run", _named(session_id, "/slow 30", "del-run"))
+    await first.read_chunks(session_id, 1, timeout=20)
+    second = await _resumed(b, session_id)
+    await _send(second, "wait", _named(session_id, "/notool never", "del-wait"))
+    await wait_for(
+        lambda: _has(a, session_id, ("prompt_queued", "del-wait")), timeout=20, what="queued"
+    )
+    assert "result" in await first.call("session/delete", {"sessionId": session_id})
+    failed = await second.reply_to("wait", 30)
+    assert failed["error"]["code"] == -32600 and "deleted" in failed["error"]["message"]
+    assert ("prompt", "del-wait") not in await _log(a, session_id)
+    for client in (first, second):
+        await client.close()

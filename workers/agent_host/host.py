@@ -263,10 +263,12 @@ class AgentHost(AgentEvents):
             await self.cancel(tenant, session_id)
 
     async def release(self, tenant: str, session_id: str) -> None:
-        """Stop holding the session (deleted): cancel its work, close it in the agent."""
+        """Stop holding the session (deleted, stopped): cancel its work (the prompts waiting
+        in its queue fail), close it in the agent."""
         held = self.sessions.by_id.get(session_id)
         if held is None or held.tenant != tenant:
             return
+        queue.fail_all(held, RpcError(INVALID_REQUEST, _LET_GO))
         await self.cancel(tenant, session_id)
         self.sessions.drop(held)
         await self.leases.release(tenant, session_id)
@@ -371,6 +373,9 @@ class AgentHost(AgentEvents):
         if held.prompt_task is task and not task.done() and not held.agent.failed:
             name, grace = held.agent.name, f"{self.cancel_grace:g}s"
             held.agent.fail(f"agent {name!r} did not end a cancelled prompt within {grace}")
+
+
+_LET_GO = "the session was stopped or deleted before this prompt's turn came"
 
 
 def _agent_session_id(agent: str, reply: JsonObject) -> str:

@@ -90,3 +90,12 @@ async def withdraw(held: HeldSession, recorder: SessionRecorder, activity_id: st
         held.queue.insert(index, entry)
         raise
     entry.turn.set_result(position)
+
+
+def fail_all(held: HeldSession, error: BaseException) -> None:
+    """The session is let go (stopped, deleted): every prompt still waiting fails with
+    ``error`` rather than run on a session no longer held."""
+    waiting, held.queue[:] = list(held.queue), []
+    for entry in waiting:
+        if not entry.turn.done():
+            entry.turn.set_exception(error)
