@@ -261,7 +261,7 @@ async def test_rebuild_reads_archived_logs_and_marks_old_sessions_hot(
     store: Any, tmp_path: Path
 ) -> None:
     from broker.store.keys import TenantKeys
-    from workers.projector.rebuild import rebuild_index
+    from broker.store.rebuild import rebuild_index
 
     archive = DirectoryArchive(tmp_path)
     session_log = SessionLog(store, archive=archive)

@@ -27,7 +27,7 @@ from broker.store.index import (
 )
 from broker.store.keys import TenantKeys
 from broker.store.log import SessionLog
-from workers.projector.rebuild import rebuild_index
+from broker.store.rebuild import rebuild_index
 
 from .conftest import run_cli
 from .support.client import AcpTestClient, acp_client

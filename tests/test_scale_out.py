@@ -203,8 +203,8 @@ async def test_a_client_whose_node_dies_resumes_on_another_with_every_event_once
 async def test_a_host_that_lost_its_lease_can_never_append_again(redis_url: str) -> None:
     """Fencing: once another host took the session, the old host's appends are refused."""
     from broker.store.events import EventType
+    from broker.store.leases import HeldElsewhere, Leases
     from broker.store.log import Fenced, new_session_id
-    from workers.agent_host.leases import HeldElsewhere, Leases
 
     redis = connect(redis_url)
     session_log = SessionLog(redis)

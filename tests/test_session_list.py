@@ -256,8 +256,8 @@ def _counted_reads(broker: Broker) -> dict[str, int]:
         counts["at once"] += 1
         return begin(*args, **kwargs)
 
-    broker.index.page = dispatched  # type: ignore[method-assign]
-    broker.index.begin_page = at_once  # type: ignore[method-assign]
+    broker.index.page = dispatched
+    broker.index.begin_page = at_once
     return counts
 
 
@@ -371,7 +371,7 @@ async def test_an_ask_waiting_for_a_stuck_read_ahead_reads_the_page_itself_at_it
                 await stuck.wait()
             return await read(tenant, listing, after, *a, **kw)
 
-        broker.index.page = page  # type: ignore[method-assign]
+        broker.index.page = page
         first = (await client.call("session/list", {}))["result"]
         await wait_for(lambda: bool(held) and pages.reading_ahead(_next_key(first)))
         started = time.monotonic()

@@ -13,7 +13,6 @@ from importlib import metadata
 from typing import Any
 
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
 from .. import loops
 from ..config import AgentSpec, Settings, load_settings
@@ -21,6 +20,7 @@ from ..errors.failures import describe
 from ..logs import configure as configure_logging
 from ..logs import install_redaction
 from ..store.client import masked_url
+from ..store.errors import StoreError
 from . import archive as archive_cli
 
 log = logging.getLogger("acp-broker")
@@ -294,7 +294,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:
-    from workers.projector.rebuild import rebuild_index
+    from broker.store.rebuild import rebuild_index
 
     from ..store.archive import open_archive
     from ..store.client import connect
@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, ValueError, FileNotFoundError) as exc:
         print(f"acp-broker {args.command}: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except (RedisError, OSError) as exc:
+    except (StoreError, OSError) as exc:
         # One sentence, no traceback: what could not be reached, and why.
         url = masked_url(getattr(args, "redis_url", None) or os.environ.get("ACP_BROKER_REDIS_URL"))
         print(

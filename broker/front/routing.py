@@ -21,16 +21,16 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..auth.principal import Scope
 from ..errors.failures import describe
 from ..protocol import capabilities, commands
 from ..protocol.commands import SessionMessage
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
+from ..store.bus import CommandBus
 from ..store.client import Store
+from ..store.errors import StoreError
 from ..store.events import LogEvent
-from ..store.keys import INBOX_MAXLEN, SessionKeys
+from ..store.keys import SessionKeys
 from ..store.retry import retrying
 from .acp.connection import ClientConnection
 from .agents import RemoteAgents
@@ -85,7 +85,7 @@ class NodeRouter(HubListener):
     def __init__(
         self, redis: Store, hub: FanoutHub, agents: RemoteAgents, *, answer_timeout: float = 30.0
     ) -> None:
-        self.redis = redis
+        self.bus = CommandBus(redis)
         self.hub = hub
         self.agents = agents
         self.answer_timeout = answer_timeout
@@ -217,10 +217,10 @@ class NodeRouter(HubListener):
         inbox = str(message["reply"])
         try:
             await retrying(
-                lambda: self.redis.xadd(inbox, {"m": data}, maxlen=INBOX_MAXLEN, approximate=True),
+                lambda: self.bus.send(inbox, data),
                 self.answer_timeout,
             )
-        except (RedisError, OSError) as exc:
+        except (StoreError, OSError) as exc:
             log.error(
                 "could not hand the answer to %s to its agent host: %s: %s",
                 rid,

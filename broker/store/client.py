@@ -12,13 +12,13 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 import fakeredis
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..compat.redis import gated
+from ..compat.redis import GatedPool, gated
 from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
 from .breaker import StoreBreaker
 from .cluster import patient_cluster
@@ -191,7 +191,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             **bounded,
         )
     if sep and scheme in SENTINEL_SCHEMES:
-        return sentinel_master(
+        master = sentinel_master(
             url,
             timeout=timeout,
             retry=_reconnecting(),
@@ -199,7 +199,11 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             pool_wait=POOL_WAIT,
             packed=lambda kind: gated(packed_by_hiredis(kind), breaker),
         )
-    pool = BlockingConnectionPool.from_url(
+        pool = master.connection_pool
+        assert isinstance(pool, GatedPool)  # sentinel_master's BlockingSentinelPool
+        pool.gate = breaker
+        return master
+    pool = GatedPool.from_url(
         url,
         decode_responses=True,
         health_check_interval=30,
@@ -209,6 +213,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
         **bounded,
     )
     pool.connection_class = gated(packed_by_hiredis(pool.connection_class), breaker)
+    pool.gate = breaker
     return Redis.from_pool(pool)
 
 

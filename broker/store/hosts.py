@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from .client import Store
-from .keys import PREFIX
+from .keys import CAPABILITIES_KEY, PREFIX, lease_key
 
 HOSTS_KEY = f"{PREFIX}:hosts:alive"
 """Sorted set: agent host id -> when its announcement lapses (Unix ms)."""
@@ -39,3 +39,20 @@ async def withdraw(redis: Store, host_id: str) -> None:
 async def any_alive(redis: Store) -> bool:
     """Whether some agent host's announcement has not lapsed."""
     return bool(await redis.zcount(HOSTS_KEY, _now_ms(), "+inf"))
+
+
+async def publish_capabilities(redis: Store, agent: str, capabilities: str) -> None:
+    """What agent ``agent`` advertised (``agentCapabilities``, encoded JSON), for the
+    fronts' ``initialize`` answers."""
+    await redis.hset(CAPABILITIES_KEY, agent, capabilities)
+
+
+async def capabilities(redis: Store) -> dict[str, str]:
+    """Every agent's advertised capabilities (encoded JSON) by agent name."""
+    return {str(k): str(v) for k, v in (await redis.hgetall(CAPABILITIES_KEY)).items()}
+
+
+async def lease_holder(redis: Store, tenant: str, session_id: str) -> str | None:
+    """The agent host that holds the session's lease now (None: no host)."""
+    holder = await redis.get(lease_key(tenant, session_id))
+    return None if holder is None else str(holder)

@@ -37,7 +37,7 @@ from .cluster_feed import ClusterFeed
 from .raw import bare_options
 from .subscriber import BatchSubscriber, Message, RedisPySubscriber
 
-__all__ = ["LiveFeed", "Message", "open_live_feed"]
+__all__ = ["LiveFeed", "Message", "Publisher", "open_live_feed"]
 
 
 class LiveFeed(Protocol):
@@ -80,3 +80,16 @@ def open_live_feed(redis: Store) -> LiveFeed:
     if options is not None:
         return BatchSubscriber(options)
     return RedisPySubscriber(redis.pubsub())
+
+
+class Publisher:
+    """Publishing on the live feed's channels (``SPUBLISH``): a session's channel, a
+    node's reply channel, the index's announcements."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = redis
+
+    async def publish(self, channel: str, data: str) -> int:
+        """Publish ``data`` on ``channel``; how many subscribers heard it (0: none, see
+        :func:`~.retry.unheard`)."""
+        return int(await self.redis.spublish(channel, data))

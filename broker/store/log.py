@@ -123,6 +123,14 @@ class SessionLog:
         """See :meth:`.LogReader.snapshot`."""
         return await self.reader.snapshot(tenant, session_id)
 
+    async def head(self, tenant: str, session_id: str) -> tuple[int, str | None]:
+        """See :meth:`.LogReader.head`."""
+        return await self.reader.head(tenant, session_id)
+
+    async def heads(self, sessions: Sequence[tuple[str, str]]) -> list[int | None]:
+        """See :meth:`.LogReader.heads`."""
+        return await self.reader.heads(sessions)
+
     def snapshot_and_holder(
         self, tenant: str, session_id: str
     ) -> Coroutine[Any, Any, tuple[SessionSnapshot, str | None]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -30,7 +31,12 @@ from .faults import is_noperm, missing_permission, start_problem
 log = logging.getLogger(__name__)
 
 NOEVICTION = "noeviction"
-_K, _H, _Z, _T, _S, _N = (f"acpb:{{probe}}:{kind}" for kind in ("k", "h", "z", "t", "s", "n"))
+_OWN = secrets.token_hex(6)
+"""This process's own probe keys: roles started together run their checks at once, and one's
+``DEL`` between another's ``XADD`` and ``XGROUP CREATE`` refused that role's start."""
+_K, _H, _Z, _T, _S, _N = (
+    f"acpb:{{probe}}:{_OWN}:{kind}" for kind in ("k", "h", "z", "t", "s", "n")
+)
 PROBE_CHANNEL = "acpb:{probe}:channel"
 _SCRIPT = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 10000)"
 _PROBES: list[tuple[str, ...]] = [

@@ -21,3 +21,19 @@ async def check_session_quota(redis: Store, tenant: str, limit: int) -> None:
             f"the tenant has {count} sessions and max_sessions_per_tenant is {limit}: "
             "delete sessions (they are purged after deleted_retention) or raise the bound"
         )
+
+
+class RateCounters:
+    """Counters every node adds to (requests in a window), each kept a few seconds."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = redis
+
+    async def add(self, key: str, amount: int, ttl: int) -> int:
+        """Add ``amount`` to the counter ``key`` and keep it ``ttl`` seconds from now (in one
+        round trip); its total."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.incrby(key, amount)
+            pipe.expire(key, ttl)
+            total, _ = await pipe.execute()
+        return int(total)

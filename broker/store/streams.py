@@ -80,10 +80,12 @@ async def trim_below(redis: Store, stream: str, floor: str) -> int:
     return int(await redis.execute_command("XTRIM", stream, "MINID", "~", floor, "LIMIT", 0))
 
 
-def absent(error: ResponseError) -> bool:
-    """Whether ``error`` says the stream or the group does not exist."""
+def absent(error: BaseException) -> bool:
+    """Whether ``error`` is a reply saying the stream or the group does not exist."""
     message = str(error)
-    return "no such key" in message.lower() or message.startswith("NOGROUP")
+    return isinstance(error, ResponseError) and (
+        "no such key" in message.lower() or message.startswith("NOGROUP")
+    )
 
 
 def text(value: Any) -> str | None:

@@ -26,12 +26,12 @@ from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonObject, Request, RpcError
 from broker.protocol.turns import QUEUED_SEQ, WITHDRAWN
 from broker.store.events import EventType, Status
+from broker.store.leases import Leases
 from broker.store.log import SessionLog, new_session_id
 
 from . import queue
 from .agents import AgentPool, ask
 from .client_requests import ClientChannel, ClientRequests
-from .leases import Leases
 from .process import AgentEvents, AgentFailed, AgentProcess
 from .recorder import SessionRecorder
 from .restorer import SessionRestorer

@@ -9,10 +9,10 @@ from broker.protocol import capabilities
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
 from broker.protocol.trace import trace_fields, with_trace
 from broker.store.events import EventType, SessionSnapshot, Status
+from broker.store.leases import Leases
 from broker.store.log import SessionLog, SessionMissing
 
 from .agents import AgentPool, ask
-from .leases import Leases
 from .recorder import SessionRecorder
 from .sessions import HeldSession, HeldSessions
 

@@ -24,7 +24,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -33,8 +32,9 @@ from broker.errors.failures import FailureLog
 from broker.store.archive import ArchiveCorrupt, ArchiveStore, decode, encode
 from broker.store.client import Store
 from broker.store.index import SessionIndex
-from broker.store.keys import PARTITIONS, SessionKeys, deleted_key, hot_key, split_member
+from broker.store.keys import PARTITIONS
 from broker.store.log import SessionLog, SessionMissing
+from broker.store.retention import RetentionSets
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Archiver:
         *,
         session_log: SessionLog | None = None,
     ) -> None:
-        self.redis = redis
+        self.sets = RetentionSets(redis)
         self.archive = archive
         self.log = session_log or SessionLog(redis, archive=archive)
         self.index = SessionIndex(redis)
@@ -79,29 +79,23 @@ class Archiver:
     async def idle(self, partition: int, older_than: float) -> list[tuple[str, str]]:
         """Sessions of ``partition`` whose log is in Redis and got no append for
         ``older_than`` seconds."""
-        return await self._due(hot_key(partition), older_than)
+        return await self.sets.idle(partition, older_than)
 
     async def deleted(self, partition: int, older_than: float) -> list[tuple[str, str]]:
         """Sessions of ``partition`` deleted over ``older_than`` seconds ago, not purged yet."""
-        return await self._due(deleted_key(partition), older_than)
-
-    async def _due(self, key: str, older_than: float) -> list[tuple[str, str]]:
-        cutoff = int((time.time() - older_than) * 1000)
-        members = await self.redis.zrangebyscore(key, "-inf", cutoff)
-        return [split_member(member) for member in members]
+        return await self.sets.deleted(partition, older_than)
 
     async def archive_session(self, tenant: str, session_id: str) -> int:
         """Archive one session's log; returns how many events left Redis (0: none did,
         because it is archived already, is gone, or moved on while archived)."""
-        keys = SessionKeys(tenant, session_id)
         _step("read")
         try:
             whole = await self.log.read_whole(tenant, session_id)
         except SessionMissing:
-            await self.redis.zrem(keys.hot, keys.member)  # purged: nothing left to archive
+            await self.sets.cooled(tenant, session_id)  # purged: nothing left to archive
             return 0
         if whole is None:
-            await self.redis.zrem(keys.hot, keys.member)
+            await self.sets.cooled(tenant, session_id)
             return 0
         blob = encode(whole)
         _step("write")
@@ -120,16 +114,14 @@ class Archiver:
 
     async def purge_session(self, tenant: str, session_id: str) -> bool:
         """Purge one deleted session everywhere; False if it is not (or no longer) deleted."""
-        keys = SessionKeys(tenant, session_id)
-        status = await self.redis.hget(keys.snapshot, "status")
+        status = await self.sets.snapshot_field(tenant, session_id, "status")
         if status is not None and status != "DELETED":
-            await self.redis.zrem(keys.deleted, keys.member)
+            await self.sets.purged(tenant, session_id)
             return False
         await self.archive.delete(tenant, session_id)
-        await self.redis.delete(keys.log, keys.meta, keys.lease, keys.snapshot)
-        await self.redis.zrem(keys.hot, keys.member)
+        await self.sets.drop(tenant, session_id)
         await self.index.remove(tenant, session_id)
-        await self.redis.zrem(keys.deleted, keys.member)
+        await self.sets.purged(tenant, session_id)
         return True
 
     async def archive_round(
@@ -139,7 +131,7 @@ class Archiver:
         outcome = RoundOutcome()
         for tenant, session_id in await self._each(self.idle, older_than):
             if dry_run:
-                seq = await self.redis.hget(SessionKeys(tenant, session_id).snapshot, "seq")
+                seq = await self.sets.snapshot_field(tenant, session_id, "seq")
                 moved = int(seq or 0)
             else:
                 moved = await self.archive_session(tenant, session_id)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ...store.events import EventType, JsonObject, LogEvent
+from .tool_outputs import TurnReply
 
 STILL_RUNNING = "still running"
 QUEUED = "queued: it runs once the turns before it have ended"
@@ -42,7 +44,7 @@ class TurnReport:
         return "".join(self.chunks)
 
     @property
-    def state(self) -> str:
+    def state(self) -> Literal["ended", "queued", "running", "waiting"]:
         """``ended``, ``waiting`` (for a person), ``queued`` (behind other turns) or
         ``running``."""
         if self.ended:
@@ -78,7 +80,7 @@ class TurnReport:
         lines.append(QUEUED if self.state == "queued" else STILL_RUNNING)
         return lines
 
-    def document(self) -> JsonObject:
+    def document(self) -> TurnReply:
         """The reply as REST answers it."""
         return {
             "text": self.text,

@@ -1,6 +1,7 @@
 """Rebuild the session index from the logs alone.
 
-Every session's log is folded (the pure :func:`broker.store.events.fold`) and
+What ``acp-broker rebuild-index`` runs. Every session's log is folded (the pure
+:func:`broker.store.events.fold`) and
 projected over whatever the index holds; rows of sessions that no longer have
 a log are removed. The index stays readable throughout.
 """
@@ -10,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from broker.store.archive import ArchiveStore
-from broker.store.client import Store
-from broker.store.events import LogEvent, fold
-from broker.store.index import SessionIndex, members_of
-from broker.store.keys import PREFIX, SessionKeys, TenantKeys
-from broker.store.log import SessionLog
+from .archive import ArchiveStore
+from .client import Store
+from .events import LogEvent, fold
+from .index import SessionIndex, members_of
+from .keys import PREFIX, SessionKeys, TenantKeys
+from .log import SessionLog
 
 log = logging.getLogger(__name__)
 
