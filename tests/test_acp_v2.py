@@ -205,7 +205,7 @@ async def test_a_prompt_while_one_runs_is_queued_and_cancel_ends_the_running_tur
     await client.send(
         {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
     )
-    await client.until_idle(session_id, count=2)
+    await client.until_idle(session_id, count=2, timeout=60)
     # The running turn was cancelled; the queued one then ran to its end.
     assert client.states(session_id)[-3:] == ["idle:cancelled", "running", "idle:end_turn"]
     users = [

@@ -174,8 +174,10 @@ class RemoteAgents(AgentGateway):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
+        author: str = "",
     ) -> PromptOutcome:
-        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event.
+        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event;
+        ``author``: the principal who alone may withdraw it while it is queued.
 
         The turn ends with its host's reply, or with the ``prompt_end`` event the host that
         took the session over wrote (its first host died mid-turn)."""
@@ -184,7 +186,7 @@ class RemoteAgents(AgentGateway):
         ended: asyncio.Future[LogEvent] = loop.create_future()
         self._prompts[prompt_id] = ended
         self._started[prompt_id] = loop.create_future()
-        fields = {"params": params, "origin": origin, "promptId": prompt_id}
+        fields = {"params": params, "origin": origin, "promptId": prompt_id, "author": author}
         sending = asyncio.ensure_future(self._answered(Op.PROMPT, tenant, session_id, fields))
         try:
             done, _ = await asyncio.wait({sending, ended}, return_when=asyncio.FIRST_COMPLETED)

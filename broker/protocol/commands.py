@@ -220,7 +220,11 @@ class AgentGateway(Protocol):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
-    ) -> PromptOutcome: ...
+        author: str = "",
+    ) -> PromptOutcome:
+        """Run a turn; ``author``: the principal who sent it (who alone may withdraw it
+        while it is queued; ``""``: anyone may)."""
+        ...
 
     async def cancel(
         self, tenant: str, session_id: str, activity_id: str | None = None, origin: str = ""

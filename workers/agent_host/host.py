@@ -168,14 +168,17 @@ class AgentHost(AgentEvents):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
+        author: str = "",
     ) -> PromptOutcome:
-        """Run one prompt turn; the log records the prompt, every update and the outcome."""
+        """Run one prompt turn; the log records the prompt, every update and the outcome.
+        Sent while a turn runs, it waits its turn (:mod:`.queue`); ``author`` alone may
+        withdraw it then."""
         held = await self.restorer.require(tenant, session_id, params)
         capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
         queued_seq = None
         if queue.busy(held):  # a turn runs: this one waits its turn (see .queue)
-            entry = await queue.enter(held, self.recorder, prompt_id, origin, params)
+            entry = await queue.enter(held, self.recorder, prompt_id, origin, params, author)
             withdrawn = entry.turn.result()
             if withdrawn is not None:  # cancelled before its turn
                 return PromptOutcome(dict(WITHDRAWN), withdrawn)
@@ -229,8 +232,9 @@ class AgentHost(AgentEvents):
         self, tenant: str, session_id: str, activity_id: str | None = None, origin: str = ""
     ) -> None:
         """Cancel the running prompt: tell the agent, settle its pending client requests.
-        ``activity_id``: only that prompt's turn; one still queued is withdrawn, one that
-        ended is a logged no-op (see :mod:`.queue`)."""
+        ``activity_id``: only that prompt's turn; one still queued is withdrawn (by its
+        author: ``origin`` names the principal cancelling), one that ended is a logged
+        no-op (see :mod:`.queue`)."""
         held = self.sessions.by_id.get(session_id)
         if held is None or held.tenant != tenant:
             return

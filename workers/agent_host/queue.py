@@ -31,16 +31,21 @@ def busy(held: HeldSession) -> bool:
 
 
 async def enter(
-    held: HeldSession, recorder: SessionRecorder, prompt_id: str, origin: str, params: JsonObject
+    held: HeldSession,
+    recorder: SessionRecorder,
+    prompt_id: str,
+    origin: str,
+    params: JsonObject,
+    author: str = "",
 ) -> Queued:
-    """Log the prompt as queued and wait for its turn (or its withdrawal)."""
+    """Log the prompt as queued and wait for its turn (or its withdrawal by ``author``)."""
     body: JsonObject = {
         "type": EventType.PROMPT_QUEUED,
         "promptId": prompt_id,
         "origin": origin,
         "prompt": params.get("prompt", []),
     }
-    entry = Queued(prompt_id)
+    entry = Queued(prompt_id, author=author)
     held.queue.append(entry)
     try:
         entry.seq = (await recorder.append(held, body)).seq
@@ -70,10 +75,13 @@ def wake_next(held: HeldSession) -> None:
 
 
 async def withdraw(held: HeldSession, recorder: SessionRecorder, activity_id: str, by: str) -> None:
-    """Cancel a prompt that waits its turn, or log that the activity was no longer there."""
+    """Cancel a prompt that waits its turn (``by`` its author, when it has one), or log
+    that the activity was not there to cancel (ended, or another's)."""
     entry = next((q for q in held.queue if q.prompt_id == activity_id and not q.turn.done()), None)
-    if entry is None:
-        body = {"type": EventType.CANCEL_IGNORED, "activityId": activity_id, "origin": by}
+    if entry is None or (entry.author and entry.author != by):
+        body: JsonObject = {"type": EventType.CANCEL_IGNORED, "activityId": activity_id}
+        if entry is not None:
+            body["reason"] = "not_author"  # only its author withdraws a queued prompt
         await recorder.append(held, body)
         return
     index = held.queue.index(entry)
@@ -82,7 +90,6 @@ async def withdraw(held: HeldSession, recorder: SessionRecorder, activity_id: st
         body = {
             "type": EventType.PROMPT_WITHDRAWN,
             "promptId": activity_id,
-            "origin": by,
             "stopReason": "cancelled",  # its request's answer (an end, for outcome readers)
         }
         position = await recorder.append(held, body)

@@ -23,6 +23,8 @@ class Queued:
     when it was withdrawn (the position of its ``prompt_withdrawn`` event)."""
 
     prompt_id: str
+    author: str = ""
+    """The principal who sent it, who alone may withdraw it (``""``: anyone may)."""
     seq: int = 0
     """Its ``prompt_queued`` event's seq (its v2 user message is named after it)."""
     turn: asyncio.Future[Position | None] = field(

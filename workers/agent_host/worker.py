@@ -348,7 +348,12 @@ class HostWorker:
             return await host.attach(tenant, sid, command["params"])
         if op == Op.PROMPT:
             outcome = await host.prompt(
-                tenant, sid, command["params"], command["origin"], command.get("promptId")
+                tenant,
+                sid,
+                command["params"],
+                command["origin"],
+                command.get("promptId"),
+                author=str(command.get("author") or ""),
             )
             return commands.prompt_reply(outcome)
         if op == Op.CANCEL:

@@ -296,7 +296,7 @@ class AcpMethods:
             raise invalid_params("prompt must be a list of content blocks")
         prompt_id = client_prompt_id(request.params)  # named: see protocol.turns
         outcome = await self.host.prompt(
-            conn.tenant, session_id, request.params, conn.id, prompt_id
+            conn.tenant, session_id, request.params, conn.id, prompt_id, author_of(conn)
         )
         await self.project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)
@@ -309,7 +309,7 @@ class AcpMethods:
         session_id = request.params.get("sessionId")
         if isinstance(session_id, str) and session_id in conn.active:
             activity = activity_id(request.params)
-            await self.host.cancel(conn.tenant, session_id, activity, conn.id)
+            await self.host.cancel(conn.tenant, session_id, activity, author_of(conn))
 
     async def session_set_mode(self, conn: ClientConnection, request: Request) -> Any:
         session_id = self.active_session(conn, request.params)
@@ -424,6 +424,11 @@ def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
         raise invalid_params(f"{REPLAY_AFTER_META} needs an integer seq and a string epoch")
     check_position(seq, epoch, log_epoch=snapshot.epoch, head=snapshot.given)
     return seq
+
+
+def author_of(conn: ClientConnection) -> str:
+    """Who a connection's prompts and cancels are by: its principal's subject."""
+    return conn.principal.subject if conn.principal is not None else ""
 
 
 def title_update(params: JsonObject) -> JsonObject:

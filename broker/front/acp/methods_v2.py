@@ -21,7 +21,7 @@ from ...protocol.jsonrpc import REQUEST_CANCELLED, Request, RpcError, invalid_pa
 from ...protocol.turns import WITHDRAWN, client_prompt_id
 from .connection import ClientConnection
 from .dispatch import DEFERRED
-from .methods_v1 import AcpMethods, MethodHandler
+from .methods_v1 import AcpMethods, MethodHandler, author_of
 
 ACCEPT_TIMEOUT = 10.0
 """Seconds a finished turn's prompt event may take to reach the connection that sent it."""
@@ -90,7 +90,9 @@ async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: R
 async def _run_turn(
     methods: AcpMethods, conn: ClientConnection, session_id: str, request: Request, prompt_id: str
 ) -> Any:
-    outcome = await methods.host.prompt(conn.tenant, session_id, request.params, conn.id, prompt_id)
+    outcome = await methods.host.prompt(
+        conn.tenant, session_id, request.params, conn.id, prompt_id, author_of(conn)
+    )
     await methods.project(conn.tenant, session_id)
     return outcome.result
 
