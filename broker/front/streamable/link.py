@@ -136,6 +136,7 @@ class HttpLink(ClientConnection):
         version = record.get("v")
         self.protocol_version = int(version) if version else None
         self.client_capabilities = json.loads(record.get("caps") or "{}")
+        self.client_instance = record.get("ci") or ""  # its operation ids' scope
         self.done = record.get("done") or "0"
 
     async def resume_sessions(self, record: dict[str, str]) -> None:

@@ -151,7 +151,8 @@ class StreamableHttp:
             await self.links.delete(conn_id)
             return "", response
         caps = json.dumps(link.client_capabilities)
-        await self.links.save(conn_id, {"v": str(link.protocol_version), "caps": caps})
+        record = {"v": str(link.protocol_version), "caps": caps, "ci": link.client_instance}
+        await self.links.save(conn_id, record)
         return conn_id, response
 
     async def post(self, conn_id: str, principal: Principal, text: str) -> None:
