@@ -16,6 +16,7 @@ import websockets
 from broker.front.acp.connection import BATCHED_REPLAY_META
 from broker.protocol.v2 import REPLAY_POSITION
 from broker.serve import Broker
+from broker.store.client import commands
 from broker.store.keys import SessionKeys
 
 from .conftest import make_settings
@@ -408,7 +409,7 @@ async def test_a_stale_foreign_or_malformed_replay_position_is_invalid_params(
     # Stale: the log no longer holds the position (trimmed), so replaying from it would
     # leave a gap.
     log_key = SessionKeys(broker.settings.tenant, session_id).log
-    await broker.redis.xtrim(log_key, minid=f"{head['seq']}-0", approximate=False)
+    await commands(broker.redis).xtrim(log_key, minid=f"{head['seq']}-0", approximate=False)
     stale = {"type": REPLAY_POSITION, "seq": 2, "epoch": head["epoch"]}
     reply, replayed = await resume(other, session_id, "/tmp/v2", replayFrom=stale)
     assert reply["error"]["code"] == -32602 and replayed == [], reply

@@ -14,7 +14,7 @@ from broker.protocol.render import session_updates
 from broker.store.client import connect
 from broker.store.index import SessionIndex
 from broker.store.log import SessionLog
-from workers.projector.rebuild import rebuild_index
+from broker.store.rebuild import rebuild_index
 
 from .support.client import RawClient
 from .support.projection import feeds_of, until_consumed

@@ -113,7 +113,7 @@ async def test_a_master_failover_during_traffic_loses_nothing_acknowledged(
 async def test_an_agent_host_renews_its_leases_on_the_cluster(redis_cluster_info: Any) -> None:
     """Sessions on several masters: one renewal keeps them all (redis-py refuses scripts in
     a cluster pipeline, so renewals once failed there and every lease lapsed)."""
-    from workers.agent_host.leases import Leases
+    from broker.store.leases import Leases
 
     store = connect(redis_cluster_info.url)
     try:

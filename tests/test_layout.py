@@ -130,8 +130,10 @@ def _importers(prefix: str, of: str) -> list[tuple[str, str]]:
         ("broker.front", "workers"),  # `serve` (broker.serve) puts the roles together
         ("workers.agent_host", "workers.projector"),
         ("workers.projector", "workers.agent_host"),
-        ("broker.protocol", "broker.store.client"),  # protocol code is pure: no I/O
-        ("broker.protocol", "broker.store.log"),
+        ("broker.protocol", "broker.store"),  # protocol code is pure: no I/O, no store
+        ("broker.model", "broker.store"),  # the models both use (log events)
+        ("broker.model", "broker.protocol"),
+        ("broker.store", "broker.protocol"),
     ],
 )
 def test_a_part_does_not_import_what_it_must_not(importer: str, imported: str) -> None:
@@ -366,3 +368,90 @@ MOVED = {
 def test_errors_are_described_in_one_place() -> None:
     assert not set(MOVED) & set(MODULES)
     assert [(name, old) for name, targets in GRAPH.items() for old in MOVED if old in targets] == []
+
+
+# -- the store's ports -------------------------------------------------------------------------
+
+STORE_CLIENTS = ("redis", "fakeredis", "hiredis")
+"""The store's client libraries: only :mod:`broker.store` (and :mod:`broker.compat`) use them."""
+
+REDIS_COMMANDS = frozenset(
+    {
+        *("hget", "hset", "hmget", "hgetall", "hexists", "hkeys", "hlen", "hdel", "hincrby"),
+        *("zadd", "zrem", "zrange", "zrangebyscore", "zrevrange", "zcard", "zcount", "zscore"),
+        *("zremrangebyscore", "sadd", "srem", "smembers", "incrby", "pexpire", "getdel"),
+        *("xadd", "xrange", "xrevrange", "xread", "xreadgroup", "xgroup_create", "xack"),
+        *("xtrim", "xautoclaim", "xpending", "xpending_range", "xlen", "xinfo_stream"),
+        *("xinfo_groups", "spublish", "evalsha", "script_load", "scan_iter"),
+        *("execute_command", "register_script", "config_get", "config_set", "flushall"),
+    }
+)
+"""Redis commands as the client libraries name their methods (names nothing else has)."""
+
+GENERIC_COMMANDS = frozenset({"get", "set", "delete", "exists", "expire", "publish", "pipeline"})
+"""Redis commands whose names other objects share: counted on a receiver named like a
+client (``redis``, ``self.redis``, ``pipe`` …)."""
+
+CLIENT_NAMES = frozenset({"redis", "pipe", "client", "raw", "commands"})
+
+
+def _outside_the_store() -> Iterator[tuple[str, ast.Module]]:
+    for name, tree in _trees():
+        if not name.startswith(("broker.store.", "broker.compat.")) and name != "broker.store":
+            yield name, tree
+
+
+def _receiver(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def test_only_the_store_imports_its_client_libraries() -> None:
+    found = []
+    for name, tree in _outside_the_store():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            found += [(name, m) for m in modules if m.split(".")[0] in STORE_CLIENTS]
+    assert found == []
+
+
+def test_only_the_store_sends_redis_commands() -> None:
+    # The roles go through the store's ports (the log, the index, the live feed, the command
+    # bus, leases and hosts, idempotency records, rate counters, retention, tokens).
+    found = []
+    for name, tree in _outside_the_store():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                command = node.func.attr
+                if command in REDIS_COMMANDS or (
+                    command in GENERIC_COMMANDS and _receiver(node.func.value) in CLIENT_NAMES
+                ):
+                    found.append((name, node.lineno, ast.unparse(node.func)))
+    assert found == []
+
+
+def test_the_store_raises_no_http_errors() -> None:
+    # The HTTP layer's errors (broker.errors: ApiError, ErrorCode) are its own: the store
+    # raises its errors, and the HTTP layer maps them (broker.errors.store.query_refused).
+    assert [name for name in _modules_in("broker.store") if "broker.errors" in GRAPH[name]] == []
+
+
+def _modules_in(prefix: str) -> list[str]:
+    return [name for name in MODULES if name == prefix or name.startswith(prefix + ".")]
+
+
+def test_only_the_store_reaches_the_client_behind_a_store() -> None:
+    # A role holds a ``Store`` (opaque: ``aclose`` only) and hands it to the ports.
+    found = [
+        (name, alias.name)
+        for name, tree in _outside_the_store()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("store.client")
+        for alias in node.names
+        if alias.name in ("Commands", "commands")
+    ]
+    assert found == []

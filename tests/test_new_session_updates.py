@@ -59,7 +59,7 @@ async def test_a_new_session_whose_listing_meets_a_store_blip_is_answered_once(
             raise blips.pop()
         return await project(snapshot, **how)
 
-    index.project = blipping  # type: ignore[method-assign]
+    index.project = blipping
     client = await RawClient.initialized(url)
     try:
         session_id = await client.new_session(str(tmp_path))

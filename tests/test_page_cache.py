@@ -35,8 +35,8 @@ from broker.store.index import SessionIndex
 from broker.store.keys import INDEX_CHANNEL
 from broker.store.log import SessionLog, new_session_id
 from broker.store.query import SessionQuery
+from broker.store.rebuild import rebuild_index
 from workers.projector.archiving import Archiver
-from workers.projector.rebuild import rebuild_index
 from workers.projector.worker import Projector
 
 from .conftest import make_settings

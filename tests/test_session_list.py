@@ -18,7 +18,7 @@ from broker.front.acp.listing import ListQuery
 from broker.front.pages import PageCache
 from broker.protocol.jsonrpc import REQUEST_CANCELLED
 from broker.serve import Broker
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.cursors import fingerprint
 from broker.store.events import EventType
 from broker.store.index import (
@@ -256,8 +256,8 @@ def _counted_reads(broker: Broker) -> dict[str, int]:
         counts["at once"] += 1
         return begin(*args, **kwargs)
 
-    broker.index.page = dispatched  # type: ignore[method-assign]
-    broker.index.begin_page = at_once  # type: ignore[method-assign]
+    broker.index.page = dispatched
+    broker.index.begin_page = at_once
     return counts
 
 
@@ -371,7 +371,7 @@ async def test_an_ask_waiting_for_a_stuck_read_ahead_reads_the_page_itself_at_it
                 await stuck.wait()
             return await read(tenant, listing, after, *a, **kw)
 
-        broker.index.page = page  # type: ignore[method-assign]
+        broker.index.page = page
         first = (await client.call("session/list", {}))["result"]
         await wait_for(lambda: bool(held) and pages.reading_ahead(_next_key(first)))
         started = time.monotonic()
@@ -414,9 +414,9 @@ async def _strip_infos(broker: Broker, listing: str) -> None:
     """Rewrite the default tenant's ``listing`` as bare positions, as members were stored
     before they carried their SessionInfo (no announcement: the cache is not told)."""
     key = TenantKeys("default").index(listing)
-    members = await broker.redis.zrange(key, 0, -1, withscores=True)
-    await broker.redis.delete(key)
-    await broker.redis.zadd(key, {m.partition("\x01")[0]: score for m, score in members})
+    members = await commands(broker.redis).zrange(key, 0, -1, withscores=True)
+    await commands(broker.redis).delete(key)
+    await commands(broker.redis).zadd(key, {m.partition("\x01")[0]: score for m, score in members})
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])

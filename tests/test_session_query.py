@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from broker.errors import ApiError, ErrorCode
+from broker.errors.store import query_refused
+from broker.front.http.tool_models import list_query
 from broker.store.cursors import CursorCodec, fingerprint
 from broker.store.events import EventType, Status
 from broker.store.index import ACP_LISTING, SessionIndex
@@ -16,9 +18,9 @@ from broker.store.log import SessionLog
 from broker.store.query import (
     CATALOG,
     STATUS_VALUES,
+    BadCursor,
     SessionLister,
     SessionPage,
-    parse_query,
 )
 
 from .support.seed import BASE_MS, Seeded, newest_first, seed_many, seed_session
@@ -38,7 +40,7 @@ async def walk(
     pages: list[SessionPage] = []
     after = None
     while True:
-        query = parse_query({**inputs, **({"after": after} if after else {})})
+        query = list_query({**inputs, **({"after": after} if after else {})})
         page = await source.page(tenant, query)
         pages.append(page)
         ids += [row["sessionId"] for row in page.rows]
@@ -254,7 +256,7 @@ async def test_deleted_sessions_stay_listed_and_status_changes_move_sessions(sto
     # ACP session/list's listing leaves the deleted one out.
     acp = await index.page("default", ACP_LISTING, None, 10)
     assert [row["sessionId"] for row in acp.sessions()] == [one.session_id]
-    page = await source.page("default", parse_query({"status": "deleted"}))
+    page = await source.page("default", list_query({"status": "deleted"}))
     assert page.rows[0]["status"] == "DELETED" and page.rows[0]["createdAt"].endswith("Z")
 
 
@@ -263,25 +265,25 @@ async def test_tenants_see_only_their_sessions_and_cursors(store: Any) -> None:
     theirs = await seed_many(store, 3, lambda i: {"tenant": "other", "created_ms": BASE_MS + i})
     source = lister(store)
     assert (await walk(source, {}, tenant="other"))[0] == newest_first(theirs)
-    page = await source.page("default", parse_query({"limit": 2}))
+    page = await source.page("default", list_query({"limit": 2}))
     assert page.next_cursor is not None
-    with pytest.raises(ApiError) as caught:
-        await source.page("other", parse_query({"limit": 2, "after": page.next_cursor}))
-    assert caught.value.code == ErrorCode.INVALID_CURSOR
+    with pytest.raises(BadCursor) as caught:
+        await source.page("other", list_query({"limit": 2, "after": page.next_cursor}))
+    assert query_refused(caught.value).code == ErrorCode.INVALID_CURSOR
 
 
 async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: Any) -> None:
     await seed_many(store, 6, lambda i: {"created_ms": BASE_MS + i, "kind": "shell"})
     source = lister(store)
-    first = await source.page("default", parse_query({"limit": 2, "kind": "shell"}))
+    first = await source.page("default", list_query({"limit": 2, "kind": "shell"}))
     cursor = first.next_cursor
     assert cursor is not None
     # Another limit is fine; other filters are not.
-    more = await source.page("default", parse_query({"limit": 3, "kind": "shell", "after": cursor}))
+    more = await source.page("default", list_query({"limit": 3, "kind": "shell", "after": cursor}))
     assert len(more.rows) == 3
     payload, tag = cursor.split(".")
     foreign = CursorCodec([b"test-secret"]).encode(
-        "0:x", fingerprint("other", CATALOG, parse_query({"kind": "shell"}).filters())
+        "0:x", fingerprint("other", CATALOG, list_query({"kind": "shell"}).filters())
     )
     bad_cursors = [
         ({"kind": "browser"}, cursor),
@@ -296,9 +298,10 @@ async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: An
         ({"kind": "shell"}, foreign),
     ]
     for inputs, bad in bad_cursors:
-        with pytest.raises(ApiError) as caught:
-            await source.page("default", parse_query({**inputs, "after": bad}))
-        assert caught.value.code == ErrorCode.INVALID_CURSOR, (inputs, bad)
+        with pytest.raises(BadCursor) as caught:
+            await source.page("default", list_query({**inputs, "after": bad}))
+        error = query_refused(caught.value)
+        assert (error.code, error.message) == (ErrorCode.INVALID_CURSOR, str(caught.value))
 
 
 @pytest.mark.parametrize(
@@ -320,12 +323,12 @@ async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: An
 )
 def test_bad_inputs_are_invalid_arguments(inputs: dict[str, Any]) -> None:
     with pytest.raises(ApiError) as caught:
-        parse_query(inputs)
+        list_query(inputs)
     assert caught.value.code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_inputs_are_normalized() -> None:
-    query = parse_query(
+    query = list_query(
         {
             "status": " stopped , RUNNING,running ",
             "kind": "Shell",
@@ -336,17 +339,17 @@ def test_inputs_are_normalized() -> None:
     )
     assert query.statuses == ("RUNNING", "STOPPED")
     assert (query.kind, query.limit, query.q, query.after) == ("shell", 7, "x", None)
-    assert parse_query({"status": "", "kind": None, "limit": None}) == parse_query({})
-    assert parse_query({}).limit == 20
-    assert parse_query({"limit": 1}).limit == 1 and parse_query({"limit": 100}).limit == 100
+    assert list_query({"status": "", "kind": None, "limit": None}) == list_query({})
+    assert list_query({}).limit == 20
+    assert list_query({"limit": 1}).limit == 1 and list_query({"limit": 100}).limit == 100
 
 
 @pytest.mark.parametrize("limit", ["²", "١٢", "1e2", "-1", "0", "1001", "ten", " 5 5 "])
 def test_a_limit_that_is_not_a_plain_number_in_range_is_an_invalid_argument(limit: str) -> None:
     with pytest.raises(ApiError) as raised:
-        parse_query({"limit": limit})
+        list_query({"limit": limit})
     assert raised.value.code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_a_limit_may_come_with_spaces_around_it() -> None:
-    assert parse_query({"limit": " 25 "}).limit == 25
+    assert list_query({"limit": " 25 "}).limit == 25

@@ -398,7 +398,7 @@ async def test_events_resume_with_last_event_id_losing_and_repeating_nothing(
 
 
 async def test_event_streams_send_heartbeats(node: Broker) -> None:
-    node.http.session_routes.stream.heartbeat = 0.2  # type: ignore[union-attr]
+    node.http.session_routes.stream.heartbeat = 0.2
     async with httpx.AsyncClient(base_url=base(node), timeout=30) as http:
         session_id = (await http.post("/v1/sessions", json={"cwd": "/srv/hb"})).json()["id"]
         async with http.stream("GET", f"/v1/sessions/{session_id}/events") as stream:

@@ -10,11 +10,13 @@ import pytest
 
 from broker.errors import ApiError
 from broker.front.http.event_stream import frame, resume_after
-from broker.front.http.idempotency import IdempotencyKeys, checked_key, fingerprint
-from broker.front.http.session_tools import live_view_url, session_id_of, wait_of
+from broker.front.http.idempotency import Claim, IdempotencyKeys, checked_key, fingerprint
+from broker.front.http.session_tools import live_view_url
+from broker.front.http.tool_models import session_id_of, wait_of
 from broker.front.http.turns import turn_report
 from broker.store.client import connect
 from broker.store.events import LogEvent
+from broker.store.idempotency import idempotency_key
 
 
 def event(seq: int, body: dict[str, Any]) -> LogEvent:
@@ -122,20 +124,48 @@ async def test_idempotency_keys_in_redis(redis_url: str) -> None:
     store: Any = connect(redis_url)  # TTL and KEYS to check the key, beyond the Store protocol
     keys = IdempotencyKeys(store, wait=5)
     try:
-        assert await keys.claim("t1", "k", {"cwd": "/a"}) is None
+        claim = await keys.claim("t1", "k", {"cwd": "/a"})
+        assert isinstance(claim, Claim)
         # A retry while the first runs waits for it, then gets its session.
         waiting = asyncio.ensure_future(keys.claim("t1", "k", {"cwd": "/a"}))
         await asyncio.sleep(0)
-        await keys.settle("t1", "k", {"cwd": "/a"}, "sess_1")
+        await keys.settle(claim, "sess_1")
         assert await waiting == "sess_1"
         assert await keys.claim("t1", "k", {"cwd": "/a"}) == "sess_1"
         with pytest.raises(ApiError) as other_body:
             await keys.claim("t1", "k", {"cwd": "/b"})
         assert other_body.value.code == "invalid_argument"
-        assert await keys.claim("t2", "k", {"cwd": "/a"}) is None  # another tenant's key
+        other = await keys.claim("t2", "k", {"cwd": "/a"})  # another tenant's key
+        assert isinstance(other, Claim)
         ttl = await store.ttl(next(iter(await store.keys("acpb:idem:t1:*"))))
         assert 24 * 3600 - 60 < ttl <= 24 * 3600
-        await keys.forget("t2", "k")  # a failed create lets its key go
-        assert await keys.claim("t2", "k", {"cwd": "/a"}) is None
+        with pytest.raises(RuntimeError):  # a failed create lets its key go
+            async with keys.creating(other):
+                raise RuntimeError("the create failed")
+        assert isinstance(await keys.claim("t2", "k", {"cwd": "/a"}), Claim)
+    finally:
+        await store.aclose()
+
+
+async def test_a_claim_is_a_lease_renewed_while_creating_and_fenced(redis_url: str) -> None:
+    store: Any = connect(redis_url)
+    keys = IdempotencyKeys(store, wait=5, lease=0.6)
+    try:
+        claim = await keys.claim("t1", "lease", {"cwd": "/a"})
+        assert isinstance(claim, Claim)
+        async with keys.creating(claim):  # a create longer than the lease keeps its claim
+            await asyncio.sleep(1.5)
+            assert await store.get(idempotency_key(claim.tenant, claim.key)) == claim.pending
+        # A claimer that died (no renewal, no settle): a retry takes the key over once the
+        # lease lapsed, and creates.
+        dead = await keys.claim("t1", "dead", {"cwd": "/a"})
+        assert isinstance(dead, Claim)
+        retry = await asyncio.wait_for(keys.claim("t1", "dead", {"cwd": "/a"}), 3)
+        assert isinstance(retry, Claim) and retry != dead
+        # The first, back from a stall, cannot overwrite what the retry holds (fenced).
+        await keys.settle(dead, "sess_dead")
+        assert await store.get(idempotency_key(retry.tenant, retry.key)) == retry.pending
+        await keys.settle(retry, "sess_retry")
+        assert await keys.claim("t1", "dead", {"cwd": "/a"}) == "sess_retry"
     finally:
         await store.aclose()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from broker.store.client import connect
+from broker.store.leases import Leases
 from broker.store.log import SessionLog, new_session_id
-from workers.agent_host.leases import Leases
 
 from .support.client import RawClient, wait_for
 from .support.redis_server import RestartableRedis, restartable_redis

@@ -6,15 +6,13 @@ With ``metrics_port`` set, a role also serves ``/metrics``, ``/livez`` and ``/re
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 
 from broker.config import Settings
 from broker.logs import start_line
-from broker.loops import cancel_and_wait
-from broker.ops.health import Health, tasks_running
+from broker.ops.health import Health
 from broker.ops.server import OpsServer
 from broker.signals import until_stopped
 from broker.store.archive import open_archive
@@ -22,9 +20,7 @@ from broker.store.client import connect, masked_url
 from broker.store.guard import StoreGuard
 
 from .agent_host.worker import HostWorker
-from .projector.archiving import archiving_role
-from .projector.feeds import run_feed_trimming
-from .projector.worker import configured_projector
+from .projector.role import ProjectorRole
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +56,11 @@ async def run_agent_host(settings: Settings) -> None:
     location = settings.archive_location()
     worker = HostWorker(redis, settings, archive=open_archive(location) if location else None)
     health = _health(settings, guard)
-    health.add("agent host loops", tasks_running(worker.loops))
-    await worker.start()
-    async with _ops(settings, health) as where:
+    health.add("agent host loops", worker.role_loops.check)
+    async with _ops(settings, health) as where, worker:  # left: its sessions handed over
         print(f"acp-broker agent host {worker.host_id} ready{where}", flush=True)
         await until_stopped()
         log.info("agent host %s draining: handing its sessions over", worker.host_id)
-        await worker.stop(hand_over=True)
     await guard.stop()
     await redis.aclose()
 
@@ -82,22 +76,12 @@ async def run_projector_role(settings: Settings) -> None:
     await guard.start()  # a store that cannot be reached at start is an error, not "ready"
     location = settings.archive_location()
     archive = open_archive(location) if location is not None else None
-    tasks = [
-        asyncio.create_task(configured_projector(redis, settings).run(), name="projector"),
-        asyncio.create_task(
-            run_feed_trimming(redis, settings.feed_trim_interval), name="feed trimming"
-        ),
-    ]
-    if archive is not None:
-        tasks.append(
-            asyncio.create_task(archiving_role(redis, archive, settings), name="archiving")
-        )
+    projector = ProjectorRole(redis, settings, archive=archive)
     health = _health(settings, guard)
-    health.add("projector loops", tasks_running(lambda: tasks))
-    async with _ops(settings, health) as where:
+    health.add("projector loops", projector.loops.check)
+    async with _ops(settings, health) as where, projector:
         print(f"acp-broker projector ready{where}", flush=True)
         await until_stopped()
-        await cancel_and_wait(*tasks)
     await guard.stop()
     if archive is not None:
         await archive.close()

@@ -7,7 +7,6 @@ what was presented and compares in constant time.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -18,19 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store.client import Store
-from ..store.keys import PREFIX
 from ..store.names import TENANT_RULE, is_tenant
+from ..store.tokens import TokenRecords
 from .principal import AuthError, Principal, Scope
 
 TOKEN_PREFIX = "acpb_"
-
-
-def _key(token_id: str) -> str:
-    return f"{PREFIX}:token:{token_id}"
-
-
-def _index_key() -> str:
-    return f"{PREFIX}:tokens"
 
 
 def _digest(secret: str) -> str:
@@ -64,6 +55,7 @@ class TokenStore:
 
     def __init__(self, redis: Store) -> None:
         self.redis = redis
+        self.records = TokenRecords(redis)
 
     async def create(self, tenant: str, scopes: list[str], name: str = "") -> tuple[str, TokenInfo]:
         """A new token: returns the token (shown once) and what is stored about it."""
@@ -75,14 +67,13 @@ class TokenStore:
         token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
         info = TokenInfo(token_id, tenant, sorted(set(scopes)), name, time.time(), False)
         record = {**info.to_json(), "hash": _digest(secret)}
-        await self.redis.set(_key(token_id), json.dumps(record))
-        await self.redis.sadd(_index_key(), token_id)
+        await self.records.add(token_id, json.dumps(record))
         return f"{TOKEN_PREFIX}{token_id}_{secret}", info
 
     async def list(self, tenant: str | None = None) -> list[TokenInfo]:
         infos = []
-        for token_id in sorted(await self.redis.smembers(_index_key())):
-            raw = await self.redis.get(_key(token_id))
+        for token_id in await self.records.ids():
+            raw = await self.records.get(token_id)
             if raw:
                 info = _info(json.loads(raw))
                 if tenant is None or info.tenant == tenant:
@@ -91,18 +82,18 @@ class TokenStore:
 
     async def revoke(self, token_id: str) -> bool:
         """Revoke a token; False if there is no such token."""
-        raw = await self.redis.get(_key(token_id))
+        raw = await self.records.get(token_id)
         if not raw:
             return False
         record = json.loads(raw)
         record["revoked"] = True
-        await self.redis.set(_key(token_id), json.dumps(record))
+        await self.records.replace(token_id, json.dumps(record))
         return True
 
     async def revoked(self, token_ids: Iterable[str]) -> set[str]:
         """Which of these tokens are revoked or gone (open connections holding them are cut)."""
         ids = list(token_ids)
-        records = await asyncio.gather(*(self.redis.get(_key(token_id)) for token_id in ids))
+        records = await self.records.get_many(ids)
         return {
             token_id
             for token_id, raw in zip(ids, records, strict=True)
@@ -116,7 +107,7 @@ class TokenStore:
         token_id, sep, secret = token.removeprefix(TOKEN_PREFIX).partition("_")
         if not sep or not token_id.isalnum() or not secret:
             raise AuthError("malformed API token")
-        raw = await self.redis.get(_key(token_id))
+        raw = await self.records.get(token_id)
         record: dict[str, Any] = (
             json.loads(raw) if raw else {"hash": _digest("\0"), "revoked": True}
         )

@@ -12,14 +12,16 @@ bytes redis-py's own packer makes, so an upgrade that changes either fails there
 :func:`gated` mixes in another override of ``pack_command``, which asks a :class:`Gate`
 first (the store's breaker, :mod:`broker.store.breaker`); :class:`GatedCluster` asks it
 before redis-py's cluster machinery runs, and installs the gated connection class in the
-cluster's node factory. ``tests/test_compat_redis.py`` checks what each assumes.
+cluster's node factory; :class:`GatedPool` asks it before a command waits for a connection.
+``tests/test_compat_redis.py`` checks what each assumes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
@@ -56,6 +58,9 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
         name = f"Hiredis{connection_class.__name__}"
         _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
     return _PACKED[connection_class]
+
+
+T = TypeVar("T")
 
 
 class Gate(Protocol):
@@ -221,7 +226,43 @@ class MasterFollower(Protocol):
     async def stop(self) -> None: ...
 
 
-class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+class PoolGate(Gate, Protocol):
+    """What a :class:`GatedPool` asks before it hands out a connection."""
+
+    def unless_away(self, waiting: Awaitable[T]) -> Awaitable[T]:
+        """``waiting`` awaited, unless the gate closes meanwhile: then it is given up
+        (cancelled) and the gate's error raised."""
+        ...
+
+
+class GatedPool(BlockingConnectionPool):
+    """redis-py's blocking pool behind :attr:`gate` (None: redis-py's own behaviour).
+
+    A command waits for a free connection (up to the pool's ``timeout``), and for one being
+    opened (up to the connect timeout). When the server stalls, the commands in flight hold
+    every connection until their reply timeout, a new connection's handshake hangs too, and
+    every further command queues behind them: a :class:`GatedConnection` refuses a command
+    only once it holds a connection, so under load a request waited for the pool for up to
+    its whole timeout though the store was long known away. This pool asks its gate before
+    it waits: while away, the command fails at once; and a command already waiting is
+    released with the gate's error as soon as the gate closes
+    (:meth:`PoolGate.unless_away`). Leans on every command, pipeline and subscriber taking
+    its connection with the pool's ``get_connection``, and on a cancelled
+    ``get_connection`` giving back what it took; ``tests/test_compat_redis_pool.py`` checks
+    both by behaviour."""
+
+    gate: PoolGate | None = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        gate = self.gate
+        if gate is None:
+            return await super().get_connection(*args, **kwargs)
+        if gate.away:
+            gate.check()
+        return await gate.unless_away(super().get_connection(*args, **kwargs))
+
+
+class BlockingSentinelPool(SentinelConnectionPool, GatedPool):
     """redis-py's Sentinel pool that, as the standalone client's, waits for a free
     connection (up to its ``timeout``) instead of failing with "Too many connections", and
     that follows a switch of master at once (:meth:`follow`).

@@ -28,15 +28,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..config import AgentSpec
 from ..protocol import capabilities, commands
 from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, invalid_params
+from ..store import hosts
+from ..store.bus import CommandBus
 from ..store.client import Store
+from ..store.errors import StoreError
 from ..store.events import EventType, LogEvent
-from ..store.keys import CAPABILITIES_KEY, INBOX_MAXLEN, host_inbox, host_queue, lease_key
+from ..store.keys import host_inbox, host_queue
 from ..store.log import SessionLog, SessionMissing
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class RemoteAgents(AgentGateway):
         route_deadline: float = 30.0,
     ) -> None:
         self.redis = redis
+        self.bus = CommandBus(redis)
         self.specs = {spec.name: spec for spec in agents}
         self.default_agent = agents[0].name
         self.reply_channel = reply_channel
@@ -94,7 +96,7 @@ class RemoteAgents(AgentGateway):
         1 s while some agent has not started (so a burst of connections reads it once)."""
         if self.capabilities_fresh():
             return
-        raw = await self.redis.hgetall(CAPABILITIES_KEY)
+        raw = await hosts.capabilities(self.redis)
         read = {name: json.loads(value) for name, value in raw.items()}
         if read != self._capabilities:
             self._capabilities, self._combined = read, None
@@ -284,7 +286,7 @@ class RemoteAgents(AgentGateway):
                 stream = target or await self._route(tenant, session_id, holder_only)
                 if stream is None:
                     return {}  # nobody holds the session: nothing to cancel or release
-                await self.redis.xadd(stream, {"m": data}, maxlen=INBOX_MAXLEN, approximate=True)
+                await self.bus.send(stream, data)
                 outcome = await call.wait_ack(self.ack_timeout)
                 if outcome == "ack":
                     if watch and session_id is not None and call.host:
@@ -336,7 +338,7 @@ class RemoteAgents(AgentGateway):
                     return
                 try:
                     held = await self._still_with(tenant, session_id, host, prompt_id)
-                except (RedisError, OSError) as exc:  # not known now: the next look asks again
+                except (StoreError, OSError) as exc:  # not known now: the next look asks again
                     log.info("could not check the agent host of session %s: %s", session_id, exc)
                     held = True
                 misses = 0 if held else misses + 1
@@ -356,7 +358,7 @@ class RemoteAgents(AgentGateway):
     ) -> bool:
         """Whether ``host`` holds the session, or the log names ``prompt_id`` as running."""
         if prompt_id is None:
-            return bool(await self.redis.get(lease_key(tenant, session_id)) == host)
+            return bool(await hosts.lease_holder(self.redis, tenant, session_id) == host)
         try:
             snapshot, holder = await SessionLog(self.redis).snapshot_and_holder(tenant, session_id)
         except SessionMissing:
@@ -366,7 +368,7 @@ class RemoteAgents(AgentGateway):
     async def _route(self, tenant: str, session_id: str | None, holder_only: bool) -> str | None:
         if session_id is None:
             return host_queue()
-        holder = await self.redis.get(lease_key(tenant, session_id))
+        holder = await hosts.lease_holder(self.redis, tenant, session_id)
         if holder:
             return host_inbox(holder)
         return None if holder_only else host_queue()

@@ -12,12 +12,11 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from redis.exceptions import ResponseError
-
 from ..config import Settings
 from ..errors.store import store_unreachable
 from ..protocol.jsonrpc import INTERNAL_ERROR, RpcError
 from ..protocol.turns import PROMPT_OUTCOME
+from ..store.errors import StoreError
 from ..store.retry import STORE_AWAY, is_store_away
 
 T = TypeVar("T")
@@ -72,7 +71,7 @@ async def within_deadline(
                     f"{method} was not answered within {seconds:g} s; try again shortly",
                 ) from None
         raise
-    except (*STORE_AWAY, ResponseError) as exc:
+    except (*STORE_AWAY, StoreError) as exc:
         if not is_store_away(exc):
             raise
         raise store_unreachable(exc) from None

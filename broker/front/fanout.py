@@ -30,7 +30,7 @@ from ..store.client import Store
 from ..store.events import LogEvent
 from ..store.floors import rewound
 from ..store.keys import SessionKeys, node_channel
-from ..store.live import LiveFeed, Message, open_live_feed
+from ..store.live import LiveFeed, Message, Publisher, open_live_feed
 from ..store.log import SessionLog, SessionMissing
 from ..store.retry import STORE_AWAY
 
@@ -92,6 +92,7 @@ class FanoutHub:
     ) -> None:
         self.redis = redis
         self.log = session_log
+        self.publisher = Publisher(redis)
         self.check_interval = check_interval
         self.node_id = secrets.token_hex(8)
         self.node_channel = node_channel(self.node_id)
@@ -222,10 +223,7 @@ class FanoutHub:
     async def _open(self, feed: SessionFeed) -> None:
         await self._subscriptions().ssubscribe(feed.keys.channel)
         await asyncio.wait_for(asyncio.shield(feed.confirmed), 10.0)
-        snap = await self.redis.hmget(feed.keys.snapshot, ["seq", "epoch"])
-        if snap[0] is None:
-            raise SessionMissing(feed.keys.session_id)
-        feed.last, feed.epoch = int(snap[0]), snap[1]
+        feed.last, feed.epoch = await self.log.head(feed.keys.tenant, feed.keys.session_id)
         early, feed.early = feed.early, []
         async with self._process_lock:
             for seq, epoch, event in early:
@@ -365,7 +363,7 @@ class FanoutHub:
         if self._probes_unanswered >= 2:
             await self._resubscribe()
         self._probes_unanswered += 1
-        await self.redis.spublish(self.node_channel, '{"probe":1}')
+        await self.publisher.publish(self.node_channel, '{"probe":1}')
 
     async def check_positions(self) -> None:
         """Compare the quiet feeds with their snapshots and fill what pub/sub lost.
@@ -388,10 +386,7 @@ class FanoutHub:
             await self._check_slice(quiet[start : start + _CHECK_SLICE])
 
     async def _check_slice(self, feeds: list[SessionFeed]) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for feed in feeds:
-                pipe.hget(feed.keys.snapshot, "seq")
-            heads = await pipe.execute()
+        heads = await self.log.heads([(f.keys.tenant, f.keys.session_id) for f in feeds])
         async with self._process_lock:
             for feed, head in zip(feeds, heads, strict=True):
                 if head is None or feed.last is None or feed.heard:

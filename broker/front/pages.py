@@ -67,7 +67,7 @@ from ..ops import metrics
 from ..store.breaker import StoreBreaker, breaker_of
 from ..store.client import Store
 from ..store.keys import INDEX_CHANNEL
-from ..store.live import LiveFeed, Message, open_live_feed
+from ..store.live import LiveFeed, Message, Publisher, open_live_feed
 
 log = logging.getLogger(__name__)
 
@@ -433,6 +433,7 @@ class IndexWatch:
         listener: IndexListener | None = None,
     ) -> None:
         self.redis = redis
+        self.publisher = Publisher(redis)
         self.cache = cache
         if cache is not None:
             cache.held.breaker = breaker_of(redis)
@@ -546,7 +547,7 @@ class IndexWatch:
             probe = f"{self._probe}{self._sent}"
             try:
                 if not await channel.ping(probe):
-                    await self.redis.spublish(INDEX_CHANNEL, probe)
+                    await self.publisher.publish(INDEX_CHANNEL, probe)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away or stalled: bypass, subscribe afresh

@@ -19,18 +19,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
-
-from redis.exceptions import RedisError
 
 from ..auth.principal import Scope
 from ..errors.failures import describe
 from ..protocol import capabilities, commands
 from ..protocol.commands import SessionMessage
 from ..protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
+from ..store.bus import CommandBus
 from ..store.client import Store
+from ..store.errors import StoreError
 from ..store.events import LogEvent
-from ..store.keys import INBOX_MAXLEN, SessionKeys
+from ..store.keys import SessionKeys
 from ..store.retry import retrying
 from .acp.connection import ClientConnection
 from .agents import RemoteAgents
@@ -48,6 +49,9 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "terminal/": ("terminal",),
 }
 
+
+HTTP_BELL = "acpHttp"
+"""The key of a node message about a Streamable HTTP connection (see ``streamable``)."""
 
 SHARED_ASKS_META = "acpBroker/sharedAsks"
 SHARED_ASKS = frozenset({"session/request_permission"})
@@ -85,10 +89,12 @@ class NodeRouter(HubListener):
     def __init__(
         self, redis: Store, hub: FanoutHub, agents: RemoteAgents, *, answer_timeout: float = 30.0
     ) -> None:
-        self.redis = redis
+        self.bus = CommandBus(redis)
         self.hub = hub
         self.agents = agents
         self.answer_timeout = answer_timeout
+        self.http_bells: Callable[[dict[str, Any]], None] | None = None
+        """Where node messages about Streamable HTTP connections go (the node sets it)."""
         self._asking: dict[str, asyncio.Task[Any]] = {}
         # The answers given lately, by request id: a host that asks again (it never got the
         # answer) gets the same answer, and the person is not asked twice.
@@ -96,6 +102,10 @@ class NodeRouter(HubListener):
         self._sending: set[asyncio.Task[None]] = set()
 
     def on_node_message(self, message: dict[str, Any]) -> None:
+        if HTTP_BELL in message:
+            if self.http_bells is not None:
+                self.http_bells(message)
+            return
         self.agents.on_reply(message)
 
     def on_event(self, event: LogEvent) -> None:
@@ -217,10 +227,10 @@ class NodeRouter(HubListener):
         inbox = str(message["reply"])
         try:
             await retrying(
-                lambda: self.redis.xadd(inbox, {"m": data}, maxlen=INBOX_MAXLEN, approximate=True),
+                lambda: self.bus.send(inbox, data),
                 self.answer_timeout,
             )
-        except (RedisError, OSError) as exc:
+        except (StoreError, OSError) as exc:
             log.error(
                 "could not hand the answer to %s to its agent host: %s: %s",
                 rid,

@@ -26,6 +26,8 @@ INTERNAL_ERROR = -32603
 AUTH_REQUIRED = -32000
 RESOURCE_NOT_FOUND = -32002
 REQUEST_CANCELLED = -32800
+LIMIT_EXCEEDED = -32005
+"""JSON-RPC server error: a rate or size limit of the broker was hit (``data.limit`` says which)."""
 
 
 class RpcError(Exception):

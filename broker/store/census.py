@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .client import Store
+from .client import Store, commands
 from .keys import PARTITIONS, PREFIX, hot_key
 
 CENSUS_INTERVAL = 60.0
@@ -36,13 +36,20 @@ class Census:
         return max(0, self.indexed - self.hot)
 
 
-async def census(redis: Store) -> Census:
-    """Count the sessions of the store (see the module's description)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        for partition in range(PARTITIONS):
-            pipe.zcard(hot_key(partition))
-        hot = sum(int(count) for count in await pipe.execute())
-    indexed = 0
-    async for key in redis.scan_iter(match=ROWS_PATTERN, count=1000, _type="HASH"):
-        indexed += int(await redis.hlen(key))
-    return Census(hot=hot, indexed=indexed)
+class SessionCensus:
+    """Counts the sessions of the store (see the module's description)."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = commands(redis)
+
+    async def count(self) -> Census:
+        """The sessions hot and indexed now."""
+        redis = self.redis
+        async with redis.pipeline(transaction=False) as pipe:
+            for partition in range(PARTITIONS):
+                pipe.zcard(hot_key(partition))
+            hot = sum(int(count) for count in await pipe.execute())
+        indexed = 0
+        async for key in redis.scan_iter(match=ROWS_PATTERN, count=1000, _type="HASH"):
+            indexed += int(await redis.hlen(key))
+        return Census(hot=hot, indexed=indexed)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import fakeredis
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..compat.redis import gated
+from ..compat.redis import GatedPool, gated
 from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
 from .breaker import StoreBreaker
 from .cluster import patient_cluster
@@ -30,14 +30,25 @@ log = logging.getLogger(__name__)
 
 
 class Store(Protocol):
-    """What the roles need of the store: the commands they send (the log's streams and
-    scripts, the index's sorted sets and hashes, the queues' streams and consumer groups,
-    leases, the live feed's sharded pub/sub), pipelines and scripts. Every client
-    :func:`connect` makes satisfies it (redis-py's ``Redis`` for one server or a Sentinel
-    master, ``RedisCluster``, fakeredis's for the embedded store), and mypy checks that
-    the roles use nothing else; how the store is laid out is :func:`topology`'s to say.
+    """An open store, as :func:`connect` makes it (one server, a Sentinel master, a Redis
+    Cluster or the embedded store): what the roles hold and hand to the store's ports, whose
+    typed methods are all a role can do with it (the session log, the index, the live feed,
+    the command bus, leases and the host registry, idempotency and token records, rate
+    counters, the retention sets and the archive: see ``docs/storage.md``). The commands
+    behind it are the ports' own (:class:`Commands`)."""
 
-    The commands' arguments and replies keep redis-py's own (loose) types."""
+    async def aclose(self) -> None: ...
+
+
+class Commands(Store, Protocol):
+    """The client behind a :class:`Store`, as the store's own modules send it commands:
+    the log's streams and scripts, the index's sorted sets and hashes, the queues' streams
+    and consumer groups, leases, the live feed's sharded pub/sub, pipelines and scripts.
+    Every client :func:`connect` makes is one (redis-py's ``Redis``, ``RedisCluster``,
+    fakeredis's); nothing outside ``broker/store`` uses it (``tests/test_layout.py``).
+
+    The commands' arguments and replies keep redis-py's own (loose) types: the ports'
+    signatures are where the types are precise."""
 
     def get(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -146,6 +157,12 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
+def commands(store: Store) -> Commands:
+    """The client behind ``store``, to send it commands (what every client :func:`connect`
+    makes is)."""
+    return cast(Commands, store)
+
+
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64
 """Redis connections per process. A burst of requests past it waits for a free connection
@@ -197,7 +214,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             **bounded,
         )
     if sep and scheme in SENTINEL_SCHEMES:
-        return sentinel_master(
+        master = sentinel_master(
             url,
             timeout=timeout,
             retry=_reconnecting(),
@@ -205,7 +222,11 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
             pool_wait=POOL_WAIT,
             packed=lambda kind: gated(packed_by_hiredis(kind), breaker),
         )
-    pool = BlockingConnectionPool.from_url(
+        pool = master.connection_pool
+        assert isinstance(pool, GatedPool)  # sentinel_master's BlockingSentinelPool
+        pool.gate = breaker
+        return master
+    pool = GatedPool.from_url(
         url,
         decode_responses=True,
         health_check_interval=30,
@@ -215,6 +236,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
         **bounded,
     )
     pool.connection_class = gated(packed_by_hiredis(pool.connection_class), breaker)
+    pool.gate = breaker
     return Redis.from_pool(pool)
 
 

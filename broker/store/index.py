@@ -40,13 +40,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from redis.exceptions import NoScriptError, RedisError
 
 from .. import fastjson
 from .catalog import catalog_entries
-from .client import Store, is_cluster
+from .client import Store, commands, is_cluster
 from .direct import store_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
@@ -430,14 +430,22 @@ _NOTHING: Any = object()
 """A session whose notices the index holds already."""
 
 
+class IndexDump(TypedDict):
+    """Everything the index holds for a tenant: its rows (session id -> row text) and its
+    listings' members (listing key -> members, in order)."""
+
+    rows: dict[str, str]
+    listings: dict[str, list[str]]
+
+
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
     def __init__(self, redis: Store, *, changed: Callable[[str], None] | None = None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.announcer = IndexAnnouncer(redis, changed)
-        self._project = redis.register_script(_script("project.lua"))
-        self._touch = redis.register_script(_script("touch.lua"))
+        self._project = self.redis.register_script(_script("project.lua"))
+        self._touch = self.redis.register_script(_script("touch.lua"))
         # Replies as bytes: a page's texts go on to the client's frame as they were read.
         self._calls = store_calls(redis, encoding=None)
         self._direct = self._calls.direct
@@ -809,7 +817,7 @@ class SessionIndex:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
         return decode_row(raw) if raw else None
 
-    async def dump(self, tenant: str) -> Mapping[str, Any]:
+    async def dump(self, tenant: str) -> IndexDump:
         """Everything the index holds for a tenant (to compare a rebuild with the live one)."""
         keys = TenantKeys(tenant)
         rows = await self.redis.hgetall(keys.rows)
@@ -818,4 +826,4 @@ class SessionIndex:
         for version in versions.values():
             for name in Version.decode(version).entries:  # type: ignore[union-attr]
                 listings[name] = await self.redis.zrange(keys.index(name), 0, -1)
-        return {"rows": rows, "listings": listings}
+        return IndexDump(rows=rows, listings=listings)

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .cluster_feed import ClusterFeed
 from .raw import bare_options
 from .subscriber import BatchSubscriber, Message, RedisPySubscriber
 
-__all__ = ["LiveFeed", "Message", "open_live_feed"]
+__all__ = ["LiveFeed", "Message", "Publisher", "open_live_feed"]
 
 
 class LiveFeed(Protocol):
@@ -79,4 +79,17 @@ def open_live_feed(redis: Store) -> LiveFeed:
     options = bare_options(redis)
     if options is not None:
         return BatchSubscriber(options)
-    return RedisPySubscriber(redis.pubsub())
+    return RedisPySubscriber(commands(redis).pubsub())
+
+
+class Publisher:
+    """Publishing on the live feed's channels (``SPUBLISH``): a session's channel, a
+    node's reply channel, the index's announcements."""
+
+    def __init__(self, redis: Store) -> None:
+        self.redis = commands(redis)
+
+    async def publish(self, channel: str, data: str) -> int:
+        """Publish ``data`` on ``channel``; how many subscribers heard it (0: none, see
+        :func:`~.retry.unheard`)."""
+        return int(await self.redis.spublish(channel, data))

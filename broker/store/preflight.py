@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,13 +25,18 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors.failures import describe
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .faults import is_noperm, missing_permission, start_problem
 
 log = logging.getLogger(__name__)
 
 NOEVICTION = "noeviction"
-_K, _H, _Z, _T, _S, _N = (f"acpb:{{probe}}:{kind}" for kind in ("k", "h", "z", "t", "s", "n"))
+_OWN = secrets.token_hex(6)
+"""This process's own probe keys: roles started together run their checks at once, and one's
+``DEL`` between another's ``XADD`` and ``XGROUP CREATE`` refused that role's start."""
+_K, _H, _Z, _T, _S, _N = (
+    f"acpb:{{probe}}:{_OWN}:{kind}" for kind in ("k", "h", "z", "t", "s", "n")
+)
 PROBE_CHANNEL = "acpb:{probe}:channel"
 _SCRIPT = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 10000)"
 _PROBES: list[tuple[str, ...]] = [
@@ -93,7 +99,7 @@ async def preflight(redis: Store, *, allow_evicting: bool, tls: bool) -> StoreFa
     if topology(redis) is Topology.EMBEDDED:
         return StoreFacts()
     try:
-        await redis.ping()
+        await commands(redis).ping()
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise RedisConnectionError(start_problem(exc, tls=tls)) from exc
     await check_permissions(redis)
@@ -132,7 +138,7 @@ async def check_permissions(redis: Store) -> None:
     refused naming the permission."""
     for probe in _PROBES:
         try:
-            await redis.execute_command(*probe)
+            await commands(redis).execute_command(*probe)
         except ResponseError as exc:
             if is_noperm(exc) or "can't access" in str(exc):
                 raise StoreRefused(missing_permission(exc, probe[0])) from None
@@ -145,7 +151,7 @@ async def _check_subscribe(redis: Store) -> None:
     """SSUBSCRIBE on a probe channel (a refusal comes as the reply to it)."""
     if topology(redis) is Topology.CLUSTER:
         return  # the cluster's pub/sub client subscribes lazily; SPUBLISH proved the channel
-    pubsub = redis.pubsub()
+    pubsub = commands(redis).pubsub()
     try:
         await pubsub.ssubscribe(PROBE_CHANNEL)
         async with asyncio.timeout(5):
@@ -163,7 +169,7 @@ async def eviction_policy(redis: Store) -> str | None:
     """The store's ``maxmemory-policy`` (a cluster: the first evicting one among its
     nodes); None when this user may not ask (``CONFIG GET`` is ``@dangerous``)."""
     try:
-        answer = await redis.config_get("maxmemory-policy")
+        answer = await commands(redis).config_get("maxmemory-policy")
     except ResponseError as exc:
         if is_noperm(exc):
             return None

@@ -1,8 +1,9 @@
 """The session list of ``GET /v1/sessions``, the ``session_list`` tool and ``acp-broker sessions``.
 
-One list path: :func:`parse_query` validates the inputs into a :class:`SessionQuery`,
-:func:`list_sessions` answers it from the catalog listings (:mod:`.catalog`), newest
-``createdAt`` first, ties by session id, in keyset pages with signed cursors.
+One list path: the front reads a list's inputs into a :class:`SessionQuery` (its input
+model, ``broker/front/http/tool_models.py``); :class:`SessionLister` answers it from the
+catalog listings (:mod:`.catalog`), newest ``createdAt`` first, ties by session id, in
+keyset pages with signed cursors.
 
 How each query is served:
 
@@ -26,13 +27,12 @@ pages is allowed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from ..config import SESSION_KINDS
-from ..errors import ApiError, ErrorCode, invalid_argument
 from .catalog import (
     ALL_LISTING,
     ID_PREFIX_CHARS,
@@ -47,7 +47,7 @@ from .catalog import (
     word_listing,
     words,
 )
-from .client import Store
+from .client import Store, commands
 from .cursors import CursorCodec, InvalidCursor, fingerprint
 from .events import JsonObject
 from .index import cwd_listing, decode_row, normalize_cwd
@@ -60,7 +60,6 @@ LIMIT_MIN = 1
 LIMIT_MAX = 100
 Q_MAX_CHARS = 200
 CURSOR_MAX_CHARS = 1000
-INPUTS = ("status", "kind", "q", "limit", "after")
 SCAN_BUDGET = 1000
 """Most sessions one call examines when rows are filtered one by one (``q``, ``--cwd``)."""
 FILTER_CHUNK = 200
@@ -95,75 +94,6 @@ class SessionPage:
     has_more: bool
     next_cursor: str | None
     next_after: str | None = None
-
-
-# -- inputs -----------------------------------------------------------------------------
-
-
-def parse_query(args: Mapping[str, Any]) -> SessionQuery:
-    """Validate the inputs (``None`` or a blank string = left out); :class:`ApiError` if bad."""
-    unknown = sorted(set(args) - set(INPUTS))
-    if unknown:
-        raise invalid_argument(f"unknown input {unknown[0]!r}: the inputs are {', '.join(INPUTS)}")
-    return SessionQuery(
-        statuses=_statuses(_text(args, "status")),
-        kind=_kind(_text(args, "kind")),
-        q=_q(_text(args, "q")),
-        limit=_limit(args.get("limit")),
-        after=_text(args, "after"),
-    )
-
-
-def _text(args: Mapping[str, Any], name: str) -> str | None:
-    value = args.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise invalid_argument(f"{name} must be a string")
-    return value.strip() or None
-
-
-def _statuses(text: str | None) -> tuple[str, ...]:
-    if text is None:
-        return ()
-    wanted = {part.strip().upper() for part in text.split(",") if part.strip()}
-    bad = sorted(wanted - set(STATUS_VALUES))
-    if bad:
-        raise invalid_argument(
-            f"unknown status {bad[0]!r}: status is RUNNING, STOPPED, DELETED or ERROR, "
-            "or several of them joined with commas"
-        )
-    return tuple(s for s in STATUS_VALUES if s in wanted)
-
-
-def _kind(text: str | None) -> str | None:
-    if text is None:
-        return None
-    kind = text.lower()
-    if kind not in KIND_VALUES:
-        raise invalid_argument(f"unknown kind {text!r}: kind is browser, shell or combined")
-    return kind
-
-
-def _q(text: str | None) -> str | None:
-    if text is not None and len(text) > Q_MAX_CHARS:
-        raise invalid_argument(f"q must be at most {Q_MAX_CHARS} characters")
-    return text
-
-
-def _limit(value: Any) -> int:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return LIMIT_DEFAULT
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        number = int(value.strip())  # ASCII only: "²" is a digit to isdigit(), not to int()
-    if number is None or not LIMIT_MIN <= number <= LIMIT_MAX:
-        raise invalid_argument(
-            f"limit must be an integer from {LIMIT_MIN} to {LIMIT_MAX}; got {value!r}"
-        )
-    return number
 
 
 # -- planning ---------------------------------------------------------------------------
@@ -298,6 +228,11 @@ class _MergedWalk:
                 source.buffer.append((member, decode_row(row) if row else None))
 
 
+class BadCursor(ValueError):
+    """A list query's cursor is forged, truncated, foreign or of another query (the HTTP
+    layer answers it as ``invalid_cursor``: :func:`broker.errors.store.query_refused`)."""
+
+
 class SessionLister:
     """Answers session list queries for any tenant from the catalog listings."""
 
@@ -306,15 +241,15 @@ class SessionLister:
         self.cursors = cursors
         self.scan_budget = scan_budget
         text = resources.files(__package__).joinpath("lua", "scan.lua").read_text()
-        self._scan = store.register_script(text)
+        self._scan = commands(store).register_script(text)
 
     async def page(self, tenant: str, query: SessionQuery) -> SessionPage:
-        """One page of ``query``'s sessions (``invalid_cursor`` :class:`ApiError` if bad)."""
+        """One page of ``query``'s sessions (:class:`BadCursor` if its cursor is bad)."""
         return await self.page_after(tenant, query, self.position(tenant, query))
 
     def position(self, tenant: str, query: SessionQuery) -> str | None:
         """The keyset position ``query``'s cursor holds (None: the first page);
-        ``invalid_cursor`` :class:`ApiError` if it is not one of ours for this query."""
+        :class:`BadCursor` if it is not one of ours for this query."""
         return self._position(query.after, fingerprint(tenant, CATALOG, query.filters()))
 
     async def page_after(self, tenant: str, query: SessionQuery, after: str | None) -> SessionPage:
@@ -343,28 +278,12 @@ class SessionLister:
         if cursor is None:
             return None
         if len(cursor) > CURSOR_MAX_CHARS:
-            raise ApiError(ErrorCode.INVALID_CURSOR, "the cursor is not one this server gave out")
+            raise BadCursor("the cursor is not one this server gave out")
         try:
             return self.cursors.decode(cursor, mark)
         except (InvalidCursor, ValueError) as exc:
-            raise ApiError(ErrorCode.INVALID_CURSOR, str(exc)) from None
+            raise BadCursor(str(exc)) from None
 
     def _page(self, shown: list[tuple[str, JsonObject]], position: str, mark: str) -> SessionPage:
         rows = [row for _, row in shown]
         return SessionPage(rows, True, self.cursors.encode(position, mark), position)
-
-
-def session_object(row: JsonObject) -> JsonObject:
-    """A session as ``GET /v1/sessions`` shows it."""
-    return {
-        "id": row["sessionId"],
-        "status": row.get("status"),
-        "kind": row.get("kind") or None,
-        "createdAt": row.get("createdAt"),
-        "updatedAt": row.get("updatedAt"),
-        "title": row.get("title"),
-        "cwd": row.get("cwd"),
-        "additionalDirectories": row.get("additionalDirectories") or [],
-        "agent": row.get("agent") or None,
-        "userMetadata": row.get("_meta") or {},
-    }

@@ -8,7 +8,7 @@ from typing import Any
 
 from .archive import ArchiveCorrupt, ArchivedLog, entries_between
 from .archived import ArchivedLogs
-from .client import Store
+from .client import Store, commands
 from .direct import StoreCalls
 from .events import EventRow, JsonObject, LogEvent, SessionSnapshot, events_of, window_fields
 from .keys import SessionKeys
@@ -20,7 +20,7 @@ class LogReader:
     """Reads session logs and their snapshots."""
 
     def __init__(self, redis: Store, calls: StoreCalls, archives: ArchivedLogs) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.calls = calls
         """The reads of :meth:`read` and :meth:`snapshot_and_holder`: with ``direct_reads``,
         on a connection of their own where the topology allows one, past redis-py's layers
@@ -104,6 +104,25 @@ class LogReader:
         if not snap:
             raise SessionMissing(session_id)
         return SessionSnapshot.from_hashes(snap, meta, tenant=tenant, session_id=session_id)
+
+    async def head(self, tenant: str, session_id: str) -> tuple[int, str | None]:
+        """The session's last seq and its log's epoch, as its snapshot says;
+        :class:`SessionMissing` if there is no snapshot."""
+        seq, epoch = await self.redis.hmget(
+            SessionKeys(tenant, session_id).snapshot, ["seq", "epoch"]
+        )
+        if seq is None:
+            raise SessionMissing(session_id)
+        return int(seq), epoch
+
+    async def heads(self, sessions: Sequence[tuple[str, str]]) -> list[int | None]:
+        """The last seq of several sessions (``(tenant, session id)``) in one round trip;
+        None for a session that has no snapshot."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tenant, session_id in sessions:
+                pipe.hget(SessionKeys(tenant, session_id).snapshot, "seq")
+            replies = await pipe.execute()
+        return [None if seq is None else int(seq) for seq in replies]
 
     async def snapshot_and_holder(
         self, tenant: str, session_id: str

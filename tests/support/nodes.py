@@ -11,10 +11,11 @@ from prometheus_client import REGISTRY
 
 from broker.front.node import FrontNode
 from broker.front.pages import PageCache
+from broker.serve import Broker
 
 from .client import wait_for
 
-NodeT = TypeVar("NodeT", bound=FrontNode)
+NodeT = TypeVar("NodeT", FrontNode, Broker)
 
 
 @contextlib.asynccontextmanager

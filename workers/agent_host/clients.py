@@ -28,12 +28,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from broker.protocol import commands
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError
 from broker.store.client import Store
+from broker.store.errors import StoreError
 from broker.store.keys import SessionKeys
+from broker.store.live import Publisher
 from broker.store.retry import retrying, unheard
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class RemoteClients:
         reconnect_grace: float = 0.0,
         unheard_grace: float = UNHEARD_GRACE,
     ) -> None:
-        self.redis = redis
+        self.publisher = Publisher(redis)
         self.unheard_grace = unheard_grace
         self.inbox = inbox
         self.timeout = timeout
@@ -171,7 +171,7 @@ class RemoteClients:
                 receivers: int = await retrying(
                     lambda: self._publish(channel, data), patience, (), again=unheard
                 )
-            except (RedisError, OSError) as exc:  # a socket error is the store out of reach too
+            except (StoreError, OSError) as exc:  # a socket error is the store out of reach too
                 # The store is out of reach: the answer cannot come back either. Ask again
                 # at the next interval, until the deadline.
                 log.warning("asking for %s failed: %s: %s", method, type(exc).__name__, exc)
@@ -199,13 +199,13 @@ class RemoteClients:
 
     async def _publish(self, channel: str, data: str) -> int:
         """``SPUBLISH``: how many subscribers heard it."""
-        return int(await self.redis.spublish(channel, data))
+        return await self.publisher.publish(channel, data)
 
     async def _settled(self, channel: str, rid: str) -> None:
         """Tell the other nodes the request is settled (withdraws it from their clients)."""
         try:
-            await self.redis.spublish(channel, commands.encode(commands.client_settled(rid)))
-        except (RedisError, OSError) as exc:  # raised here, it would replace the answer
+            await self.publisher.publish(channel, commands.encode(commands.client_settled(rid)))
+        except (StoreError, OSError) as exc:  # raised here, it would replace the answer
             # Not an answer: a node that misses it withdraws the request when its own
             # client's answer reaches a host that no longer waits for it.
             log.info("could not announce that %s is settled: %s", rid, exc)

@@ -12,10 +12,10 @@ from typing import Any
 from broker.errors.failures import describe
 from broker.protocol.jsonrpc import RpcError
 from broker.store.events import EventType, Status
+from broker.store.leases import Leases
 from broker.store.log import SessionFull, SessionMissing
 from broker.store.retry import doubling, retry_store
 
-from .leases import Leases
 from .recorder import STORE_AWAY_PAUSE, SessionRecorder
 from .sessions import HeldSession, HeldSessions
 

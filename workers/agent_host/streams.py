@@ -30,14 +30,11 @@ both are empty. Every host trims its own inbox and the queue (idempotent).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
-from redis.exceptions import ResponseError
-
+from broker.store.bus import CommandBus
 from broker.store.client import Store
-from broker.store.keys import host_queue
-from broker.store.streams import absent, id_key, trim_behind_group, trim_below, trim_every
+from broker.store.streams import trim_every
 
 log = logging.getLogger(__name__)
 
@@ -52,37 +49,20 @@ PENDING_HORIZON = 60.0
 """Seconds after which a queue entry still pending is one whose acknowledgement failed."""
 
 
-def just_past(entry_id: str) -> str:
-    """The smallest stream id greater than ``entry_id``."""
-    ms, seq = id_key(entry_id)
-    return f"{ms}-{seq + 1}"
-
-
 async def trim_inbox(redis: Store, inbox: str, read_up_to: str | None) -> int:
     """Trim a host's inbox up to and including ``read_up_to`` (the last entry its host
     read; None: none yet), and set it to expire after :data:`INBOX_TTL`; entries removed."""
-    removed = 0
-    if read_up_to is not None:
-        removed = await trim_below(redis, inbox, just_past(read_up_to))
-    await redis.pexpire(inbox, int(INBOX_TTL * 1000))
-    return removed
+    return await CommandBus(redis).trim_inbox(inbox, read_up_to, int(INBOX_TTL * 1000))
 
 
 async def trim_queue(redis: Store, group: str, *, horizon: float = PENDING_HORIZON) -> int:
     """Acknowledge the queue's entries pending for over ``horizon`` seconds, then trim the
     queue behind ``group``; entries removed."""
-    stale = f"{int((time.time() - horizon) * 1000)}-0"
-    try:
-        pending = await redis.xpending_range(host_queue(), group, min="-", max=stale, count=1000)
-    except ResponseError as exc:
-        if absent(exc):
-            return 0  # no queue, or no group yet: nothing to acknowledge or trim
-        raise
-    if pending:
-        ids = [entry["message_id"] for entry in pending]
-        await redis.xack(host_queue(), group, *ids)
-        log.info("acknowledged %d queued commands whose acknowledgement had failed", len(ids))
-    return await trim_behind_group(redis, host_queue(), group)
+    bus = CommandBus(redis)
+    acknowledged = await bus.ack_stale(group, horizon)
+    if acknowledged:
+        log.info("acknowledged %d queued commands whose acknowledgement had failed", acknowledged)
+    return await bus.trim_queue(group)
 
 
 async def run_command_trimming(

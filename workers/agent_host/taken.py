@@ -21,11 +21,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from redis.exceptions import RedisError
-
 from broker.errors.failures import describe
+from broker.store.bus import CommandMarks
 from broker.store.client import Store
-from broker.store.keys import command_taken_key
+from broker.store.errors import StoreError
 from broker.store.retry import retrying
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ class TakenMarks:
     """The marks of the creating commands one agent host takes."""
 
     def __init__(self, redis: Store, host_id: str, *, write_timeout: float = 5.0) -> None:
-        self.redis = redis
+        self.store = CommandMarks(redis)
         self.host_id = host_id
         self.write_timeout = write_timeout
 
@@ -51,18 +50,17 @@ class TakenMarks:
         """Mark ``rid`` as run by this host: None when it is this host's to run now, else
         the mark already there (see the module). When Redis cannot say, the command runs:
         its own writes then meet the same store."""
-        key = command_taken_key(rid)
         mine = RUNNING + self.host_id
         try:
-            if await self.redis.set(key, mine, nx=True, px=RUNNING_TTL_MS):
+            if await self.store.claim(rid, mine, RUNNING_TTL_MS):
                 return None
-            mark = await self.redis.get(key)
-        except (RedisError, OSError) as exc:
+            mark = await self.store.get(rid)
+        except (StoreError, OSError) as exc:
             log.warning("could not mark command %s as taken (%s); running it", rid, describe(exc))
             return None
         if mark is None:  # lapsed in between: take it again
             return await self.take(rid)
-        return str(mark)
+        return mark
 
     def mine(self, mark: str) -> bool:
         """Whether ``mark`` says this host runs the command."""
@@ -72,32 +70,32 @@ class TakenMarks:
     async def running(self, rid: str) -> AsyncIterator[None]:
         """Keep ``rid``'s mark alive while the block runs it; a block that ends with an
         exception (a cancellation: the host stopping) deletes the mark, for a copy to run."""
-        keeper = asyncio.ensure_future(self._keep(command_taken_key(rid)))
+        keeper = asyncio.ensure_future(self._keep(rid))
         try:
             yield
         except BaseException:
-            with contextlib.suppress(RedisError, OSError):  # else it lapses by itself
-                await self.redis.delete(command_taken_key(rid))
+            with contextlib.suppress(StoreError, OSError):  # else it lapses by itself
+                await self.store.clear(rid)
             raise
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
 
-    async def _keep(self, key: str) -> None:
+    async def _keep(self, rid: str) -> None:
         while True:
             await asyncio.sleep(RUNNING_TTL_MS / 3000)
-            with contextlib.suppress(RedisError, OSError):  # the next beat tries again
-                await self.redis.pexpire(key, RUNNING_TTL_MS)
+            with contextlib.suppress(StoreError, OSError):  # the next beat tries again
+                await self.store.extend(rid, RUNNING_TTL_MS)
 
     async def done(self, rid: str, reply: str) -> None:
         """``rid`` was answered with ``reply`` (encoded): kept for its copies."""
         try:
             await retrying(
-                lambda: self.redis.set(command_taken_key(rid), DONE + reply, px=DONE_TTL_MS),
+                lambda: self.store.put(rid, DONE + reply, DONE_TTL_MS),
                 self.write_timeout,
             )
-        except (RedisError, OSError) as exc:  # a copy then finds the running mark lapse, and runs
+        except (StoreError, OSError) as exc:  # a copy then finds the running mark lapse, and runs
             log.warning("could not keep the reply to command %s: %s", rid, describe(exc))
 
 

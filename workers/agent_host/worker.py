@@ -21,14 +21,14 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Coroutine
 from typing import Any
-
-from redis.exceptions import RedisError, ResponseError
 
 from broker.config import Settings
 from broker.errors.failures import FailureLog, describe
 from broker.errors.store import rpc_failure
+from broker.lifetimes import RoleLoops
 from broker.loops import cancel_and_wait
 from broker.ops import metrics
 from broker.protocol import commands
@@ -42,20 +42,31 @@ from broker.protocol.jsonrpc import (
 )
 from broker.store import hosts
 from broker.store.archive import ArchiveStore
+from broker.store.bus import CommandBus
 from broker.store.client import Store
-from broker.store.keys import CAPABILITIES_KEY, host_inbox, host_queue
+from broker.store.errors import StoreError, group_missing
+from broker.store.groups import Entries
+from broker.store.keys import host_inbox, host_queue
+from broker.store.leases import HeldElsewhere, Leases
+from broker.store.live import Publisher
 from broker.store.log import SessionLog, SessionMissing
 from broker.store.retry import is_store_away, retrying, unheard
 
 from .clients import RemoteClients
 from .host import AgentHost
-from .leases import HeldElsewhere, Leases
+from .sandbox import sandbox_policy
 from .streams import run_command_trimming
 from .taken import TakenMarks, kept_reply
 
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hosts"
+QUEUE_WINDOW_MS = 30_000
+"""How far back the first host to read the shared queue starts reading it: a front sends a
+command again every ``ack_timeout`` until its route deadline (30 s), so a command queued
+within it has a front waiting for its answer (the fronts start faster than the hosts: a
+``session/new`` sent a moment before the first host is up is run, not lost); older ones are
+stale, their fronts gave up. Copies of one command are run once (see :mod:`.taken`)."""
 CREATING = frozenset({Op.NEW.value, Op.FORK.value})
 """Commands that make a session: run once per call id, whichever hosts get copies of it
 (see :mod:`.taken`)."""
@@ -76,6 +87,8 @@ class HostWorker:
         self.settings = settings
         self.host_id = host_id or f"host-{secrets.token_hex(6)}"
         self.inbox = host_inbox(self.host_id)
+        self.bus = CommandBus(redis)
+        self.publisher = Publisher(redis)
         self.leases = Leases(redis, self.host_id, ttl=settings.lease_ttl)
         self.marks = TakenMarks(redis, self.host_id)
         self.clients = RemoteClients(
@@ -100,79 +113,80 @@ class HostWorker:
             cancel_grace=settings.cancel_grace,
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
+            sandbox=sandbox_policy(settings),
+            idle_timeout=settings.agent_idle_timeout,
+            max_processes=settings.max_agent_processes,
         )
         self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
         self.ack_failures = FailureLog(log, "acknowledging queued commands")
         self.lease_failures = FailureLog(log, "lease upkeep")
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._loops: list[asyncio.Task[Any]] = []
+        """The commands running (one task each, tracked here until done; cancelled on stop)."""
+        self.role_loops = RoleLoops("agent host")
+        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
+        self.role_loops.add("host-inbox", self._read_inbox)
+        self.role_loops.add("host-queue", self._read_queue)
+        self.role_loops.add("host-leases", self._keep_leases)
+        self.role_loops.add(
+            "host-command-trimming",
+            lambda: run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
+        )
         self._inbox_last: str | None = None
 
     async def start(self) -> None:
-        await self._create_group("$")  # commands queued before this deployment are stale
+        await self._create_group(queue_window_start(time.time()))
         await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
-        self._loops = [
-            asyncio.create_task(self._read_inbox(), name="host-inbox"),
-            asyncio.create_task(self._read_queue(), name="host-queue"),
-            asyncio.create_task(self._keep_leases(), name="host-leases"),
-            asyncio.create_task(
-                run_command_trimming(self.redis, self.inbox, self._inbox_read, QUEUE_GROUP),
-                name="host-command-trimming",
-            ),
-        ]
-        if self.settings.prestart_agents:
-            await self.host.start()
+        await self.role_loops.start()
+        await self.host.start(prestart=self.settings.prestart_agents)
 
     def loops(self) -> list[asyncio.Task[Any]]:
-        """The role's loops: the inbox, the shared queue, the leases, the streams' trim."""
-        return list(self._loops)
+        """The tasks of the role's loops (see :attr:`role_loops`)."""
+        return list(self.role_loops.tasks())
+
+    async def __aenter__(self) -> HostWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(hand_over=True)
 
     async def stop(self, *, hand_over: bool = False) -> None:
-        await cancel_and_wait(*self._loops, *self._tasks)
-        with contextlib.suppress(RedisError, OSError):  # it lapses by itself within lease_ttl
+        await self.role_loops.stop()
+        await cancel_and_wait(*self._tasks)
+        with contextlib.suppress(StoreError, OSError):  # it lapses by itself within lease_ttl
             await hosts.withdraw(self.redis, self.host_id)
         await self.host.stop(hand_over=hand_over)
 
     async def run(self) -> None:
         """The role as a coroutine: start, then serve until cancelled (handing sessions over)."""
-        await self.start()
-        try:
+        async with self:
             await asyncio.Event().wait()
-        finally:
-            await self.stop(hand_over=True)
 
     # -- reading commands ---------------------------------------------------------------------
 
     async def _read_inbox(self) -> None:
         last = "$"
         while True:
-            replies = await self._guarded(
-                self.redis.xread({self.inbox: last}, count=100, block=1000)
+            entries = await self._guarded(
+                self.bus.read_inbox(self.inbox, last, count=100, block_ms=1000)
             )
-            for _, entries in replies or []:
-                for entry_id, fields in entries:
-                    last = self._inbox_last = entry_id
-                    self._take_entry(self.inbox, entry_id, fields)
+            for entry_id, fields in entries or []:
+                last = self._inbox_last = entry_id
+                self._take_entry(self.inbox, entry_id, fields)
 
     def _inbox_read(self) -> str | None:
         """The last inbox entry read (None: none yet): the inbox is trimmed up to it."""
         return self._inbox_last
 
     async def _create_group(self, start: str) -> None:
-        try:
-            await self.redis.xgroup_create(host_queue(), QUEUE_GROUP, id=start, mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await self.bus.create_queue_group(QUEUE_GROUP, start)
 
-    async def _queue_batch(self) -> Any:
+    async def _queue_batch(self) -> Entries | None:
         try:
-            return await self.redis.xreadgroup(
-                QUEUE_GROUP, self.host_id, {host_queue(): ">"}, count=10, block=1000
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            return await self.bus.read_queue(QUEUE_GROUP, self.host_id, count=10, block_ms=1000)
+        except StoreError as exc:
+            if not group_missing(exc):
                 raise
             # Redis came back empty (no persistence, a fresh replica, a flush): the group
             # is gone with the queue. Make it again, from the start of the new queue.
@@ -182,11 +196,11 @@ class HostWorker:
 
     async def _read_queue(self) -> None:
         while True:
-            replies = await self._guarded(self._queue_batch())
-            for _, entries in replies or []:
+            entries = await self._guarded(self._queue_batch())
+            if entries:
                 await self._ack_queued([entry_id for entry_id, _ in entries])
-                for entry_id, fields in entries:
-                    self._take_entry(host_queue(), entry_id, fields)
+            for entry_id, fields in entries or []:
+                self._take_entry(host_queue(), entry_id, fields)
 
     async def _ack_queued(self, entry_ids: list[str]) -> None:
         """Acknowledge commands read from the shared queue. When Redis fails the XACK, the
@@ -195,8 +209,8 @@ class HostWorker:
         group. (An XACK that raised out of the loop once ended the host's reading of the
         queue for good: no new session was served here until a restart.)"""
         try:
-            await self.redis.xack(host_queue(), QUEUE_GROUP, *entry_ids)
-        except (RedisError, OSError) as exc:
+            await self.bus.ack_queued(QUEUE_GROUP, entry_ids)
+        except (StoreError, OSError) as exc:
             self.ack_failures.failed(exc)
         else:
             self.ack_failures.succeeded()
@@ -277,8 +291,8 @@ class HostWorker:
         or the front's subscription being made again) again in the background while the
         command runs (its reply settles the front's wait as well)."""
         ack = commands.ack(rid, self.host_id)
-        with contextlib.suppress(RedisError, OSError):  # tried again just below
-            if not unheard(await self.redis.spublish(reply_to, commands.encode(ack))):
+        with contextlib.suppress(StoreError, OSError):  # tried again just below
+            if not unheard(await self.publisher.publish(reply_to, commands.encode(ack))):
                 return
         self._spawn(self._send(reply_to, ack))
 
@@ -360,11 +374,11 @@ class HostWorker:
         data = commands.encode(message)
         try:
             heard = await retrying(
-                lambda: self.redis.spublish(channel, data),
+                lambda: self.publisher.publish(channel, data),
                 self.settings.answer_timeout,
                 again=unheard,  # the front resubscribing after Redis returned: it hears a retry
             )
-        except (RedisError, OSError) as exc:
+        except (StoreError, OSError) as exc:
             log.error(
                 "could not send %s %s to %s: %s: %s",
                 message.get("t"),
@@ -390,9 +404,10 @@ class HostWorker:
         text = json.dumps(capabilities)
         try:
             await retrying(
-                lambda: self.redis.hset(CAPABILITIES_KEY, name, text), self.settings.answer_timeout
+                lambda: hosts.publish_capabilities(self.redis, name, text),
+                self.settings.answer_timeout,
             )
-        except RedisError as exc:
+        except StoreError as exc:
             log.warning("could not publish agent %s's capabilities: %s", name, describe(exc))
 
     # -- leases -------------------------------------------------------------------------------
@@ -429,6 +444,12 @@ class HostWorker:
             except (RpcError, SessionMissing) as exc:
                 log.warning("could not take over session %s: %s", session_id, exc)
                 await self.leases.forget(tenant, session_id)
+
+
+def queue_window_start(now: float) -> str:
+    """The queue entry id a new consumer group starts after, at Unix time ``now`` (the ids
+    of stream entries are Redis's clock in ms): :data:`QUEUE_WINDOW_MS` back."""
+    return f"{max(int(now * 1000) - QUEUE_WINDOW_MS, 0)}-0"
 
 
 def checked_command(command: Any) -> JsonObject:

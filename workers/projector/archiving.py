@@ -32,11 +32,12 @@ from broker.config import Settings
 from broker.errors.failures import FailureLog
 from broker.ops import metrics
 from broker.store.archive import ArchiveCorrupt, ArchiveStore, decode, encode
-from broker.store.census import CENSUS_INTERVAL, census
+from broker.store.census import CENSUS_INTERVAL, SessionCensus
 from broker.store.client import Store
 from broker.store.index import SessionIndex
-from broker.store.keys import PARTITIONS, SessionKeys, deleted_key, hot_key, split_member
+from broker.store.keys import PARTITIONS
 from broker.store.log import SessionLog, SessionMissing
+from broker.store.retention import RetentionSets
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ class Archiver:
         *,
         session_log: SessionLog | None = None,
     ) -> None:
-        self.redis = redis
+        self.sets = RetentionSets(redis)
+        self.census = SessionCensus(redis)
         self.archive = archive
         self.log = session_log or SessionLog(redis, archive=archive)
         self.index = SessionIndex(redis)
@@ -81,29 +83,23 @@ class Archiver:
     async def idle(self, partition: int, older_than: float) -> list[tuple[str, str]]:
         """Sessions of ``partition`` whose log is in Redis and got no append for
         ``older_than`` seconds."""
-        return await self._due(hot_key(partition), older_than)
+        return await self.sets.idle(partition, older_than)
 
     async def deleted(self, partition: int, older_than: float) -> list[tuple[str, str]]:
         """Sessions of ``partition`` deleted over ``older_than`` seconds ago, not purged yet."""
-        return await self._due(deleted_key(partition), older_than)
-
-    async def _due(self, key: str, older_than: float) -> list[tuple[str, str]]:
-        cutoff = int((time.time() - older_than) * 1000)
-        members = await self.redis.zrangebyscore(key, "-inf", cutoff)
-        return [split_member(member) for member in members]
+        return await self.sets.deleted(partition, older_than)
 
     async def archive_session(self, tenant: str, session_id: str) -> int:
         """Archive one session's log; returns how many events left Redis (0: none did,
         because it is archived already, is gone, or moved on while archived)."""
-        keys = SessionKeys(tenant, session_id)
         _step("read")
         try:
             whole = await self.log.read_whole(tenant, session_id)
         except SessionMissing:
-            await self.redis.zrem(keys.hot, keys.member)  # purged: nothing left to archive
+            await self.sets.cooled(tenant, session_id)  # purged: nothing left to archive
             return 0
         if whole is None:
-            await self.redis.zrem(keys.hot, keys.member)
+            await self.sets.cooled(tenant, session_id)
             return 0
         blob = encode(whole)
         _step("write")
@@ -122,16 +118,14 @@ class Archiver:
 
     async def purge_session(self, tenant: str, session_id: str) -> bool:
         """Purge one deleted session everywhere; False if it is not (or no longer) deleted."""
-        keys = SessionKeys(tenant, session_id)
-        status = await self.redis.hget(keys.snapshot, "status")
+        status = await self.sets.snapshot_field(tenant, session_id, "status")
         if status is not None and status != "DELETED":
-            await self.redis.zrem(keys.deleted, keys.member)
+            await self.sets.purged(tenant, session_id)
             return False
         await self.archive.delete(tenant, session_id)
-        await self.redis.delete(keys.log, keys.meta, keys.lease, keys.snapshot)
-        await self.redis.zrem(keys.hot, keys.member)
+        await self.sets.drop(tenant, session_id)
         await self.index.remove(tenant, session_id)
-        await self.redis.zrem(keys.deleted, keys.member)
+        await self.sets.purged(tenant, session_id)
         return True
 
     async def archive_round(
@@ -141,7 +135,7 @@ class Archiver:
         outcome = RoundOutcome()
         for tenant, session_id in await self._each(self.idle, older_than):
             if dry_run:
-                seq = await self.redis.hget(SessionKeys(tenant, session_id).snapshot, "seq")
+                seq = await self.sets.snapshot_field(tenant, session_id, "seq")
                 moved = int(seq or 0)
             else:
                 moved = await self.archive_session(tenant, session_id)
@@ -192,7 +186,7 @@ async def run_archiving(
         try:
             if time.monotonic() - counted >= CENSUS_INTERVAL:
                 counted = time.monotonic()
-                await count_sessions(archiver.redis)
+                await count_sessions(archiver.census)
             purged = await archiver.purge_round(deleted_retention)
             if purged.sessions:
                 log.info("purged %d deleted sessions", purged.sessions)
@@ -210,9 +204,9 @@ async def run_archiving(
             failures.succeeded()
 
 
-async def count_sessions(redis: Store) -> None:
+async def count_sessions(census: SessionCensus) -> None:
     """The hot and archived sessions, counted into their metrics."""
-    counts = await census(redis)
+    counts = await census.count()
     metrics.SESSIONS_HOT.set(counts.hot)
     metrics.SESSIONS_ARCHIVED.set(counts.archived)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from broker.store.client import Store
-from broker.store.keys import PARTITIONS, feed_key
-from broker.store.streams import trim_behind_group, trim_every
+from broker.store.feeds import ChangeFeeds
+from broker.store.streams import trim_every
 
 from .worker import GROUP
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 async def trim_feed(redis: Store, feed: str) -> int:
     """Trim one feed behind the projectors' group; the number of notices removed."""
-    return await trim_behind_group(redis, feed, GROUP)
+    return await ChangeFeeds(redis, GROUP).trim(feed)
 
 
 async def trim_feeds(redis: Store) -> int:
@@ -31,15 +31,10 @@ async def trim_feeds(redis: Store) -> int:
     are read first, all in one pipeline: an empty feed (every idle one, once trimmed) has
     nothing to trim, and its look behind the group would cost two commands (512 commands a
     round, most of an idle projector's on a cluster)."""
-    feeds = [feed_key(partition) for partition in range(PARTITIONS)]
-    async with redis.pipeline(transaction=False) as pipe:
-        for feed in feeds:
-            pipe.xlen(feed)
-        lengths = await pipe.execute()
+    feeds = ChangeFeeds(redis, GROUP)
     removed = 0
-    for feed, length in zip(feeds, lengths, strict=True):
-        if length:
-            removed += await trim_feed(redis, feed)
+    for feed in await feeds.nonempty():
+        removed += await feeds.trim(feed)
     return removed
 
 

@@ -14,15 +14,14 @@ import logging
 import secrets
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from broker.config import Settings
 from broker.errors.failures import FailureLog
 from broker.ops import metrics
 from broker.store.client import Store
+from broker.store.errors import group_missing
+from broker.store.feeds import ChangeFeeds
 from broker.store.groups import Entries, GroupReads
 from broker.store.index import Notice, SessionIndex
-from broker.store.keys import PARTITIONS, feed_key
 from broker.store.log import SessionLog, SessionMissing
 
 log = logging.getLogger(__name__)
@@ -45,12 +44,12 @@ class Projector:
         claim_idle_ms: int = 30_000,
         coalesce: float = 0.04,
     ) -> None:
-        self.redis = redis
         self.log = SessionLog(redis)
         self.index = SessionIndex(redis)
         self.batch = batch
         self.name = name or f"projector-{secrets.token_hex(4)}"
-        self.feeds = [feed_key(p) for p in range(PARTITIONS)]
+        self.changes = ChangeFeeds(redis, GROUP)
+        self.feeds = self.changes.feeds
         self.claim_idle_ms = claim_idle_ms
         self.coalesce = coalesce
         self._last_read = 0.0
@@ -59,13 +58,7 @@ class Projector:
         self.failures = FailureLog(log, "projection")
 
     async def ensure_groups(self) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for feed in self.feeds:
-                pipe.xgroup_create(feed, GROUP, id="0", mkstream=True)
-            results = await pipe.execute(raise_on_error=False)
-        for result in results:
-            if isinstance(result, ResponseError) and "BUSYGROUP" not in str(result):
-                raise result
+        await self.changes.ensure_groups()
 
     async def run(self) -> None:
         """Project until cancelled: what this consumer left pending, then new notices, and
@@ -98,7 +91,7 @@ class Projector:
             except Exception as exc:
                 if _cancelling():
                     raise asyncio.CancelledError from None
-                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                if group_missing(exc):
                     # Redis came back empty: the feeds' consumer groups went with it.
                     log.warning("the change feeds' consumer groups are gone: making them again")
                     groups_made, pending = False, True
@@ -122,12 +115,7 @@ class Projector:
 
     async def claim_abandoned(self) -> None:
         """Take over notices another consumer read long ago and never acknowledged."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for feed in self.feeds:
-                pipe.xautoclaim(feed, GROUP, self.name, self.claim_idle_ms, count=self.batch)
-            replies = await pipe.execute()
-        claimed = [(feed, reply[1]) for feed, reply in zip(self.feeds, replies, strict=True)]
-        claimed = [(feed, entries) for feed, entries in claimed if entries]
+        claimed = await self.changes.claim(self.name, self.claim_idle_ms, self.batch)
         if claimed:
             log.info("claimed %d abandoned notices", sum(len(e) for _, e in claimed))
             await self._apply(claimed)
@@ -179,15 +167,7 @@ class Projector:
     async def measure_backlog(self) -> int:
         """The notices no projector has read yet, over every feed (``XINFO GROUPS`` lag),
         published as :data:`~broker.ops.metrics.PROJECTOR_BACKLOG`."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for feed in self.feeds:
-                pipe.xinfo_groups(feed)
-            replies = await pipe.execute(raise_on_error=False)
-        backlog = 0
-        for groups in replies:
-            for group in groups if isinstance(groups, list) else []:
-                if group.get("name") == GROUP:
-                    backlog += int(group.get("lag") or 0)
+        backlog = await self.changes.backlog()
         metrics.PROJECTOR_BACKLOG.set(backlog)
         return backlog
 

@@ -24,11 +24,15 @@ from ...auth.authenticator import ACP_AUTH_METHOD, TOKEN_META_KEY, Authenticator
 from ...auth.principal import AuthError, Principal, Scope
 from ...config import Settings
 from ...ops import metrics
-from ...protocol.jsonrpc import AUTH_REQUIRED, JsonObject, Request, RpcError, invalid_params
+from ...protocol.jsonrpc import (
+    AUTH_REQUIRED,
+    LIMIT_EXCEEDED,
+    JsonObject,
+    Request,
+    RpcError,
+    invalid_params,
+)
 from .flow import Pace, TokenRates
-
-LIMIT_EXCEEDED = -32005
-"""JSON-RPC server error: a rate or size limit of the broker was hit (``data.limit`` says which)."""
 
 READ_METHODS = frozenset({"session/list", "session/load", "session/resume"})
 WRITE_METHODS = frozenset(

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection
@@ -64,6 +65,10 @@ UNREAD_BACKLOG = "more than max_queue_bytes sent and waiting for the connection'
 past ``max_queue_bytes`` behind its paced requests (requests past it are refused instead)."""
 
 
+OutboxMaker = Callable[[str, Lifetime], Outbox]
+"""Makes a connection's outbox, given the connection's id and lifetime."""
+
+
 class Dispatcher(RequestDispatcher, Protocol):
     """The ACP methods, as a connection is given them: what answers its requests
     (:class:`~.intake.Dispatcher`), and the hub and log its sessions are read from."""
@@ -105,7 +110,10 @@ class ClientConnection:
         *,
         principal: Principal | None,
         conn_id: str | None = None,
+        outbox: OutboxMaker | None = None,
     ) -> None:
+        """``outbox``: makes the part that sends (another transport's); by default an
+        :class:`~.outbox.Outbox` writing to ``ws``."""
         self.ws = ws
         self.id = conn_id or str(ws.id)  # given: the caller had made it already
         # Looked up once, for the parts: on Python 3.11 each lookup of the running loop is a
@@ -132,10 +140,15 @@ class ClientConnection:
         # The parts hold the connection weakly (it holds them), all by this one reference.
         owner = weakref.ref(self)
         self.lifetime = lifetime = Lifetime(loop)
-        self.outbox = outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
+        if outbox is None:
+            self.outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
+        else:
+            self.outbox = outbox(self.id, lifetime)
         pinged = isinstance(ws, PingedConnection)
-        self.intake = Intake(owner, methods, outbox, lifetime, loop, holds=pinged)
-        self.sessions = ActiveSessions(owner, settings, methods.log, methods.hub, outbox, lifetime)
+        self.intake = Intake(owner, methods, self.outbox, lifetime, loop, holds=pinged)
+        self.sessions = ActiveSessions(
+            owner, settings, methods.log, methods.hub, self.outbox, lifetime
+        )
 
     # -- reading ----------------------------------------------------------------------------
 

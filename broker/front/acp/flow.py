@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from ...errors.failures import FailureLog
 from ...store.client import Store
 from ...store.keys import PREFIX
+from ...store.quotas import RateCounters
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class TokenRates:
     """Per-credential request budgets, counted in Redis across every node."""
 
     def __init__(self, redis: Store, rate: float) -> None:
-        self.redis = redis
+        self.counters = RateCounters(redis)
         self.limit = max(1, int(rate))
         self.lease = max(1, self.limit // 10)
         self._leased: dict[str, tuple[int, int]] = {}  # subject -> (second, requests left)
@@ -126,11 +127,8 @@ class TokenRates:
         if left < requests:
             want = max(self.lease, requests - left)
             key = rate_key(subject, second)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incrby(key, want)
-                pipe.expire(key, WINDOW_TTL)
-                total, _ = await pipe.execute()
-            before = int(total) - want
+            total = await self.counters.add(key, want, WINDOW_TTL)
+            before = total - want
             left += max(0, min(want, self.limit - before))
         if left < requests:
             self._leased[subject] = (second, left)

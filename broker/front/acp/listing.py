@@ -22,13 +22,12 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ... import fastjson
 from ...config import Settings
 from ...ops import tracing
 from ...protocol.jsonrpc import JsonObject, Request, invalid_params
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
+from ...store.errors import StoreError
 from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normalize_cwd
 from ..listing import Listing
 from ..pages import Key, PageCache
@@ -170,7 +169,7 @@ class AcpListing:
         def finish(future: asyncio.Future[Any]) -> fastjson.Fragment | InTask:
             try:
                 page = self.index.read_page(read, limit)
-            except RedisError:  # the client's way recovers from anything
+            except StoreError:  # the client's way recovers from anything
                 # Not on the bare connection again: a stalled server would fail it as slowly.
                 return InTask(functools.partial(again, False))
             if page is None:  # members of an earlier format: they need the rows too

@@ -12,12 +12,11 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
-
 from ...auth.principal import Principal
 from ...config import Settings
 from ...protocol import jsonrpc
 from ...protocol.jsonrpc import Batch, Invalid, Message, Request, RpcError
+from ...store.errors import StoreError
 from .access import Access, counted_subject, token_rate_limit
 from .flow import Pace
 
@@ -124,7 +123,7 @@ class FramePacer:
         while True:
             try:
                 wait = await rates.take(subject, requests)
-            except (RedisError, OSError) as exc:  # the store away: served uncounted
+            except (StoreError, OSError) as exc:  # the store away: served uncounted
                 rates.failures.failed(exc)
                 return None
             rates.failures.succeeded()

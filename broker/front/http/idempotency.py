@@ -2,32 +2,45 @@
 
 A key is kept in Redis for 24 hours, per tenant (one tenant's key names nothing of
 another's), with a fingerprint of the request body: the same key with another body is
-refused (``invalid_argument``), not answered with a session made for other inputs. The
-first request claims the key (``SET NX``) before it creates anything; a retry that comes
-while it runs waits for it (bounded), then gets its session.
+refused (``invalid_argument``), not answered with a session made for other inputs.
+
+The first request claims the key (``SET NX``) before it creates anything, with a short lease
+(:data:`LEASE_SECONDS`) that it renews while it creates; a retry that comes meanwhile waits
+for it (bounded), then gets its session. A front that dies between the claim and the settle
+(``kill -9``) leaves a claim that lapses within the lease, and a retry then claims the key
+and creates (the session the dead front may have made is not found: it was never named).
+The claim is fenced: it holds a token of its own, and the renewal, the settle and the
+forget change the key only while it still holds that token, so a request that lost its
+claim (stalled past its lease while another took the key) never overwrites the key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ApiError, ErrorCode, invalid_argument
+from ...errors.failures import describe
 from ...store.client import Store
-from ...store.keys import PREFIX
+from ...store.errors import StoreError
+from ...store.idempotency import IdempotencyRecords
+
+log = logging.getLogger(__name__)
 
 TTL_SECONDS = 24 * 3600
+"""How long a settled key names its session."""
+LEASE_SECONDS = 10.0
+"""How long a claim outlives its front's last renewal (renewed every third of it)."""
 HEADER = "idempotency-key"
 KEY_MAX = 255
 POLL_SECONDS = 0.1
-
-
-def idempotency_key(tenant: str, key: str) -> str:
-    """The Redis key of a tenant's ``Idempotency-Key`` (hashed: any text, fixed length)."""
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    return f"{PREFIX}:idem:{tenant}:{digest}"
 
 
 def checked_key(value: str) -> str:
@@ -45,27 +58,41 @@ def fingerprint(body: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A key this request claimed: the tenant and key, and the pending value only it wrote
+    (its fencing token inside)."""
+
+    tenant: str
+    key: str
+    pending: str
+    fp: str
+
+
 class IdempotencyKeys:
     """Claims, settles and looks up keys."""
 
-    def __init__(self, redis: Store, *, wait: float = 30.0) -> None:
-        self.redis = redis
+    def __init__(self, redis: Store, *, wait: float = 30.0, lease: float = LEASE_SECONDS) -> None:
+        self.records = IdempotencyRecords(redis)
         self.wait = wait
+        self.lease_ms = int(lease * 1000)
 
-    async def claim(self, tenant: str, key: str, body: Any) -> str | None:
-        """None when this request claimed ``key`` (it creates, then :meth:`settle` or
-        :meth:`forget`); else the session id the first request with it made."""
-        name, mark = idempotency_key(tenant, key), fingerprint(body)
-        pending = json.dumps({"fp": mark, "sid": None})
-        if await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS):
-            return None
+    async def claim(self, tenant: str, key: str, body: Any) -> Claim | str:
+        """A :class:`Claim` when this request claimed ``key`` (it creates within
+        :meth:`creating`, then :meth:`settle`); else the session id the first request with
+        it made (waited for while that request runs, up to ``wait``)."""
+        mark = fingerprint(body)
+        pending = json.dumps({"fp": mark, "sid": None, "by": secrets.token_hex(8)})
+        claim = Claim(tenant, key, pending, mark)
+        if await self.records.claim(tenant, key, pending, self.lease_ms):
+            return claim
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.wait
         while True:
-            raw = await self.redis.get(name)
-            if raw is None:  # the first request failed and let the key go: this one claims it
-                if await self.redis.set(name, pending, nx=True, ex=TTL_SECONDS):
-                    return None
+            raw = await self.records.get(tenant, key)
+            if raw is None:  # the first request failed, or died and its claim lapsed
+                if await self.records.claim(tenant, key, pending, self.lease_ms):
+                    return claim
                 continue
             stored = json.loads(raw)
             if stored.get("fp") != mark:
@@ -81,11 +108,44 @@ class IdempotencyKeys:
                 )
             await asyncio.sleep(POLL_SECONDS)
 
-    async def settle(self, tenant: str, key: str, body: Any, session_id: str) -> None:
-        """The claimed key now names ``session_id``, for the rest of its 24 hours."""
-        value = json.dumps({"fp": fingerprint(body), "sid": session_id})
-        await self.redis.set(idempotency_key(tenant, key), value, keepttl=True)
+    @contextlib.asynccontextmanager
+    async def creating(self, claim: Claim) -> AsyncIterator[None]:
+        """The block creates the session ``claim`` is for: its lease is renewed meanwhile,
+        and a block that fails lets the key go (a retry creates)."""
+        renewing = asyncio.ensure_future(self._renew(claim))
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(StoreError, OSError):  # else it lapses within the lease
+                await self.records.forget(claim.tenant, claim.key, claim.pending)
+            raise
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
 
-    async def forget(self, tenant: str, key: str) -> None:
-        """The claimed key is let go (the create failed): a retry creates."""
-        await self.redis.delete(idempotency_key(tenant, key))
+    async def _renew(self, claim: Claim) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            try:
+                if not await self.records.renew(
+                    claim.tenant, claim.key, claim.pending, self.lease_ms
+                ):
+                    log.warning("the claim of an Idempotency-Key lapsed while its create ran")
+                    return
+            except (StoreError, OSError) as exc:  # the next renewal tries again
+                log.warning("could not renew an Idempotency-Key's claim: %s", describe(exc))
+
+    async def settle(self, claim: Claim, session_id: str) -> None:
+        """The claimed key now names ``session_id``, for :data:`TTL_SECONDS`; unless the claim
+        lapsed and another request took the key (logged: this request's client still gets
+        its session, retries get the other's)."""
+        value = json.dumps({"fp": claim.fp, "sid": session_id})
+        if not await self.records.settle(
+            claim.tenant, claim.key, claim.pending, value, TTL_SECONDS
+        ):
+            log.warning(
+                "an Idempotency-Key's claim lapsed before session %s was made: the key names "
+                "the session of the request that took it over",
+                session_id,
+            )

@@ -1,11 +1,11 @@
 """The broker's MCP server: the ``session_list`` tool, over stdio and streamable HTTP.
 
 Built on the official ``mcp`` SDK's low-level :class:`mcp.server.Server`, so the tool's
-input schema and annotations are exactly what :func:`session_list_tool` says and every
-input is validated by the one list path (a bad input is a tool result marked
-``isError``, never a protocol error). ``acp-broker mcp`` serves it over stdio
-(:func:`serve_stdio`); a broker node serves it over streamable HTTP at ``/mcp`` on its
-HTTP port (:mod:`.app`).
+input schema (its input model's, :mod:`.tool_models`) and annotations are exactly what
+:func:`session_list_tool` says and every input is validated by that model (a bad input
+is a tool result marked ``isError``, never a protocol error). ``acp-broker mcp`` serves
+it over stdio (:func:`serve_stdio`); a broker node serves it over streamable HTTP at
+``/mcp`` on its HTTP port (:mod:`.app`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
@@ -25,9 +26,11 @@ from ...errors import ApiError
 from ...store.client import connect
 from ...store.events import JsonObject
 from ...store.query import SessionPage
-from .mcp_tools import SessionTool, check_arguments, tool_set
+from .mcp_tools import SessionTool, tool_set
 from .session_tools import SessionTools, stdio_base
-from .sessions import TOOL_DESCRIPTION, SessionsService, input_properties, sessions_service
+from .sessions import TOOL_DESCRIPTION, SessionsService, sessions_service
+from .tool_inputs import input_schema
+from .tool_models import SessionListInput
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +50,7 @@ def session_list_tool() -> types.Tool:
         name=TOOL_NAME,
         title=TOOL_TITLE,
         description=TOOL_DESCRIPTION,
-        input_schema={
-            "type": "object",
-            "properties": input_properties(),
-            "additionalProperties": False,
-        },
+        input_schema=input_schema(SessionListInput),
         annotations=types.ToolAnnotations(
             title=TOOL_TITLE, read_only_hint=True, destructive_hint=False, open_world_hint=False
         ),
@@ -143,7 +142,7 @@ def mcp_server(
 
 async def _call_session_tool(
     tools: SessionTools,
-    entry: SessionTool,
+    entry: SessionTool[Any],
     ctx: ServerRequestContext,
     params: types.CallToolRequestParams,
     base: Callable[[ServerRequestContext], str] | None,
@@ -152,9 +151,8 @@ async def _call_session_tool(
     arguments = params.arguments or {}
     try:
         tenant = await tools.authorize(_credentials(ctx), entry.scope)
-        check_arguments(arguments, entry.tool.input_schema)
         where = base(ctx) if base is not None else stdio_base(tools.settings)
-        text = await tools.guarded(entry.handler(tools, tenant, arguments, where))
+        text = await tools.guarded(entry.run(tools, tenant, arguments, where))
     except ApiError as error:
         return error_result(error)
     return types.CallToolResult(content=[types.TextContent(text=text)])

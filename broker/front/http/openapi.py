@@ -1,15 +1,20 @@
-"""The OpenAPI 3.1 document of the REST API, served at ``/v1/openapi.json``."""
+"""The OpenAPI 3.1 document of the REST API, served at ``/v1/openapi.json``.
+
+Its parameters, bodies and answers are generated from the models every surface reads
+and writes (:mod:`.tool_models`, :mod:`.tool_outputs`): what it says is what is checked.
+"""
 
 from __future__ import annotations
 
 from functools import cache
 
-from ...errors import ErrorCode
 from ...store.events import JsonObject
-from ...store.query import KIND_VALUES, STATUS_VALUES
 from . import openapi_tools as tool_paths
 from .openapi_events import SESSION_EVENT
-from .sessions import AFTER_REST, TOOL_DESCRIPTION, input_properties
+from .sessions import TOOL_DESCRIPTION
+from .tool_inputs import query_parameters
+from .tool_models import AFTER_REST, SessionListInput
+from .tool_outputs import output_schemas
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
@@ -41,27 +46,16 @@ def openapi_document() -> JsonObject:
                 }
             },
             "schemas": {
-                "Session": _session_schema(),
-                "SessionList": _list_schema(),
-                "Problem": _problem_schema(),
-                "SessionEvent": SESSION_EVENT,
+                **output_schemas(),
                 **tool_paths.schemas(),
+                "SessionEvent": SESSION_EVENT,
             },
         },
     }
 
 
 def _list_operation() -> JsonObject:
-    parameters = [
-        {
-            "name": name,
-            "in": "query",
-            "required": False,
-            "description": schema["description"],
-            "schema": {k: v for k, v in schema.items() if k != "description"},
-        }
-        for name, schema in input_properties(after=AFTER_REST).items()
-    ]
+    parameters = query_parameters(SessionListInput, {"after": AFTER_REST})
     return {
         "operationId": "listSessions",
         "summary": "List sessions",
@@ -91,53 +85,3 @@ def _list_operation() -> JsonObject:
 def problem_response(description: str) -> JsonObject:
     content = {"application/problem+json": {"schema": _PROBLEM_REF}}
     return {"description": description, "content": content}
-
-
-def _session_schema() -> JsonObject:
-    text = {"type": "string"}
-    return {
-        "type": "object",
-        "required": ["id", "status", "kind", "createdAt", "updatedAt", "userMetadata"],
-        "properties": {
-            "id": text | {"description": "The session id (ACP `sessionId`)."},
-            "status": {"type": "string", "enum": list(STATUS_VALUES)},
-            "kind": {"type": ["string", "null"], "enum": [*KIND_VALUES, None]},
-            "createdAt": text | {"format": "date-time"},
-            "updatedAt": text | {"format": "date-time"},
-            "title": {"type": ["string", "null"]},
-            "cwd": text,
-            "additionalDirectories": {"type": "array", "items": text},
-            "agent": {"type": ["string", "null"]},
-            "userMetadata": {"type": "object", "description": "The session's `_meta`."},
-        },
-    }
-
-
-def _list_schema() -> JsonObject:
-    return {
-        "type": "object",
-        "required": ["data", "has_more", "next_cursor"],
-        "properties": {
-            "data": {"type": "array", "items": {"$ref": "#/components/schemas/Session"}},
-            "has_more": {"type": "boolean"},
-            "next_cursor": {
-                "type": ["string", "null"],
-                "description": "Pass as `after` to read the next page; null on the last page.",
-            },
-        },
-    }
-
-
-def _problem_schema() -> JsonObject:
-    return {
-        "type": "object",
-        "description": "An RFC 9457 problem document.",
-        "required": ["type", "title", "status", "detail", "code"],
-        "properties": {
-            "type": {"type": "string", "format": "uri-reference"},
-            "title": {"type": "string"},
-            "status": {"type": "integer"},
-            "detail": {"type": "string"},
-            "code": {"type": "string", "enum": [str(code) for code in ErrorCode]},
-        },
-    }

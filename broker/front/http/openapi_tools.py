@@ -1,30 +1,19 @@
 """The OpenAPI description of the session tools' REST routes (part of ``/v1/openapi.json``).
 
-Every route of :mod:`.session_routes`: its inputs (the tools' names), its answers and
-each problem it can answer with, so that a schema-driven test (schemathesis) can check
-every route against what it says.
+Every route of :mod:`.session_routes`: its inputs (the tools' input models, from
+:mod:`.tool_models`), its answers (the documents of :mod:`.tool_outputs`) and each problem
+it can answer with, so that a schema-driven test (schemathesis) can check every route
+against what it says.
 """
 
 from __future__ import annotations
 
 from ...store.events import JsonObject
-from ...store.names import SESSION_ID_RULE
 from .openapi_events import event_stream_content
-from .session_tools import WAIT_DEFAULT, WAIT_MAX
+from .tool_inputs import input_schema
+from .tool_models import CreateSession, NoInput, PromptInput, SessionRef
 
 _REF = "#/components/schemas/"
-_SESSION_ID = {
-    "type": "string",
-    "pattern": "^sess_[0-9a-f]{32}$",
-    "description": f"A session id: {SESSION_ID_RULE}.",
-}
-_WAIT = {
-    "type": "number",
-    "minimum": 0,
-    "maximum": WAIT_MAX,
-    "default": WAIT_DEFAULT,
-    "description": "Seconds to wait for the turn to end; a longer turn goes on (202).",
-}
 
 
 def _ref(name: str) -> JsonObject:
@@ -65,7 +54,8 @@ def _problems(scope: str, *more: str) -> JsonObject:
 
 
 def _id_parameter() -> JsonObject:
-    return {"name": "id", "in": "path", "required": True, "schema": _SESSION_ID}
+    schema = input_schema(SessionRef)["properties"]["id"]
+    return {"name": "id", "in": "path", "required": True, "schema": schema}
 
 
 def _body(schema: str, *, required: bool) -> JsonObject:
@@ -205,59 +195,9 @@ def _action(operation_id: str, summary: str, ok: JsonObject) -> JsonObject:
 
 
 def schemas() -> dict[str, JsonObject]:
-    """The schemas the routes name."""
-    text = {"type": "string"}
+    """The schemas the routes name: the tools' input models, as request bodies."""
     return {
-        "SessionWithLink": {
-            "allOf": [
-                _ref("Session"),
-                {
-                    "type": "object",
-                    "required": ["liveViewUrl"],
-                    "properties": {
-                        "liveViewUrl": text
-                        | {"description": "The web console, opened on this session."},
-                        "turn": _ref("Turn"),
-                    },
-                },
-            ]
-        },
-        "CreateSession": {
-            "type": "object",
-            "required": ["cwd"],
-            "additionalProperties": False,
-            "properties": {
-                "cwd": text | {"pattern": "^/", "description": "The absolute working directory."},
-                "agent": text | {"description": "A configured agent (default: the first)."},
-                "title": text,
-                "userMetadata": {"type": "object"},
-                "prompt": text | {"minLength": 1, "pattern": "\\S"},
-                "wait": _WAIT,
-            },
-        },
-        "PromptInput": {
-            "type": "object",
-            "required": ["text"],
-            "additionalProperties": False,
-            "properties": {"text": text | {"minLength": 1, "pattern": "\\S"}, "wait": _WAIT},
-        },
-        "NoInput": {"type": "object", "additionalProperties": False, "maxProperties": 0},
-        "Turn": {
-            "type": "object",
-            "required": ["sessionId", "liveViewUrl", "text", "toolCalls", "state", "stopReason"],
-            "properties": {
-                "sessionId": text,
-                "liveViewUrl": text,
-                "text": text | {"description": "The agent's reply (its message chunks joined)."},
-                "toolCalls": {"type": "array", "items": text},
-                "state": {"type": "string", "enum": ["ended", "running", "waiting"]},
-                "stopReason": {"type": ["string", "null"]},
-                "error": {"type": ["string", "null"]},
-            },
-        },
-        "Cancelled": {
-            "type": "object",
-            "required": ["sessionId", "stopReason"],
-            "properties": {"sessionId": text, "stopReason": {"type": ["string", "null"]}},
-        },
+        "CreateSession": input_schema(CreateSession),
+        "PromptInput": input_schema(PromptInput),
+        "NoInput": input_schema(NoInput),
     }

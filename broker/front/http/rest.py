@@ -15,9 +15,9 @@ from urllib.parse import parse_qsl, urlencode
 
 from ...auth.credentials import Credentials
 from ...errors import ApiError, ErrorCode
-from ...store.query import session_object
 from .openapi import openapi_document
 from .sessions import SessionsService
+from .tool_outputs import Problem, SessionList, session_object
 
 SESSIONS_PATH = "/v1/sessions"
 OPENAPI_PATH = "/v1/openapi.json"
@@ -44,7 +44,7 @@ def json_answer(status: int, document: object, *, media_type: str = JSON) -> Htt
 def problem(error: ApiError, *, allow: str = "GET") -> HttpAnswer:
     """``error`` as an RFC 9457 problem document (``allow``: the ``Allow`` header of a 405)."""
     status = error.status
-    document = {
+    document: Problem = {
         "type": "about:blank",
         "title": status.phrase,
         "status": status.value,
@@ -90,7 +90,7 @@ class RestApi:
         args = _query_args(query)
         credentials = Credentials("http", headers.get("authorization"))
         page = await self.sessions.page(args, credentials)
-        document = {
+        document: SessionList = {
             "data": [session_object(row) for row in page.rows],
             "has_more": page.has_more,
             "next_cursor": page.next_cursor,

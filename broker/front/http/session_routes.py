@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -19,23 +20,17 @@ from ...auth.credentials import Credentials
 from ...auth.principal import Scope
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
-from ...store.query import session_object
 from .event_stream import MEDIA_TYPE, EventStream, resume_after
 from .idempotency import HEADER, IdempotencyKeys, checked_key
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
-from .session_tools import (
-    SessionTools,
-    SessionView,
-    TurnView,
-    request_base,
-    session_id_of,
-    text_of,
-    wait_of,
-)
+from .session_tools import SessionTools, SessionView, TurnView, request_base
+from .tool_inputs import BODY_WORDING, ToolInput
+from .tool_models import CreateSession, NoInput, PromptInput, session_id_of
+from .tool_outputs import Cancelled, SessionWithLink, Turn, session_object
+
+InputT = TypeVar("InputT", bound=ToolInput)
 
 ONE_SESSION = SESSIONS_PATH + "/{id}"
-CREATE_INPUTS = frozenset({"cwd", "agent", "title", "userMetadata", "prompt", "wait"})
-PROMPT_INPUTS = frozenset({"text", "wait"})
 BODY_MAX = 1 << 20
 """The largest request body taken (1 MiB: a prompt's text fits many times over)."""
 
@@ -49,12 +44,12 @@ ALLOWED = {
 """What each path answers: any other method is a 405 problem naming these."""
 
 
-def session_document(view: SessionView) -> JsonObject:
+def session_document(view: SessionView) -> SessionWithLink:
     """A session as ``GET /v1/sessions`` lists it, plus its ``liveViewUrl``."""
     return {**session_object(view.row), "liveViewUrl": view.live_view_url}
 
 
-def turn_document(session_id: str, turn: TurnView) -> JsonObject:
+def turn_document(session_id: str, turn: TurnView) -> Turn:
     return {"sessionId": session_id, "liveViewUrl": turn.live_view_url, **turn.report.document()}
 
 
@@ -110,34 +105,29 @@ class SessionRoutes:
 
     async def create(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.WRITE)
-        body = await _body(request, CREATE_INPUTS, required=True)
-        prompt = body.get("prompt")
-        text = None if prompt is None else text_of(prompt, "prompt")
-        wait = wait_of(body.get("wait"))
+        body = await _body(request, required=True)
+        inputs = _inputs(CreateSession, body)
         base = self._base(request)
         key = request.headers.get(HEADER)
         if key is None:
-            view = await self.tools.create(tenant, body, base)
+            view = await self.tools.create(tenant, inputs, base)
         else:
             key = checked_key(key)
-            first = await self.keys.claim(tenant, key, body)
-            if first is not None:  # a retry: the first request's session, nothing run again
-                view = await self.tools.view(tenant, first, base, project=False)
+            claim = await self.keys.claim(tenant, key, body)
+            if isinstance(claim, str):  # a retry: the first request's session, nothing run again
+                view = await self.tools.view(tenant, claim, base, project=False)
                 return self._created(session_document(view))
-            try:
-                view = await self.tools.create(tenant, body, base)
-            except BaseException:
-                await self.keys.forget(tenant, key)
-                raise
+            async with self.keys.creating(claim):
+                view = await self.tools.create(tenant, inputs, base)
             # Settled before the first prompt runs: a retry meanwhile gets the session.
-            await self.keys.settle(tenant, key, body, view.row["sessionId"])
+            await self.keys.settle(claim, view.row["sessionId"])
         document = session_document(view)
-        if text is not None:
-            turn = await self.tools.prompt(tenant, document["id"], text, wait, base)
+        if inputs.prompt is not None:
+            turn = await self.tools.prompt(tenant, document["id"], inputs.prompt, inputs.wait, base)
             document["turn"] = turn_document(document["id"], turn)
         return self._created(document)
 
-    def _created(self, document: JsonObject) -> Response:
+    def _created(self, document: SessionWithLink) -> Response:
         answer = json_answer(201, document)
         answer.headers.append(("Location", f"{SESSIONS_PATH}/{document['id']}"))
         return _response(answer)
@@ -156,30 +146,31 @@ class SessionRoutes:
     async def prompt(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
-        body = await _body(request, PROMPT_INPUTS, required=True)
-        text, wait = text_of(body.get("text"), "text"), wait_of(body.get("wait"))
-        turn = await self.tools.prompt(tenant, session_id, text, wait, self._base(request))
+        inputs = _inputs(PromptInput, await _body(request, required=True))
+        base = self._base(request)
+        turn = await self.tools.prompt(tenant, session_id, inputs.text, inputs.wait, base)
         status = 200 if turn.report.ended else 202
         return _response(json_answer(status, turn_document(session_id, turn)))
 
     async def cancel(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
-        await _body(request, frozenset(), required=False)
+        _inputs(NoInput, await _body(request, required=False))
         reason = await self.tools.cancel(tenant, session_id)
-        return _response(json_answer(200, {"sessionId": session_id, "stopReason": reason}))
+        cancelled: Cancelled = {"sessionId": session_id, "stopReason": reason}
+        return _response(json_answer(200, cancelled))
 
     async def resume(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
-        await _body(request, frozenset(), required=False)
+        _inputs(NoInput, await _body(request, required=False))
         view = await self.tools.resume(tenant, session_id, self._base(request))
         return _response(json_answer(200, session_document(view)))
 
     async def stop(self, request: Request) -> Response:
         tenant = await self._caller(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
-        await _body(request, frozenset(), required=False)
+        _inputs(NoInput, await _body(request, required=False))
         view = await self.tools.stop(tenant, session_id, self._base(request))
         return _response(json_answer(200, session_document(view)))
 
@@ -195,9 +186,8 @@ class SessionRoutes:
         )
 
 
-async def _body(request: Request, allowed: frozenset[str], *, required: bool) -> JsonObject:
-    """The request's JSON object body, its members among ``allowed`` (an empty body is
-    ``{}`` where none is ``required``)."""
+async def _body(request: Request, *, required: bool) -> JsonObject:
+    """The request's JSON object body (an empty body is ``{}`` where none is ``required``)."""
     raw = await request.body()
     if len(raw) > BODY_MAX:
         raise invalid_argument(f"the request body is over {BODY_MAX} bytes")
@@ -211,11 +201,12 @@ async def _body(request: Request, allowed: frozenset[str], *, required: bool) ->
         raise invalid_argument("the request body must be JSON") from None
     if not isinstance(body, dict):
         raise invalid_argument("the request body must be a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        names = ", ".join(sorted(allowed)) or "none"
-        raise invalid_argument(f"unknown member {unknown[0]!r} (members: {names})")
     return body
+
+
+def _inputs(model: type[InputT], body: JsonObject) -> InputT:
+    """A body's members, checked as ``model``'s inputs (a REST body's wording)."""
+    return model.parse(body, BODY_WORDING)
 
 
 def _not_allowed(path: str, allow: str) -> Endpoint:

@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
-
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...auth.principal import Scope
@@ -35,24 +33,23 @@ from ...protocol.jsonrpc import (
 )
 from ...store import hosts
 from ...store.client import Store
+from ...store.errors import StoreError
 from ...store.events import EventType, SessionSnapshot, Status
 from ...store.index import SessionIndex, row_of
 from ...store.log import SessionLog, SessionMissing
-from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.quotas import TenantFull, check_session_quota
 from ...store.retry import STORE_AWAY, retrying
-from ..acp.methods_v1 import _absolute, _agent_params, title_update
+from ..acp.methods_v1 import _agent_params, title_update
 from ..fanout import FanoutHub
 from .console import LIVE_VIEW_PATH
 from .follow import Follower, following
+from .tool_models import CreateSession
 from .turns import TurnReport, see, turn_report
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-WAIT_DEFAULT = 60
-WAIT_MAX = 600
 TOOL_ORIGIN = UNATTENDED_ORIGIN
 """The ``origin`` of what a tool does: no connection, so an agent's question during a
 tool-driven turn goes to every window where the session is active (and waits for one)."""
@@ -103,30 +100,6 @@ def tool_access(
     if authenticator is None or not authenticator.enabled:
         return {scope: open_access(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
     return {scope: bearer_access(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
-
-
-def session_id_of(value: Any) -> str:
-    """A session id input, checked (``invalid_argument``)."""
-    if not isinstance(value, str) or not value:
-        raise invalid_argument("id must be a session id (a non-empty string)")
-    if not is_session_id(value):
-        raise invalid_argument(f"id is not a session id of this broker ({SESSION_ID_RULE})")
-    return value
-
-
-def wait_of(value: Any) -> float:
-    """A ``wait`` input in seconds, 0 to 600 (default 60)."""
-    if value is None:
-        return WAIT_DEFAULT
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= WAIT_MAX:
-        raise invalid_argument(f"wait must be a number of seconds from 0 to {WAIT_MAX}")
-    return float(value)
-
-
-def text_of(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise invalid_argument(f"{name} must be a non-empty string")
-    return value
 
 
 def not_found(session_id: str) -> ApiError:
@@ -185,7 +158,7 @@ class SessionTools:
             raise ApiError(ErrorCode.FORBIDDEN, str(exc)) from None
         except SessionMissing as exc:  # gone between two reads (purged)
             raise not_found(str(exc)) from None
-        except (*STORE_AWAY, RedisError, TimeoutError) as exc:
+        except (*STORE_AWAY, StoreError, TimeoutError) as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
             ) from exc
@@ -221,13 +194,11 @@ class SessionTools:
 
     # -- changing -----------------------------------------------------------------------------
 
-    async def create(self, tenant: str, args: Mapping[str, Any], base: str) -> SessionView:
+    async def create(self, tenant: str, inputs: CreateSession, base: str) -> SessionView:
         """A session as ``session/new`` makes it (``cwd``, ``agent``, ``title``,
         ``userMetadata``); its first prompt is :meth:`prompt`'s."""
-        params = _create_params(args)
-        agent = args.get("agent") or self.agents.default_agent
-        if not isinstance(agent, str):
-            raise invalid_argument("agent must be the name of a configured agent")
+        params = _agent_params({}, inputs.cwd, [], inputs.userMetadata)
+        agent = inputs.agent or self.agents.default_agent
         kind = self.agents.kind_of(agent)
         meta = params.get("_meta", {})
         await check_session_quota(self.redis, tenant, self.settings.max_sessions_per_tenant)
@@ -235,9 +206,8 @@ class SessionTools:
         session_id, _ = await self.agents.new_session(
             tenant, params, agent=agent, kind=kind, meta=meta, origin=TOOL_ORIGIN
         )
-        title = args.get("title")
-        if title is not None:
-            update = title_update({"title": title})
+        if inputs.title is not None:
+            update = title_update({"title": inputs.title})
             body = {"type": EventType.UPDATE, "update": update, "origin": TOOL_ORIGIN}
             await retrying(
                 lambda: self.log.append(tenant, session_id, body), self.settings.request_timeout
@@ -393,21 +363,3 @@ class SessionTools:
                 "no agent host is reachable (none announced itself lately); start one "
                 "(acp-broker serve or acp-broker agent-host) and try again",
             )
-
-
-def _create_params(args: Mapping[str, Any]) -> JsonObject:
-    """What ``session/new`` would be sent for these inputs (checked)."""
-    cwd = args.get("cwd")
-    try:
-        cwd = _absolute(cwd, "cwd")
-    except RpcError as exc:
-        raise invalid_argument(exc.message) from None
-    meta = args.get("userMetadata")
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict):
-        raise invalid_argument("userMetadata must be an object")
-    title = args.get("title")
-    if title is not None and not isinstance(title, str):
-        raise invalid_argument("title must be a string")
-    return _agent_params({}, cwd, [], meta)

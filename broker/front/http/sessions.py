@@ -1,4 +1,4 @@
-"""The session list as the HTTP API and the MCP tool offer it: one service, one input schema.
+"""The session list as the HTTP API and the MCP tool offer it: one service, one input model.
 
 :class:`SessionsService` authenticates the caller, validates the inputs and reads a
 page through the front's one listing service (:class:`~..listing.Listing`: its cache, its
@@ -16,30 +16,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...config import Settings
 from ...errors import ApiError, ErrorCode
+from ...errors.store import query_refused
 from ...ops import metrics
 from ...store.client import Store
 from ...store.cursors import CursorCodec
-from ...store.events import JsonObject
-from ...store.query import (
-    KIND_VALUES,
-    LIMIT_DEFAULT,
-    LIMIT_MAX,
-    LIMIT_MIN,
-    Q_MAX_CHARS,
-    STATUS_VALUES,
-    SessionLister,
-    SessionPage,
-    SessionQuery,
-    parse_query,
-)
+from ...store.errors import StoreError
+from ...store.query import BadCursor, SessionLister, SessionPage, SessionQuery
 from ..listing import Listing
 from ..pages import Key, PageCache
+from .tool_models import list_query
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +38,6 @@ TOOL_DESCRIPTION = (
     "so a model that has lost a sessionId gets it back here. All of its inputs are optional. "
     "Filter by status or kind, or search with q, and read a long list a page at a time "
     "with after."
-)
-AFTER_TOOL = (
-    'The cursor from the last result (its last line says `after "…"`), to read the sessions '
-    "that follow. Leave it out for the first page."
-)
-AFTER_REST = (
-    "The `next_cursor` of the last result, to read the sessions that follow. Leave it out for "
-    "the first page."
 )
 
 
@@ -84,17 +65,19 @@ class SessionsService:
                 tenant = await self.authenticate(credentials)
                 started = time.perf_counter()
                 try:
-                    return await self._page(tenant, parse_query(args))
+                    return await self._page(tenant, list_query(args))
                 finally:
                     metrics.list_seconds("http").observe(time.perf_counter() - started)
         except ApiError:
             raise
+        except BadCursor as exc:
+            raise query_refused(exc) from None
         except TimeoutError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE,
                 f"the session store did not answer within {self.deadline:g} s; retry later",
             ) from exc
-        except RedisError as exc:
+        except StoreError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE, f"the session store cannot be reached ({exc}); retry later"
             ) from exc
@@ -150,38 +133,3 @@ def sessions_service(
     else:
         access = bearer_access(authenticator)
     return SessionsService(lister, access, deadline=deadline, pages=pages)
-
-
-def input_properties(*, after: str = AFTER_TOOL) -> dict[str, JsonObject]:
-    """The inputs as JSON Schema, with their enums and bounds (tool schema and OpenAPI)."""
-    one = "|".join(STATUS_VALUES)
-    return {
-        "status": {
-            "type": "string",
-            "description": "Only sessions with this status: `RUNNING`, `STOPPED`, `DELETED` or "
-            "`ERROR`. Join several with commas, for example `RUNNING,STOPPED`. Leave it out to "
-            "not filter by status.",
-            "pattern": f"^({one})(,({one}))*$",
-            "examples": ["RUNNING", "RUNNING,STOPPED"],
-        },
-        "kind": {
-            "type": "string",
-            "enum": list(KIND_VALUES),
-            "description": "Only sessions of this kind: `browser` (a browser only), `shell` "
-            "(a shell only) or `combined` (a browser and a shell).",
-        },
-        "q": {
-            "type": "string",
-            "maxLength": Q_MAX_CHARS,
-            "description": "Search: a session id prefix, or text found in the session's "
-            "`userMetadata`.",
-        },
-        "limit": {
-            "type": "integer",
-            "minimum": LIMIT_MIN,
-            "maximum": LIMIT_MAX,
-            "default": LIMIT_DEFAULT,
-            "description": f"How many sessions to list, {LIMIT_MIN} to {LIMIT_MAX}.",
-        },
-        "after": {"type": "string", "description": after},
-    }

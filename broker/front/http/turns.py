@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ...store.events import EventType, JsonObject, LogEvent
+from .tool_outputs import TurnReply
 
 STILL_RUNNING = "still running"
 WAITING_STATE = "requires_action"
@@ -39,7 +41,7 @@ class TurnReport:
         return "".join(self.chunks)
 
     @property
-    def state(self) -> str:
+    def state(self) -> Literal["ended", "running", "waiting"]:
         """``ended``, ``waiting`` (for a person) or ``running``."""
         if self.ended:
             return "ended"
@@ -72,7 +74,7 @@ class TurnReport:
         lines.append(STILL_RUNNING)
         return lines
 
-    def document(self) -> JsonObject:
+    def document(self) -> TurnReply:
         """The reply as REST answers it."""
         return {
             "text": self.text,

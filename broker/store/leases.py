@@ -16,14 +16,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
-from redis.exceptions import ResponseError
-
-from broker.store.client import Store
-from broker.store.keys import SessionKeys, leases_key
-from broker.store.log import SessionMissing
-from broker.store.scripts import call_each
+from .client import Store, commands
+from .errors import StoreError, no_session
+from .keys import SessionKeys, leases_key
+from .log import SessionMissing
+from .scripts import call_each
 
 
 class HeldElsewhere(Exception):
@@ -64,12 +62,12 @@ class Leases:
     """Acquires, renews and releases leases for one agent host."""
 
     def __init__(self, redis: Store, host_id: str, *, ttl: float = 10.0) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.host_id = host_id
         self.ttl_ms = int(ttl * 1000)
         self.vanished: set[str] = set()
         source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
-        self._script = redis.register_script(source)
+        self._script = commands(redis).register_script(source)
 
     async def acquire(self, tenant: str, session_id: str) -> Lease:
         """Hold the session; raises :class:`HeldElsewhere` or :class:`SessionMissing`."""
@@ -78,8 +76,8 @@ class Leases:
             ok, value = await self._script(
                 keys=[keys.lease, keys.snapshot], args=["acquire", self.host_id, self.ttl_ms]
             )
-        except ResponseError as exc:
-            if "NOSESSION" in str(exc):
+        except StoreError as exc:
+            if no_session(exc):
                 raise SessionMissing(session_id) from None
             raise
         if not int(ok):
@@ -107,7 +105,7 @@ class Leases:
         self.vanished = set()
         if not leases:
             return Renewal([], [])
-        results = [int(r) for r in await self._renew_all(leases, fences or {})]
+        results = await self._renew_all(leases, fences or {})
         pairs = list(zip(leases, results, strict=True))
         kept = {_member(t, s): self._expiry() for (t, s), ok in pairs if ok == 1}
         if kept:
@@ -120,13 +118,13 @@ class Leases:
 
     async def _renew_all(
         self, leases: list[tuple[str, str]], fences: Mapping[str, str]
-    ) -> list[Any]:
+    ) -> list[int]:
         calls = []
         for tenant, session_id in leases:
             keys = SessionKeys(tenant, session_id)
             fence = fences.get(session_id, "")
             calls.append(([keys.lease, keys.snapshot], ["renew", self.host_id, self.ttl_ms, fence]))
-        return await call_each(self.redis, self._script, calls)
+        return [int(r) for r in await call_each(self.redis, self._script, calls)]
 
     async def release(self, tenant: str, session_id: str, *, hand_over: bool = False) -> None:
         """Give the lease up; ``hand_over`` lists it as expired so another host takes it now."""

@@ -1,0 +1,120 @@
+"""The documents the REST routes answer with, each written once as a typed dict.
+
+The code that builds a document builds one of these (mypy checks every member), and the
+OpenAPI document's schemas are generated from them (:func:`output_schemas`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, NotRequired
+
+from pydantic import Field, TypeAdapter, WithJsonSchema
+from typing_extensions import TypedDict
+
+from ...errors import ErrorCode
+from ...store.events import JsonObject
+from ...store.query import KIND_VALUES, STATUS_VALUES
+from .tool_inputs import output_schema
+
+REF = "#/components/schemas/{model}"
+_NULLABLE_TEXT = WithJsonSchema({"type": ["string", "null"]})
+
+
+class Session(TypedDict):
+    """A session, as `GET /v1/sessions` lists it."""
+
+    id: Annotated[str, Field(description="The session id (ACP `sessionId`).")]
+    status: Annotated[str, WithJsonSchema({"type": "string", "enum": list(STATUS_VALUES)})]
+    kind: Annotated[
+        str | None, WithJsonSchema({"type": ["string", "null"], "enum": [*KIND_VALUES, None]})
+    ]
+    createdAt: Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+    updatedAt: Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+    title: NotRequired[Annotated[str | None, _NULLABLE_TEXT]]
+    cwd: NotRequired[str]
+    additionalDirectories: NotRequired[list[str]]
+    agent: NotRequired[Annotated[str | None, _NULLABLE_TEXT]]
+    userMetadata: Annotated[JsonObject, Field(description="The session's `_meta`.")]
+
+
+class SessionList(TypedDict):
+    """A page of sessions, newest first."""
+
+    data: list[Session]
+    has_more: bool
+    next_cursor: Annotated[
+        str | None,
+        _NULLABLE_TEXT,
+        Field(description="Pass as `after` to read the next page; null on the last page."),
+    ]
+
+
+class TurnReply(TypedDict):
+    """What a turn produced so far."""
+
+    text: Annotated[str, Field(description="The agent's reply (its message chunks joined).")]
+    toolCalls: list[str]
+    state: Literal["ended", "running", "waiting"]
+    stopReason: Annotated[str | None, _NULLABLE_TEXT]
+    error: NotRequired[Annotated[str | None, _NULLABLE_TEXT]]
+
+
+class Turn(TurnReply):
+    """A prompt's turn, as far as it went within the wait."""
+
+    sessionId: str
+    liveViewUrl: str
+
+
+class SessionWithLink(Session):
+    """A session, with its live view URL (and, from a create with a prompt, the turn)."""
+
+    liveViewUrl: Annotated[str, Field(description="The web console, opened on this session.")]
+    turn: NotRequired[Turn]
+
+
+class Cancelled(TypedDict):
+    """A cancel's outcome: the cancelled turn's stop reason (null: none was running)."""
+
+    sessionId: str
+    stopReason: Annotated[str | None, _NULLABLE_TEXT]
+
+
+class Problem(TypedDict):
+    """An RFC 9457 problem document."""
+
+    type: Annotated[str, Field(json_schema_extra={"format": "uri-reference"})]
+    title: str
+    status: int
+    detail: str
+    code: Annotated[str, WithJsonSchema({"type": "string", "enum": [str(c) for c in ErrorCode]})]
+
+
+DOCUMENTS = (Session, SessionList, SessionWithLink, Turn, Cancelled, Problem)
+
+
+def session_object(row: JsonObject) -> Session:
+    """A session as ``GET /v1/sessions`` shows it, from its index row."""
+    return {
+        "id": row["sessionId"],
+        "status": row["status"],
+        "kind": row.get("kind") or None,
+        "createdAt": row["createdAt"],
+        "updatedAt": row["updatedAt"],
+        "title": row.get("title"),
+        "cwd": row["cwd"],
+        "additionalDirectories": row.get("additionalDirectories") or [],
+        "agent": row.get("agent") or None,
+        "userMetadata": row.get("_meta") or {},
+    }
+
+
+def output_schemas() -> dict[str, JsonObject]:
+    """The documents' schemas, by name, as the OpenAPI document's components."""
+    schemas: dict[str, JsonObject] = {}
+    for document in DOCUMENTS:
+        generated = TypeAdapter(document).json_schema(ref_template=REF)
+        for name, schema in generated.pop("$defs", {}).items():
+            schemas[name] = output_schema(schema)
+        schemas[document.__name__] = output_schema(generated)
+    return schemas

@@ -1,0 +1,151 @@
+"""The lifetime of a role's loops: run in one task group, restarted with backoff when one
+fails, stopped together, and never failing silently.
+
+Every role (a front's parts, an agent host, a projector) runs a few loops for as long as
+it runs: reading its commands, renewing leases, projecting feeds, trimming streams. A loop
+that raised out once (a bug, a reply of a shape it did not expect) used to end its task
+unseen: the role went on without it, and only a readiness check that happened to look at
+that task could tell. A :class:`RoleLoops` owns them instead::
+
+    loops = RoleLoops("agent host")
+    loops.add("host-inbox", self._read_inbox)
+    async with loops:                  # each loop a task of one asyncio.TaskGroup
+        ...                            # a loop that fails: logged, restarted with backoff
+    # leaving the block cancels every loop and waits for them
+
+A loop that raises (or returns: a loop's end is a failure too) is logged with its
+traceback and started again after a pause that doubles from :data:`FIRST_PAUSE` to
+:data:`MAX_PAUSE`; meanwhile, and until it has run :data:`STABLE` seconds without failing,
+the role's readiness check (:meth:`RoleLoops.check`) fails naming it. A loop that runs
+:data:`STABLE` seconds starts again from the first pause at its next failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .errors.failures import describe
+from .loops import cancel_and_wait
+from .ops.health import Unhealthy
+
+log = logging.getLogger(__name__)
+
+FIRST_PAUSE = 0.1
+"""Seconds before a failed loop is started again the first time."""
+MAX_PAUSE = 10.0
+"""The longest pause between two starts of a loop that keeps failing."""
+STABLE = 10.0
+"""Seconds a restarted loop runs before its role is ready again (and its pause reset)."""
+
+Loop = Callable[[], Coroutine[Any, Any, None]]
+
+
+class RoleLoops:
+    """The loops of one role, supervised in one task group (see the module)."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self._loops: dict[str, Loop] = {}
+        self._group: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._failed: dict[str, tuple[float, str]] = {}
+        """Loops that failed: when they last started again, and the failure."""
+
+    def add(self, name: str, loop: Loop) -> None:
+        """Run ``loop()`` (a coroutine that runs until cancelled) as ``name`` once started."""
+        if self._group is not None:
+            raise RuntimeError(f"{self.role}: loop {name} added after its loops started")
+        self._loops[name] = loop
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._loops)
+
+    async def start(self) -> None:
+        """Start every loop, in one task group run by a task of its own."""
+        if self._group is None:
+            self._group = asyncio.create_task(self._run(), name=f"{self.role} loops")
+
+    async def stop(self) -> None:
+        """Cancel every loop and wait until each has ended."""
+        self._stopping = True
+        if self._group is not None:
+            await cancel_and_wait(self._group)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The loops' tasks (each runs its loop again and again: see the module)."""
+        return list(self._tasks)
+
+    async def __aenter__(self) -> RoleLoops:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def running(self) -> bool:
+        """Whether the loops run (started, not stopped, none failing)."""
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """What keeps the role's loops from running as they should; None when they do."""
+        if self._group is None:
+            return "not started"
+        if self._group.done():
+            return "stopped"
+        now = time.monotonic()
+        failing = [
+            f"{name} failed ({reason}), restarted"
+            for name, (since, reason) in self._failed.items()
+            if now - since < STABLE
+        ]
+        return "; ".join(failing) or None
+
+    async def check(self) -> str | None:
+        """The role's readiness check: :class:`Unhealthy` saying which loop fails."""
+        problem = self.problem()
+        if problem is not None:
+            raise Unhealthy(f"{self.role}: {problem}")
+        return None
+
+    async def _run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            self._tasks = [
+                group.create_task(self._supervised(name, loop), name=name)
+                for name, loop in self._loops.items()
+            ]
+
+    async def _supervised(self, name: str, loop: Loop) -> None:
+        """Run ``loop`` until cancelled, starting it again after each failure."""
+        pause = FIRST_PAUSE
+        while True:
+            started = time.monotonic()
+            failure: BaseException | None = None
+            try:
+                await loop()
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if self._stopping or task is None or task.uncancel() > 0:
+                    raise
+                failure = exc  # cancelled by another hand than the role's stop: restarted
+            except Exception as exc:
+                failure = exc
+            if time.monotonic() - started >= STABLE:
+                pause = FIRST_PAUSE  # it ran well for a while: a new failure, not the same
+            reason = "it ended" if failure is None else describe(failure) or "cancelled"
+            log.error(
+                "%s: loop %s failed (%s); restarting it in %.1f s",
+                self.role,
+                name,
+                reason,
+                pause,
+                exc_info=failure,
+            )
+            self._failed[name] = (time.monotonic() + pause, reason)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE)

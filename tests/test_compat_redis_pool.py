@@ -1,0 +1,103 @@
+"""What broker/compat/redis.py assumes of redis-py, checked by behaviour on a real
+redis-server: every command and pipeline takes its connection with the pool's
+``get_connection``, and a ``get_connection`` cancelled while it waits for a free connection
+leaves the pool whole; and what the store's breaker does with it: no command waits for a
+connection while the store is known away, and those waiting when it opens are released."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from broker.compat.redis import GatedPool
+from broker.store.breaker import StoreAway, StoreBreaker
+
+
+class CountingPool(GatedPool):
+    taken = 0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        CountingPool.taken += 1
+        return await super().get_connection(*args, **kwargs)
+
+
+async def test_every_command_and_pipeline_takes_its_connection_from_the_pool(
+    redis_url: str,
+) -> None:
+    client = Redis.from_pool(CountingPool.from_url(redis_url, max_connections=2, timeout=5))
+    try:
+        before = CountingPool.taken
+        await client.set("acpb:{compat}:k", "1")
+        await client.execute_command("GET", "acpb:{compat}:k")
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.get("acpb:{compat}:k")
+            await pipe.execute()
+        assert CountingPool.taken - before == 3
+    finally:
+        await client.aclose()
+
+
+async def test_a_wait_for_a_connection_cancelled_leaves_the_pool_whole(redis_url: str) -> None:
+    pool = GatedPool.from_url(redis_url, max_connections=1, timeout=5)
+    client = Redis.from_pool(pool)
+    try:
+        held = await pool.get_connection()
+        waiting = asyncio.ensure_future(pool.get_connection())
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await pool.release(held)
+        assert await asyncio.wait_for(client.ping(), 5)  # the one connection is free again
+    finally:
+        await client.aclose()
+
+
+async def test_the_breaker_releases_the_commands_waiting_for_a_connection(redis_url: str) -> None:
+    breaker = StoreBreaker()
+    pool = GatedPool.from_url(redis_url, max_connections=1, timeout=20, socket_timeout=5)
+    pool.gate = breaker
+    client = Redis.from_pool(pool)
+    try:
+        held = await pool.get_connection()  # every connection taken (a stalled command's)
+        waiting = [asyncio.ensure_future(client.get("acpb:{compat}:k")) for _ in range(5)]
+        await asyncio.sleep(0.2)
+        assert not any(w.done() for w in waiting)
+        opened = time.monotonic()
+        breaker.open(RedisTimeoutError("no answer to PING for 2 s"))
+        results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 2)
+        assert time.monotonic() - opened < 1.0
+        assert all(isinstance(r, StoreAway) for r in results), results
+        with pytest.raises(StoreAway):  # and while away, none waits at all
+            await asyncio.wait_for(client.get("acpb:{compat}:k"), 1)
+        await pool.release(held)
+        breaker.close()
+        assert await asyncio.wait_for(client.ping(), 5)  # back: served as before
+    finally:
+        await client.aclose()
+
+
+async def test_a_command_cancelled_by_its_owner_is_not_taken_for_the_breakers(
+    redis_url: str,
+) -> None:
+    breaker = StoreBreaker()
+    pool = GatedPool.from_url(redis_url, max_connections=1, timeout=20)
+    pool.gate = breaker
+    client = Redis.from_pool(pool)
+    try:
+        held = await pool.get_connection()
+        waiting = asyncio.ensure_future(client.get("acpb:{compat}:k"))
+        await asyncio.sleep(0.1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await pool.release(held)
+        assert await asyncio.wait_for(client.ping(), 5)
+    finally:
+        await client.aclose()
