@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .appends import lua_script
-from .client import Store
+from .client import Store, commands
 from .keys import PREFIX, node_channel
 from .scripts import call_each
 
@@ -90,13 +90,13 @@ class HttpLinks:
     """
 
     def __init__(self, redis: Store, *, retention: int, idle_ms: int, lease_ms: int) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.retention = retention
         self.idle_ms = idle_ms
         self.lease_ms = lease_ms
-        self._emit = redis.register_script(lua_script("http_emit.lua"))
-        self._delete = redis.register_script(_DELETE)
-        self._renew = redis.register_script(_RENEW)
+        self._emit = self.redis.register_script(lua_script("http_emit.lua"))
+        self._delete = self.redis.register_script(_DELETE)
+        self._renew = self.redis.register_script(_RENEW)
 
     # -- the record -------------------------------------------------------------------------
 

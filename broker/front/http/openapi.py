@@ -47,8 +47,8 @@ def openapi_document() -> JsonObject:
             },
             "schemas": {
                 **output_schemas(),
-                **tool_paths.schemas(),
                 "SessionEvent": SESSION_EVENT,
+                **tool_paths.schemas(),
             },
         },
     }
