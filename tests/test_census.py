@@ -11,7 +11,7 @@ import pytest
 from broker.ops import metrics
 from broker.serve import Broker
 from broker.store.archive import DirectoryArchive
-from broker.store.census import SessionCensus
+from broker.store.census import census
 from workers.projector.archiving import Archiver, count_sessions
 
 from .conftest import make_settings
@@ -38,20 +38,18 @@ async def test_hot_and_archived_sessions_are_counted_and_exported(
             sessions.append(session_id)
         await client.close()
 
-        census = SessionCensus(store)
-
         async def indexed() -> bool:
-            return (await census.count()).indexed == 3
+            return (await census(store)).indexed == 3
 
         await wait_for(indexed, 30.0, "the projector to index the three sessions")
-        counted = await census.count()
+        counted = await census(store)
         assert (counted.hot, counted.archived) == (3, 0)
         archiver = Archiver(store, DirectoryArchive(tmp_path))
         for session_id in sessions[:2]:
             assert await archiver.archive_session(node.settings.tenant, session_id)
-        counted = await census.count()
+        counted = await census(store)
         assert (counted.hot, counted.indexed, counted.archived) == (1, 3, 2)
-        await count_sessions(census)
+        await count_sessions(store)
         exported = metrics.exposition()[0].decode()
         assert "acp_broker_sessions_hot 1.0" in exported
         assert "acp_broker_sessions_archived 2.0" in exported

@@ -36,20 +36,14 @@ class Census:
         return max(0, self.indexed - self.hot)
 
 
-class SessionCensus:
-    """Counts the sessions of the store (see the module's description)."""
-
-    def __init__(self, redis: Store) -> None:
-        self.redis = commands(redis)
-
-    async def count(self) -> Census:
-        """The sessions hot and indexed now."""
-        redis = self.redis
-        async with redis.pipeline(transaction=False) as pipe:
-            for partition in range(PARTITIONS):
-                pipe.zcard(hot_key(partition))
-            hot = sum(int(count) for count in await pipe.execute())
-        indexed = 0
-        async for key in redis.scan_iter(match=ROWS_PATTERN, count=1000, _type="HASH"):
-            indexed += int(await redis.hlen(key))
-        return Census(hot=hot, indexed=indexed)
+async def census(redis: Store) -> Census:
+    """Count the sessions of the store (see the module's description)."""
+    redis = commands(redis)
+    async with redis.pipeline(transaction=False) as pipe:
+        for partition in range(PARTITIONS):
+            pipe.zcard(hot_key(partition))
+        hot = sum(int(count) for count in await pipe.execute())
+    indexed = 0
+    async for key in redis.scan_iter(match=ROWS_PATTERN, count=1000, _type="HASH"):
+        indexed += int(await redis.hlen(key))
+    return Census(hot=hot, indexed=indexed)

@@ -32,7 +32,7 @@ from broker.config import Settings
 from broker.errors.failures import FailureLog
 from broker.ops import metrics
 from broker.store.archive import ArchiveCorrupt, ArchiveStore, decode, encode
-from broker.store.census import CENSUS_INTERVAL, SessionCensus
+from broker.store.census import CENSUS_INTERVAL, census
 from broker.store.client import Store
 from broker.store.index import SessionIndex
 from broker.store.keys import PARTITIONS
@@ -74,8 +74,8 @@ class Archiver:
         *,
         session_log: SessionLog | None = None,
     ) -> None:
+        self.store = redis
         self.sets = RetentionSets(redis)
-        self.census = SessionCensus(redis)
         self.archive = archive
         self.log = session_log or SessionLog(redis, archive=archive)
         self.index = SessionIndex(redis)
@@ -186,7 +186,7 @@ async def run_archiving(
         try:
             if time.monotonic() - counted >= CENSUS_INTERVAL:
                 counted = time.monotonic()
-                await count_sessions(archiver.census)
+                await count_sessions(archiver.store)
             purged = await archiver.purge_round(deleted_retention)
             if purged.sessions:
                 log.info("purged %d deleted sessions", purged.sessions)
@@ -204,9 +204,9 @@ async def run_archiving(
             failures.succeeded()
 
 
-async def count_sessions(census: SessionCensus) -> None:
+async def count_sessions(redis: Store) -> None:
     """The hot and archived sessions, counted into their metrics."""
-    counts = await census.count()
+    counts = await census(redis)
     metrics.SESSIONS_HOT.set(counts.hot)
     metrics.SESSIONS_ARCHIVED.set(counts.archived)
 
