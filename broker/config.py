@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     ``bwrap`` works and says once, at start, that they run unsealed where it does not;
     ``on`` refuses to run an agent unsealed; ``off`` runs them unsealed. An agent spec's own
     ``sandbox`` wins."""
+    sandbox_hidden_paths: list[str] = Field(default_factory=list)
+    """More paths sealed agents must not see, on top of the configuration and secret files
+    the broker knows of (a systemd ``EnvironmentFile`` under ``/etc``, a key store)."""
     sandbox_tmp_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     """The size of a sealed agent's private ``/tmp`` (a file system in memory)."""
     agent_idle_timeout: float | None = Field(default=1800.0, gt=0)
@@ -225,6 +228,23 @@ class Settings(BaseSettings):
     response) before it closes the socket."""
     http_keep_alive_timeout: int = Field(default=5, ge=1)
     """Seconds the HTTP listener keeps an idle keep-alive connection open."""
+    http_idle_timeout: float = Field(default=600.0, gt=0)
+    """Seconds a Streamable HTTP connection nobody uses (no POST, no GET stream open) is
+    kept; then it expires with its state (its sessions live on)."""
+    http_lease: float = Field(default=5.0, gt=0)
+    """Seconds a front that stopped (a crash) keeps the Streamable HTTP connections it ran,
+    before another front takes them over at their next request."""
+    http_retained_messages: int = Field(default=10_000, ge=16)
+    """Messages each stream of a Streamable HTTP connection keeps for a client that resumes
+    (``Last-Event-ID``); one further back is told 409."""
+    http_heartbeat: float = Field(default=15.0, gt=0)
+    """Seconds between the comment lines an idle SSE stream is sent (proxies keep it open)."""
+    http_poll_interval: float = Field(default=1.0, gt=0)
+    """Seconds an SSE stream waits for its bell before it looks in the store by itself
+    (pub/sub may lose a bell)."""
+    http_write_timeout: float = Field(default=10.0, gt=0)
+    """Seconds an SSE stream may wait for its client to read before it is cut (the client
+    resumes from its last event id)."""
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     list_cache: bool = True
@@ -385,6 +405,7 @@ class Settings(BaseSettings):
             paths.append(archive.removeprefix("dir:"))
         if self.redis_url is not None and self.redis_url.startswith("unix://"):
             paths.append(self.redis_url.removeprefix("unix://").partition("?")[0])
+        paths += self.sandbox_hidden_paths
         return [os.path.abspath(path) for path in paths if path]
 
     def cursor_keys(self) -> list[bytes]:
