@@ -10,7 +10,9 @@ storm`` a front killed under thousands of connections, which all resume on anoth
 beside them); ``python -m bench sessionmem`` what a session followed by a connection costs
 its front; ``python -m bench idle [--cluster]`` what an idle broker sends its Redis,
 command by command; ``python -m bench agents`` what an agent process per tenant costs
-(memory each, a first prompt's wait), sealed and unsealed.
+(memory each, a first prompt's wait), sealed and unsealed; ``python -m bench http``
+deliveries over Streamable HTTP beside WebSocket ones (CPU per delivery, p99, at a rate and
+at max).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ BREAKDOWNS = {
     "sessionmem": "bench.session_memory",
     "idle": "bench.idle",
     "agents": "bench.agent_cost",
+    "http": "bench.http",
 }
 """Run by name only, not with the six."""
 

@@ -225,6 +225,23 @@ class Settings(BaseSettings):
     response) before it closes the socket."""
     http_keep_alive_timeout: int = Field(default=5, ge=1)
     """Seconds the HTTP listener keeps an idle keep-alive connection open."""
+    http_idle_timeout: float = Field(default=600.0, gt=0)
+    """Seconds a Streamable HTTP connection nobody uses (no POST, no GET stream open) is
+    kept; then it expires with its state (its sessions live on)."""
+    http_lease: float = Field(default=5.0, gt=0)
+    """Seconds a front that stopped (a crash) keeps the Streamable HTTP connections it ran,
+    before another front takes them over at their next request."""
+    http_retained_messages: int = Field(default=10_000, ge=16)
+    """Messages each stream of a Streamable HTTP connection keeps for a client that resumes
+    (``Last-Event-ID``); one further back is told 409."""
+    http_heartbeat: float = Field(default=15.0, gt=0)
+    """Seconds between the comment lines an idle SSE stream is sent (proxies keep it open)."""
+    http_poll_interval: float = Field(default=1.0, gt=0)
+    """Seconds an SSE stream waits for its bell before it looks in the store by itself
+    (pub/sub may lose a bell)."""
+    http_write_timeout: float = Field(default=10.0, gt=0)
+    """Seconds an SSE stream may wait for its client to read before it is cut (the client
+    resumes from its last event id)."""
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     list_cache: bool = True

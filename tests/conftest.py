@@ -44,6 +44,8 @@ XDIST_GROUPS = {
     "test_cluster_resharding": "faults",
     "test_cluster_breaker": "faults",
     "test_fail_fast": "faults",
+    "test_many_threads": "faults",
+    "test_pipelining": "faults",
     "test_split_recovery": "faults",
     "test_permission_roundtrip": "faults",
     "test_redis_faults": "faults",

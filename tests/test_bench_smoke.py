@@ -34,6 +34,7 @@ BENCHMARKS = (
     "sessionmem",
     "idle",
     "agents",
+    "http",
 )
 
 

@@ -31,11 +31,13 @@ from broker.store.log import SessionLog
 from broker.store.rebuild import rebuild_index
 
 from .conftest import run_cli
-from .support.client import AcpTestClient, acp_client
+from .support.client import LOADED_WAIT, AcpTestClient, acp_client
 from .support.projection import feeds_of, until_consumed
 
 TENANT = "default"
-TIMEOUT = 30.0
+TIMEOUT = LOADED_WAIT * 2
+"""A bound, not an estimate: each test here starts a broker or the CLI (a Python process of
+its own, seconds on a loaded machine) and waits on conditions."""
 INDEX_PATTERN = "acpb:{t:default}:*"
 
 
@@ -208,12 +210,12 @@ async def test_rebuild_index_command(broker: Broker, url: str, redis_url: str) -
         # One more damage for the command to repair: a stray row of a session with no log.
         await commands(broker.redis).hset(TenantKeys(TENANT).rows, "sess_ghost", "{}")
 
-        code, out, err = await run_cli("rebuild-index", "--redis-url", redis_url, timeout=20)
+        code, out, err = await run_cli("rebuild-index", "--redis-url", redis_url)
         assert code == 0, err
         assert out.splitlines() == [f"{TENANT}: {len(made)} sessions re-indexed"]
         assert await SessionIndex(broker.redis).dump(TENANT) == live
 
         # Run again on an intact index: nothing changes.
-        code, _, err = await run_cli("rebuild-index", "--redis-url", redis_url, timeout=20)
+        code, _, err = await run_cli("rebuild-index", "--redis-url", redis_url)
         assert code == 0, err
         assert await SessionIndex(broker.redis).dump(TENANT) == live

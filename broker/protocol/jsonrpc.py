@@ -60,6 +60,17 @@ def session_not_found(session_id: str, what: str = "session") -> RpcError:
     return RpcError(RESOURCE_NOT_FOUND, f"{what} not found", {"sessionId": session_id})
 
 
+def log_lost(session_id: str) -> RpcError:
+    """-32002 for a session whose log the store no longer holds at all, though its snapshot
+    says it had events (a Redis let evict keys, ``--allow-evicting-store``): there is no
+    history to replay, nor any to trust."""
+    return RpcError(
+        RESOURCE_NOT_FOUND,
+        "this session's log was lost (the store dropped it)",
+        {"sessionId": session_id},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """A request (``id`` set) or a notification (``id`` None)."""

@@ -168,6 +168,10 @@ POOL_SIZE = 64
 """Redis connections per process. A burst of requests past it waits for a free connection
 (up to :data:`POOL_WAIT` seconds) instead of failing with "Too many connections"."""
 POOL_WAIT = 20.0
+EMBEDDED_POOL = 1 << 20
+"""Connections of the embedded store's pool: no bound in effect (each is an object in this
+process, no socket). redis-py's default of 100 failed the 101st request at once ("Too many
+connections"): a pipelining client has 256 in flight."""
 
 
 COMMAND_TIMEOUT = 5.0
@@ -193,7 +197,9 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     (``ssl_ca_certs`` …) that does not exist is refused here, by name.
     """
     if url is None:
-        return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        return fakeredis.FakeAsyncRedis(
+            server=fakeredis.FakeServer(), decode_responses=True, max_connections=EMBEDDED_POOL
+        )
     tls_files_exist(url)
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
