@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     ``bwrap`` works and says once, at start, that they run unsealed where it does not;
     ``on`` refuses to run an agent unsealed; ``off`` runs them unsealed. An agent spec's own
     ``sandbox`` wins."""
+    sandbox_hidden_paths: list[str] = Field(default_factory=list)
+    """More paths sealed agents must not see, on top of the configuration and secret files
+    the broker knows of (a systemd ``EnvironmentFile`` under ``/etc``, a key store)."""
     sandbox_tmp_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     """The size of a sealed agent's private ``/tmp`` (a file system in memory)."""
     agent_idle_timeout: float | None = Field(default=1800.0, gt=0)
@@ -231,7 +234,7 @@ class Settings(BaseSettings):
     http_lease: float = Field(default=5.0, gt=0)
     """Seconds a front that stopped (a crash) keeps the Streamable HTTP connections it ran,
     before another front takes them over at their next request."""
-    http_retained_messages: int = Field(default=10_000, ge=16)
+    http_retained_messages: int = Field(default=2_000, ge=16)
     """Messages each stream of a Streamable HTTP connection keeps for a client that resumes
     (``Last-Event-ID``); one further back is told 409."""
     http_heartbeat: float = Field(default=15.0, gt=0)
@@ -402,6 +405,7 @@ class Settings(BaseSettings):
             paths.append(archive.removeprefix("dir:"))
         if self.redis_url is not None and self.redis_url.startswith("unix://"):
             paths.append(self.redis_url.removeprefix("unix://").partition("?")[0])
+        paths += self.sandbox_hidden_paths
         return [os.path.abspath(path) for path in paths if path]
 
     def cursor_keys(self) -> list[bytes]:
