@@ -33,6 +33,8 @@ BENCHMARKS = (
     "c50k",
     "sessionmem",
     "idle",
+    "agents",
+    "http",
 )
 
 

@@ -13,7 +13,7 @@ import fakeredis
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.direct import DirectCalls, direct_calls
 from broker.store.events import EventType, SessionSnapshot
 from broker.store.index import ACP_LISTING, SessionIndex, decode_row
@@ -265,8 +265,8 @@ async def test_alike_shared_reads_of_one_step_are_read_once_and_each_caller_answ
     direct = direct_calls(store)
     assert direct is not None
     try:
-        await store.hset("h", mapping={"a": "1"})
-        await store.set("s", "x")
+        await commands(store).hset("h", mapping={"a": "1"})
+        await commands(store).set("s", "x")
         await direct.call("PING")  # connected
         before = await _calls_of(store, "hgetall")
         read = (("HGETALL", "h"), ("GET", "s"))
@@ -278,7 +278,7 @@ async def test_alike_shared_reads_of_one_step_are_read_once_and_each_caller_answ
         assert replies == [[["a", "1"], "x"]] * 5 + [[["a", "1"]], [["a", "1"], "x"]]
         assert await _calls_of(store, "hgetall") - before == 3
         # Asked again in a later step: read again, and the shared reply is not kept.
-        await store.set("s", "y")
+        await commands(store).set("s", "y")
         assert await direct.calls(*read, shared=True) == [["a", "1"], "y"]
     finally:
         direct.close()
@@ -292,7 +292,7 @@ async def test_a_shared_read_whose_caller_gives_up_still_answers_the_others(
     direct = direct_calls(store)
     assert direct is not None
     try:
-        await store.set("s", "x")
+        await commands(store).set("s", "x")
         await direct.call("PING")
         connection = direct._connection
         assert connection is not None and connection._transport is not None

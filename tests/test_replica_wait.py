@@ -16,7 +16,7 @@ import redis
 from acp import RequestError
 
 from broker.serve import Broker
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.durability import NotReplicated
 from broker.store.keys import session_keys
 from broker.store.log import SessionLog
@@ -68,7 +68,7 @@ async def test_an_append_no_replica_acknowledged_fails_and_lands_once_when_tried
             assert isinstance(failed.value, STORE_AWAY)  # told "try again", tried again
             with pytest.raises(NotReplicated):
                 await log.append("t", "s", UPDATE, call="c1")
-            assert await store.xlen(session_keys("t", "s").log) == 2  # once
+            assert await commands(store).xlen(session_keys("t", "s").log) == 2  # once
         finally:
             await store.aclose()
 

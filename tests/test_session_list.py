@@ -18,7 +18,7 @@ from broker.front.acp.listing import ListQuery
 from broker.front.pages import PageCache
 from broker.protocol.jsonrpc import REQUEST_CANCELLED
 from broker.serve import Broker
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.cursors import fingerprint
 from broker.store.events import EventType
 from broker.store.index import (
@@ -414,9 +414,9 @@ async def _strip_infos(broker: Broker, listing: str) -> None:
     """Rewrite the default tenant's ``listing`` as bare positions, as members were stored
     before they carried their SessionInfo (no announcement: the cache is not told)."""
     key = TenantKeys("default").index(listing)
-    members = await broker.redis.zrange(key, 0, -1, withscores=True)
-    await broker.redis.delete(key)
-    await broker.redis.zadd(key, {m.partition("\x01")[0]: score for m, score in members})
+    members = await commands(broker.redis).zrange(key, 0, -1, withscores=True)
+    await commands(broker.redis).delete(key)
+    await commands(broker.redis).zadd(key, {m.partition("\x01")[0]: score for m, score in members})
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])

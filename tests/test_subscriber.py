@@ -9,7 +9,7 @@ import fakeredis
 import pytest
 import redis.asyncio as redis
 
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.live import LiveFeed, Message, open_live_feed
 from broker.store.subscriber import BatchSubscriber, RedisPySubscriber
 from tests.support.redis_server import password_server
@@ -55,7 +55,7 @@ async def test_messages_arrive_in_order_with_their_confirmations(redis_url: str)
         await sub.ssubscribe("{a}:one", "{b}:two")
         confirmed = await _read_until(sub, 2, kind="ssubscribe")
         assert {m["channel"] for m in confirmed} == {"{a}:one", "{b}:two"}
-        async with store.pipeline(transaction=False) as pipe:
+        async with commands(store).pipeline(transaction=False) as pipe:
             for i in range(500):
                 pipe.spublish("{a}:one" if i % 2 else "{b}:two", f'{{"n":{i},"text":"é"}}')
             await pipe.execute()
@@ -65,8 +65,8 @@ async def test_messages_arrive_in_order_with_their_confirmations(redis_url: str)
 
         await sub.sunsubscribe("{a}:one")
         await _read_until(sub, 1, kind="sunsubscribe")
-        await store.spublish("{a}:one", "gone")
-        await store.spublish("{b}:two", "still here")
+        await commands(store).spublish("{a}:one", "gone")
+        await commands(store).spublish("{b}:two", "still here")
         assert [m["data"] for m in await _read_until(sub, 1)] == ["still here"]
     finally:
         await sub.aclose()

@@ -41,11 +41,13 @@ from ..store.archive import open_archive
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.guard import StoreGuard
+from ..store.http_links import HttpLinks
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
+from .acp.flow import waiting_bound
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
@@ -61,6 +63,8 @@ from .list_changes import ListChanges
 from .pages import IndexWatch, PageCache
 from .revocation import CredentialWatch
 from .routing import NodeRouter
+from .streamable.endpoint import AcpHttpEndpoint
+from .streamable.service import StreamableHttp
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +183,11 @@ class FrontNode:
             tool_access(settings, self.authenticator),
         )
         """The session tools' operations (MCP and REST), on the ACP methods' command path."""
+        self.streamable = streamable_http(
+            settings, self.methods, self.redis, self.hub.node_id, self.access
+        )
+        """ACP's Streamable HTTP connections (``/acp`` on the HTTP port)."""
+        self.hub.listener.http_bells = self.streamable.on_bell
         self.http = FrontHttp(
             settings,
             sessions_service(settings, self.redis, self.authenticator, self.pages),
@@ -186,6 +195,12 @@ class FrontNode:
             self.health,
             self.tools,
             EventStream(self.log, self.hub),
+            AcpHttpEndpoint(
+                self.streamable,
+                self.authenticator,
+                self.log,
+                lambda host: websocket_only.websocket_url(settings, self.port, host),
+            ),
         )
         self.http.websocket_port = lambda: self.port
 
@@ -215,6 +230,10 @@ class FrontNode:
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
+            # The socket is read on while frames wait for their pace; past this many queued,
+            # requests are refused as they are read (:mod:`.acp.flow`): what still queues
+            # (answers, notifications) stops reading only when it is this many more.
+            max_queue=2 * waiting_bound(self.settings.rate_per_connection, self.settings.max_pace),
             ping_interval=None,  # self.keepalive pings
             ping_timeout=None,
             compression=None,
@@ -230,6 +249,7 @@ class FrontNode:
             self.port,
             self.settings.path,
         )
+        self.streamable.start()
         await self.http.start()
         if self.authenticator.enabled:
             self.credentials.start()
@@ -257,6 +277,7 @@ class FrontNode:
                 with contextlib.suppress(Exception):  # drained already; a broken one is gone
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
+        await self._stop_part("the Streamable HTTP connections", self.streamable.stop())
         await self._stop_part("the HTTP listener", self.http.stop())
         for role in reversed(self.colocated):
             name = getattr(role, "name", type(role).__name__)
@@ -355,6 +376,19 @@ class FrontNode:
     ) -> None:
         if response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS:
             response.headers[CONNECTION_ID_HEADER] = str(ws.id)
+
+
+def streamable_http(
+    settings: Settings, methods: AcpMethods, redis: Store, node_id: str, access: Access
+) -> StreamableHttp:
+    """The Streamable HTTP connections of a front, on the store ``redis``."""
+    links = HttpLinks(
+        redis,
+        retention=settings.http_retained_messages,
+        idle_ms=int(settings.http_idle_timeout * 1000),
+        lease_ms=int(settings.http_lease * 1000),
+    )
+    return StreamableHttp(settings, methods, links, node_id, access)
 
 
 def _offered_subprotocols(request: HttpRequest) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import fakeredis
 from redis.asyncio import Redis, RedisCluster
@@ -30,14 +30,25 @@ log = logging.getLogger(__name__)
 
 
 class Store(Protocol):
-    """What the roles need of the store: the commands they send (the log's streams and
-    scripts, the index's sorted sets and hashes, the queues' streams and consumer groups,
-    leases, the live feed's sharded pub/sub), pipelines and scripts. Every client
-    :func:`connect` makes satisfies it (redis-py's ``Redis`` for one server or a Sentinel
-    master, ``RedisCluster``, fakeredis's for the embedded store), and mypy checks that
-    the roles use nothing else; how the store is laid out is :func:`topology`'s to say.
+    """An open store, as :func:`connect` makes it (one server, a Sentinel master, a Redis
+    Cluster or the embedded store): what the roles hold and hand to the store's ports, whose
+    typed methods are all a role can do with it (the session log, the index, the live feed,
+    the command bus, leases and the host registry, idempotency and token records, rate
+    counters, the retention sets and the archive: see ``docs/storage.md``). The commands
+    behind it are the ports' own (:class:`Commands`)."""
 
-    The commands' arguments and replies keep redis-py's own (loose) types."""
+    async def aclose(self) -> None: ...
+
+
+class Commands(Store, Protocol):
+    """The client behind a :class:`Store`, as the store's own modules send it commands:
+    the log's streams and scripts, the index's sorted sets and hashes, the queues' streams
+    and consumer groups, leases, the live feed's sharded pub/sub, pipelines and scripts.
+    Every client :func:`connect` makes is one (redis-py's ``Redis``, ``RedisCluster``,
+    fakeredis's); nothing outside ``broker/store`` uses it (``tests/test_layout.py``).
+
+    The commands' arguments and replies keep redis-py's own (loose) types: the ports'
+    signatures are where the types are precise."""
 
     def get(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -146,11 +157,21 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
+def commands(store: Store) -> Commands:
+    """The client behind ``store``, to send it commands (what every client :func:`connect`
+    makes is)."""
+    return cast(Commands, store)
+
+
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64
 """Redis connections per process. A burst of requests past it waits for a free connection
 (up to :data:`POOL_WAIT` seconds) instead of failing with "Too many connections"."""
 POOL_WAIT = 20.0
+EMBEDDED_POOL = 1 << 20
+"""Connections of the embedded store's pool: no bound in effect (each is an object in this
+process, no socket). redis-py's default of 100 failed the 101st request at once ("Too many
+connections"): a pipelining client has 256 in flight."""
 
 
 COMMAND_TIMEOUT = 5.0
@@ -176,7 +197,9 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     (``ssl_ca_certs`` …) that does not exist is refused here, by name.
     """
     if url is None:
-        return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        return fakeredis.FakeAsyncRedis(
+            server=fakeredis.FakeServer(), decode_responses=True, max_connections=EMBEDDED_POOL
+        )
     tls_files_exist(url)
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}

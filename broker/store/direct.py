@@ -32,7 +32,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .breaker import StoreBreaker, breaker_of
-from .client import Store
+from .client import Store, commands
 from .raw import CONNECT_TIMEOUT, RawConnection, bare_options, open_raw, reply_timeout
 
 
@@ -153,7 +153,7 @@ class StoreCalls:
     put back in RESP's shape (:func:`as_resp`)."""
 
     def __init__(self, redis: Store, direct: DirectCalls | None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.direct = direct
         """The bare connection's calls; None where the client carries every call."""
 

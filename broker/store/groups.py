@@ -24,7 +24,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .client import Store, is_cluster
+from .client import Store, commands, is_cluster
 from .direct import direct_calls
 from .feed_bell import AWAKE, MOST_PAUSE, SAFETY, Doorbell
 from .raw import command
@@ -48,7 +48,7 @@ class GroupReads:
         batch: int,
         block_ms: int,
     ) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.group = group
         self.consumer = consumer
         self.streams = list(streams)

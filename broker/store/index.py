@@ -12,8 +12,9 @@ and spliced into replies as it is), then what the other listings add (see
 after the position (:func:`stored_member`), so a ``session/list`` page is that
 one native command and nothing else: no script, no row lookups (a script that
 fetched the rows cost Redis 90 µs a page, the bare ``ZRANGE`` 3; see
-``docs/architecture.md``). The price is a second copy of each ``SessionInfo``
-per ACP listing it is in.
+``docs/architecture.md``). The price is a second copy of each ``SessionInfo``, in the
+listing of every session only: a cwd's listing holds bare positions, and its page reads
+the rows too (:func:`carries_info`).
 
 Projection is idempotent: a session's row and entries are a function of its
 snapshot, written with compare-and-set on a per-session version that records
@@ -39,13 +40,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from redis.exceptions import NoScriptError, RedisError
 
 from .. import fastjson
 from .catalog import catalog_entries
-from .client import Store, is_cluster
+from .client import Store, commands, is_cluster
 from .direct import store_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
@@ -91,10 +92,19 @@ def is_acp_listing(listing: str) -> bool:
 _ACP_PREFIX = ACP_LISTING + ":"
 
 
+def carries_info(listing: str) -> bool:
+    """Whether ``listing``'s members carry the ``SessionInfo`` a page shows (the listing of
+    every session); a cwd's listing holds bare positions, whose page reads the rows too
+    (``HMGET``): a second copy of each ``SessionInfo``, about 400 bytes a session kept in
+    Redis for as long as the session, cost more than that round trip (lua/touch.lua decides
+    the same by the key's name)."""
+    return listing == ACP_LISTING
+
+
 def stored_member(listing: str, position: str, info: str) -> str:
-    """The member a session is stored under in ``listing``: its position, and in an ACP
-    listing also the ``SessionInfo`` JSON text a page shows of it."""
-    return f"{position}{_INFO_MARK}{info}" if is_acp_listing(listing) else position
+    """The member a session is stored under in ``listing``: its position, and in the ACP
+    listing of every session also the ``SessionInfo`` JSON text a page shows of it."""
+    return f"{position}{_INFO_MARK}{info}" if carries_info(listing) else position
 
 
 def lower_bound(after: str | None) -> str:
@@ -420,14 +430,22 @@ _NOTHING: Any = object()
 """A session whose notices the index holds already."""
 
 
+class IndexDump(TypedDict):
+    """Everything the index holds for a tenant: its rows (session id -> row text) and its
+    listings' members (listing key -> members, in order)."""
+
+    rows: dict[str, str]
+    listings: dict[str, list[str]]
+
+
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
     def __init__(self, redis: Store, *, changed: Callable[[str], None] | None = None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.announcer = IndexAnnouncer(redis, changed)
-        self._project = redis.register_script(_script("project.lua"))
-        self._touch = redis.register_script(_script("touch.lua"))
+        self._project = self.redis.register_script(_script("project.lua"))
+        self._touch = self.redis.register_script(_script("touch.lua"))
         # Replies as bytes: a page's texts go on to the client's frame as they were read.
         self._calls = store_calls(redis, encoding=None)
         self._direct = self._calls.direct
@@ -751,8 +769,9 @@ class SessionIndex:
     ) -> PageRead | None:
         """:meth:`page`'s read sent now, for a caller that answers in a callback: the future
         of its reply (then :meth:`read_page`); None when no bare connection is open (or
-        there is none): :meth:`page` reads it."""
-        if self._direct is None:
+        there is none), or the listing holds bare positions (a cwd's): :meth:`page` reads
+        it."""
+        if self._direct is None or not carries_info(listing):
             return None
         return self._direct.request(*page_command(tenant, listing, after, limit))
 
@@ -798,7 +817,7 @@ class SessionIndex:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
         return decode_row(raw) if raw else None
 
-    async def dump(self, tenant: str) -> Mapping[str, Any]:
+    async def dump(self, tenant: str) -> IndexDump:
         """Everything the index holds for a tenant (to compare a rebuild with the live one)."""
         keys = TenantKeys(tenant)
         rows = await self.redis.hgetall(keys.rows)
@@ -807,4 +826,4 @@ class SessionIndex:
         for version in versions.values():
             for name in Version.decode(version).entries:  # type: ignore[union-attr]
                 listings[name] = await self.redis.zrange(keys.index(name), 0, -1)
-        return {"rows": rows, "listings": listings}
+        return IndexDump(rows=rows, listings=listings)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .cluster_feed import ClusterFeed
 from .raw import bare_options
 from .subscriber import BatchSubscriber, Message, RedisPySubscriber
@@ -79,7 +79,7 @@ def open_live_feed(redis: Store) -> LiveFeed:
     options = bare_options(redis)
     if options is not None:
         return BatchSubscriber(options)
-    return RedisPySubscriber(redis.pubsub())
+    return RedisPySubscriber(commands(redis).pubsub())
 
 
 class Publisher:
@@ -87,7 +87,7 @@ class Publisher:
     node's reply channel, the index's announcements."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def publish(self, channel: str, data: str) -> int:
         """Publish ``data`` on ``channel``; how many subscribers heard it (0: none, see

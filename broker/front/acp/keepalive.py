@@ -4,9 +4,11 @@ websockets pings each connection from a task of its own (a sleep, a future and a
 context per ping): at 19,488 connections that is 975 task wake-ups a second, each allocating,
 and a task and its sleep held by every idle connection. :class:`Keepalive` keeps the same
 rule, every connection pinged every ``interval`` and closed (1011, "keepalive ping timeout",
-as websockets closes it) when the pong has not come ``timeout`` after the ping (not counting
-the time the front's flow control held the connection's reading back: a paced client is
-slowed, never cut off for it), from one loop: the connections sit in ``interval / tick``
+as websockets closes it) when the pong has not come ``timeout`` after the ping and nothing
+else came from the peer meanwhile (any bytes show it alive: its Pong may sit behind its
+requests or behind our replies it has yet to read; nor does the time the front's flow control
+held the connection's reading back count: a paced client is slowed, never cut off for it),
+from one loop: the connections sit in ``interval / tick``
 slots, one slot visited per tick, and a visit writes a prepared Ping frame to each of its
 connections' sockets or, for one whose last ping is still unanswered past the timeout,
 closes it.
@@ -183,10 +185,15 @@ class Keepalive:
             if sent is None:
                 if ws.protocol.state is State.OPEN:
                     ws.ping_sent = now
+                    ws.heard = False
                     ws.transport.write(PING_FRAME)
             elif sent <= overdue:
-                if ws.held:  # its Pong waits behind requests the front has not read yet
+                # Held: its Pong waits behind requests the front has not read yet. Heard: it
+                # sent since the Ping, so it is alive (its Pong may wait behind what it sent,
+                # or what it has yet to read of ours).
+                if ws.held or ws.heard:
                     ws.ping_sent = now
+                    ws.heard = False
                 else:
                     self.discard(ws)
                     self._close(ws)
