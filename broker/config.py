@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     ``bwrap`` works and says once, at start, that they run unsealed where it does not;
     ``on`` refuses to run an agent unsealed; ``off`` runs them unsealed. An agent spec's own
     ``sandbox`` wins."""
+    sandbox_hidden_paths: list[str] = Field(default_factory=list)
+    """More paths sealed agents must not see, on top of the configuration and secret files
+    the broker knows of (a systemd ``EnvironmentFile`` under ``/etc``, a key store)."""
     sandbox_tmp_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     """The size of a sealed agent's private ``/tmp`` (a file system in memory)."""
     agent_idle_timeout: float | None = Field(default=1800.0, gt=0)
@@ -402,6 +405,7 @@ class Settings(BaseSettings):
             paths.append(archive.removeprefix("dir:"))
         if self.redis_url is not None and self.redis_url.startswith("unix://"):
             paths.append(self.redis_url.removeprefix("unix://").partition("?")[0])
+        paths += self.sandbox_hidden_paths
         return [os.path.abspath(path) for path in paths if path]
 
     def cursor_keys(self) -> list[bytes]:

@@ -37,7 +37,7 @@ PASSWORD = "redis-password-the-agent-must-not-learn"
 JWT_SECRET = "jwt-secret-the-agent-must-not-learn-0123456789"
 TMP_BYTES = 4 * 1024 * 1024
 FILL = 16 * 1024 * 1024
-TIMEOUT = 120.0
+TIMEOUT = 240.0  # a loaded 2-core machine takes 3-5 s to start each agent process
 
 
 @dataclass

@@ -20,7 +20,7 @@ from broker.store.client import connect
 from workers.agent_host.host import AgentHost
 from workers.agent_host.sandbox import SandboxPlan
 
-from .conftest import make_settings, plain_agent, run_cli
+from .conftest import demo_agent, make_settings, plain_agent, run_cli
 from .support.client import wait_for
 
 
@@ -68,6 +68,19 @@ async def test_a_spec_may_ask_for_a_process_per_session(node: Broker) -> None:
     host = _host(node)
     one, two = await _new(host, "team-a", "/w"), await _new(host, "team-a", "/w")
     assert host.sessions.by_id[one].agent is not host.sessions.by_id[two].agent
+
+
+@pytest.mark.parametrize("node", [{"agents": [demo_agent()]}], indirect=True)
+async def test_a_process_running_a_prompt_is_not_reaped(node: Broker) -> None:
+    host = _host(node)
+    session_id = await _new(host, "team-a", "/w", agent="demo")
+    params = {"prompt": [{"type": "text", "text": "/slow 10"}]}
+    turn = asyncio.ensure_future(host.prompt("team-a", session_id, params, "o"))
+    await wait_for(lambda: host.sessions.by_id[session_id].prompt_task is not None)
+    assert await host.reaper.reap(0.0) == 0  # idle or not: its turn runs
+    assert (await turn).result["stopReason"] == "end_turn"
+    assert await host.reaper.reap(0.0) == 1
+    assert not host.agents.processes()
 
 
 @pytest.mark.parametrize("node", [{"max_agent_processes": 2}], indirect=True)
@@ -185,8 +198,11 @@ def test_secrets_are_read_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyP
     secret_file.write_text("j" * 40)
     monkeypatch.setenv("ACP_BROKER_REDIS_URL_FILE", str(url_file))
     toml = tmp_path / "broker.toml"
-    toml.write_text(f'jwt_secret_file = "{secret_file}"\n')
+    toml.write_text(
+        f'jwt_secret_file = "{secret_file}"\nsandbox_hidden_paths = ["/etc/acp-broker.env"]\n'
+    )
     settings = load_settings(str(toml))
+    assert "/etc/acp-broker.env" in settings.hidden_paths()
     assert settings.redis_url == "redis://:pw@127.0.0.1:6390/0"
     assert settings.jwt_secret == "j" * 40
     assert {str(url_file), str(secret_file), str(toml)} <= set(settings.hidden_paths())

@@ -15,11 +15,11 @@ import fakeredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..compat.redis import GatedPool, gated
+from ..compat.redis import GatedPool, PausesBackoff, gated
 from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
+from ..retry import doubling_pause
 from .breaker import StoreBreaker
 from .cluster import patient_cluster
 from .sentinel import sentinel_master
@@ -180,6 +180,9 @@ the command instead of hanging its caller."""
 RECONNECT_RETRIES = 2
 """A command whose connection turns out dead (the server restarted since it was last used) is
 sent again on a fresh connection, at most this many times, after a short backoff."""
+RECONNECT_FIRST_PAUSE = 0.1
+RECONNECT_MAX_PAUSE = 0.5
+"""Seconds of the reconnecting retry's first pause, and at most (they double)."""
 
 
 def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
@@ -242,8 +245,12 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
 
 def _reconnecting() -> Retry:
     """Commands tried again on a fresh connection after a connection error (only those: a
-    timeout may hide a command that did run)."""
-    return Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,))
+    timeout may hide a command that did run): redis-py's retry, with the pauses of the
+    code base's one retry helper (:func:`broker.retry.doubling_pause`)."""
+    backoff = PausesBackoff(
+        lambda failures: doubling_pause(failures, RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE)
+    )
+    return Retry(backoff, RECONNECT_RETRIES, (RedisConnectionError,))
 
 
 class Topology(StrEnum):

@@ -30,7 +30,6 @@ announcement could not be sent is owed one, sent with the next write's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import json
@@ -42,12 +41,12 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, TypedDict
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from .. import fastjson
 from .catalog import catalog_entries
 from .client import Store, commands, is_cluster
-from .direct import store_calls
+from .direct import reconnecting, store_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
 from .keys import INDEX_CHANNEL, TenantKeys
@@ -597,18 +596,18 @@ class SessionIndex:
             args += call.args
         tenants = {call.key[0] for call in calls}
         try:
-            if self._direct is not None:
-                # A write, made again through the client after a failure: the version check
-                # makes a second one write nothing (and the session is projected afresh).
-                with contextlib.suppress(RedisError):
-                    names, owed = self.announcer.announcing(tenants)
-                    sha = self._touch.sha
-                    touch = ("EVALSHA", sha, len(keys), *keys, *args)
-                    replies = await self._direct.calls(
-                        touch, *[("SPUBLISH", INDEX_CHANNEL, name) for name in names]
-                    )
-                    self.announcer.paid(owed)
-                    return list(replies[0])
+            direct = self._direct
+            if direct is not None:
+                # A write, made again on a fresh connection after a lost one: the version
+                # check makes a second one write nothing (and the session is projected afresh).
+                names, owed = self.announcer.announcing(tenants)
+                touch = ("EVALSHA", self._touch.sha, len(keys), *keys, *args)
+                announce = [("SPUBLISH", INDEX_CHANNEL, name) for name in names]
+                replies = await reconnecting(
+                    lambda: direct.loading(self._touch, lambda: direct.calls(touch, *announce))
+                )
+                self.announcer.paid(owed)
+                return list(replies[0])
             done = list(await self._touch(keys=keys, args=args))
         finally:
             self.announcer.tell(tenants)
@@ -752,15 +751,12 @@ class SessionIndex:
             raise written
         return bool(written)
 
-    async def page(
-        self, tenant: str, listing: str, after: str | None, limit: int, *, direct: bool = True
-    ) -> Page:
+    async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
         """Up to ``limit`` sessions of the ACP listing ``listing`` that sort after position
         ``after``, as ``session/list`` shows them: one ``ZRANGE``, whose members carry the
-        ``SessionInfo`` texts, joined here into one string. ``direct=False``: through the
-        client only (the bare connection just failed this read)."""
+        ``SessionInfo`` texts, joined here into one string."""
         command = page_command(tenant, listing, after, limit)
-        members = _as_bytes(await self._read(*command, direct=direct))
+        members = _as_bytes(await self._read(*command))
         page = page_of(members, limit)
         return page if page is not None else await self._bare_page(tenant, members, limit)
 
@@ -787,8 +783,8 @@ class SessionIndex:
         connection, future = read
         return page_of(connection.result(future), limit)
 
-    async def _read(self, *command: Any, direct: bool = True) -> Any:
-        return await self._calls.call(*command, bare=direct)
+    async def _read(self, *command: Any) -> Any:
+        return await self._calls.call(*command)
 
     async def _bare_page(self, tenant: str, members: list[bytes], limit: int) -> Page:
         """A page where some members are bare positions (written before members carried

@@ -79,13 +79,8 @@ async def probe(bwrap: str | None = None) -> Sealing:
         return Sealing(None, problem="bwrap (bubblewrap) is not installed")
     try:
         version = await _run([path, "--version"])
-        await _run(
-            [
-                *SandboxPlan(path, tmp_bytes=1024 * 1024, hidden=()).command(
-                    ["true"], [], network=False
-                )
-            ]
-        )
+        plan = SandboxPlan(path, tmp_bytes=1024 * 1024, hidden=())
+        await _run(plan.command(["true"], [], network=False))
     except (OSError, RuntimeError, TimeoutError) as exc:
         return Sealing(path, problem=f"{path} does not work here: {_first_line(str(exc))}")
     return Sealing(path, version=version.strip() or "bwrap")
