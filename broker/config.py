@@ -234,7 +234,7 @@ class Settings(BaseSettings):
     http_lease: float = Field(default=5.0, gt=0)
     """Seconds a front that stopped (a crash) keeps the Streamable HTTP connections it ran,
     before another front takes them over at their next request."""
-    http_retained_messages: int = Field(default=10_000, ge=16)
+    http_retained_messages: int = Field(default=2_000, ge=16)
     """Messages each stream of a Streamable HTTP connection keeps for a client that resumes
     (``Last-Event-ID``); one further back is told 409."""
     http_heartbeat: float = Field(default=15.0, gt=0)

@@ -35,6 +35,7 @@ from typing import Any
 from .errors.failures import describe
 from .loops import cancel_and_wait
 from .ops.health import Unhealthy
+from .retry import doubling_pause
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class RoleLoops:
 
     async def _supervised(self, name: str, loop: Loop) -> None:
         """Run ``loop`` until cancelled, starting it again after each failure."""
-        pause = FIRST_PAUSE
+        failures = 0
         while True:
             started = time.monotonic()
             failure: BaseException | None = None
@@ -165,7 +166,9 @@ class RoleLoops:
             finally:
                 self._running.pop(name, None)
             if time.monotonic() - started >= STABLE:
-                pause = FIRST_PAUSE  # it ran well for a while: a new failure, not the same
+                failures = 0  # it ran well for a while: a new failure, not the same
+            failures += 1
+            pause = doubling_pause(failures, FIRST_PAUSE, MAX_PAUSE)
             reason = "it ended" if failure is None else describe(failure) or "cancelled"
             log.error(
                 "%s: loop %s failed (%s); restarting it in %.1f s",
@@ -177,4 +180,3 @@ class RoleLoops:
             )
             self._failed[name] = (time.monotonic() + pause, reason)
             await asyncio.sleep(pause)
-            pause = min(pause * 2, MAX_PAUSE)

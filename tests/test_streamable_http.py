@@ -115,6 +115,8 @@ async def test_refusals_as_the_rfd_says(acp: HttpAcp, base: str) -> None:
     assert (await client.get(url, headers=acp.headers())).status_code == 406
     session_get = acp.headers("no-such-session", **SSE)
     assert (await client.get(url, headers=session_get)).status_code == 404
+    huge = {"jsonrpc": "2.0", "id": 3, "method": "session/list", "params": {"x": "y" * 5_000_000}}
+    assert (await acp.post(huge)).status_code == 413  # max_message_bytes: 4 MiB
     prompt = {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {"sessionId": "x"}}
     assert (await acp.post(prompt)).status_code == 400
     assert (await acp.delete()).status_code == 202
@@ -310,3 +312,17 @@ async def test_an_idle_connection_expires(redis_url: str) -> None:
         await wait_for(lambda: acp.conn_id not in node.streamable.here, 10, "the holder let go")
         response = await acp.post({"jsonrpc": "2.0", "id": 1, "method": "session/list"})
         assert response.status_code == 404
+
+
+async def test_a_connections_requests_are_paced_as_on_websocket(redis_url: str) -> None:
+    # 5 requests a second (bursts of 10): 30 requests take about 4 s, every one answered.
+    async with _node(redis_url, rate_per_connection=5.0) as (_, acp):
+        await acp.initialize()
+        conn = await acp.open()
+        started = time.monotonic()
+        ids = [await acp.request("session/list", {}) for _ in range(30)]
+        answered = await conn.until(is_response(ids[-1]), timeout=60)
+        elapsed = time.monotonic() - started
+        replies = [m for _, m in answered if "result" in m]
+        assert sorted(m["id"] for m in replies) == ids
+        assert elapsed >= 3.0, elapsed

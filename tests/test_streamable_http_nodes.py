@@ -34,6 +34,7 @@ async def _front(
         log_path=tmp_path / f"{name}.log",
         env={**ENV, **(env or {})},
         extra_args=["--http-port", str(port), *args],
+        start_timeout=120,  # a loaded machine starts a node slowly
     ) as node:
         _nodes[name] = node
         yield f"http://127.0.0.1:{port}"

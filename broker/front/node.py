@@ -52,6 +52,7 @@ from .acp.flow import waiting_bound
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
+from .acp.operations import with_operations
 from .acp.turn_outcome import prompt_outcome
 from .agents import RemoteAgents
 from .fanout import FanoutHub
@@ -145,8 +146,8 @@ class FrontNode:
             CursorCodec(settings.cursor_keys()),
             self.access,
             surfaces={
-                v2.V1: {**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
-                v2.V2: {**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+                v2.V1: with_operations({**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome}),
+                v2.V2: with_operations({**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome}),
             },
             pages=self.pages,
             list_changes=self.list_changes,

@@ -154,19 +154,25 @@ class HttpLinks:
 
     # -- the inbox --------------------------------------------------------------------------
 
-    async def push(self, conn_id: str, text: str) -> str:
-        """Queue a message POSTed to the connection; its inbox entry ID."""
+    async def push(self, conn_id: str, text: str, sender: str) -> str:
+        """Queue a message POSTed to the connection, with who sent it (``sender``: its
+        credential, as the caller writes it); its inbox entry ID."""
         keys = LinkKeys(conn_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(keys.inbox, {"m": text}, maxlen=self.retention, approximate=True)
+            entry = {"m": text, "p": sender}
+            pipe.xadd(keys.inbox, entry, maxlen=self.retention, approximate=True)
             pipe.pexpire(keys.inbox, self.idle_ms)
             entry_id, _ = await pipe.execute()
         return str(entry_id)
 
-    async def inbox(self, conn_id: str, after: str) -> list[tuple[str, str]]:
-        """The messages queued after entry ``after`` ("0": all), in order."""
+    async def inbox(self, conn_id: str, after: str) -> list[tuple[str, str, str]]:
+        """The messages queued after entry ``after`` ("0": all), in order: (entry ID,
+        text, sender) each."""
         rows = await self.redis.xrange(LinkKeys(conn_id).inbox, f"({after}", "+", count=256)
-        return [(str(entry_id), str(fields.get("m", ""))) for entry_id, fields in rows]
+        return [
+            (str(entry_id), str(fields.get("m", "")), str(fields.get("p", "")))
+            for entry_id, fields in rows
+        ]
 
     # -- the outbox streams -----------------------------------------------------------------
 

@@ -136,6 +136,7 @@ class HttpLink(ClientConnection):
         version = record.get("v")
         self.protocol_version = int(version) if version else None
         self.client_capabilities = json.loads(record.get("caps") or "{}")
+        self.client_instance = record.get("ci") or ""  # its operation ids' scope
         self.done = record.get("done") or "0"
 
     async def resume_sessions(self, record: dict[str, str]) -> None:
@@ -166,9 +167,10 @@ class HttpLink(ClientConnection):
             self._again = True
             while self._again:
                 self._again = False
-                for entry_id, text in await self.links.inbox(self.id, self.done):
+                for entry_id, text, sender in await self.links.inbox(self.id, self.done):
                     self.done = entry_id
                     await self.links.save(self.id, {"done": entry_id})
+                    self.principal = credential(self.tenant, sender) or self.principal
                     self.note_request(text)
                     await self.intake.take_frame(text)
                     self._again = True
@@ -211,6 +213,21 @@ class HttpLink(ClientConnection):
         if self._pending is not None:
             self._pending.fail_all("the connection ended")
         await self.sessions.leave_all()
+
+
+def sender(principal: Principal) -> str:
+    """A POST's credential as its inbox entry keeps it: each message is then served with
+    the scopes of who sent it, whichever front runs the connection."""
+    return json.dumps([sorted(principal.scopes), principal.subject, principal.expires])
+
+
+def credential(tenant: str, sender: str) -> Principal | None:
+    """The credential :func:`sender` wrote (None: none was)."""
+    try:
+        scopes, subject, expires = json.loads(sender)
+    except (ValueError, TypeError):
+        return None
+    return Principal(tenant, frozenset(scopes), subject, expires)
 
 
 def _named(message: Any) -> str | None:

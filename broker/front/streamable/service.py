@@ -28,7 +28,7 @@ from ..acp.access import Access
 from ..acp.connection import Dispatcher
 from ..routing import HTTP_BELL
 from .bell import Bell
-from .link import HttpLink
+from .link import HttpLink, sender
 from .outbox import Emitter
 
 log = logging.getLogger(__name__)
@@ -146,13 +146,14 @@ class StreamableHttp:
             await self.links.delete(conn_id)
             return "", response
         caps = json.dumps(link.client_capabilities)
-        await self.links.save(conn_id, {"v": str(link.protocol_version), "caps": caps})
+        record = {"v": str(link.protocol_version), "caps": caps, "ci": link.client_instance}
+        await self.links.save(conn_id, record)
         return conn_id, response
 
     async def post(self, conn_id: str, principal: Principal, text: str) -> None:
         """Queue a message for the connection and see that its holder takes it."""
         await self.links.touch(conn_id)
-        entry = await self.links.push(conn_id, text)
+        entry = await self.links.push(conn_id, text, sender(principal))
         await self._serve(conn_id, principal, entry)
 
     async def _serve(self, conn_id: str, principal: Principal, entry: str) -> None:
