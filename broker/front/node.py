@@ -30,10 +30,11 @@ from ..auth.authenticator import (
 )
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
+from ..lifetimes import RoleLoops
 from ..logs import install_redaction
 from ..loops import stop_within
 from ..ops import metrics
-from ..ops.health import Health, tasks_running
+from ..ops.health import Health
 from ..ops.server import ops_response
 from ..protocol import v2
 from ..protocol.turns import PROMPT_OUTCOME
@@ -172,8 +173,8 @@ class FrontNode:
         """Start-up checks of the store; the ``redis`` readiness check."""
         self.health.add("redis", self.store_guard.ready)
         self.health.add("pubsub", self.hub.check_subscribed)
-        self.health.add("fanout loops", tasks_running(self.hub.loops))
-        self.health.add("index watch loops", tasks_running(self.index_watch.loops))
+        self.health.add("fanout loops", self.hub.role_loops.check)
+        self.health.add("index watch loops", self.index_watch.role_loops.check)
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
         self.tools = SessionTools(
             settings,
@@ -204,6 +205,19 @@ class FrontNode:
             ),
         )
         self.http.websocket_port = lambda: self.port
+        self.loops = self._loops()
+        """The front's other loops (the fan-out hub and the index watch run their own)."""
+        self.health.add("front loops", self.loops.check)
+
+    def _loops(self) -> RoleLoops:
+        """The keepalive, the Streamable HTTP leases' renewal and, with authentication, the
+        credential watch: started once the front serves, stopped once it no longer does."""
+        loops = RoleLoops("front")
+        loops.add("keepalive", self.keepalive.run)
+        loops.add("http-lease-renewal", self.streamable.renew)
+        if self.authenticator.enabled:
+            loops.add("credential-watch", self.credentials.run)
+        return loops
 
     @property
     def port(self) -> int:
@@ -218,7 +232,7 @@ class FrontNode:
     async def start(self) -> None:
         await self.store_guard.start()
         await self.hub.start()
-        self.index_watch.start()
+        await self.index_watch.start()
         for role in self.colocated:
             await role.start()
         self._server = await serve(
@@ -243,17 +257,14 @@ class FrontNode:
             # As Go's listeners do, ask for the most the kernel allows (net.core.somaxconn).
             backlog=socket.SOMAXCONN,
         )
-        self.keepalive.start()
         log.info(
             "acp-broker listening on ws://%s:%d%s",
             self.settings.host,
             self.port,
             self.settings.path,
         )
-        self.streamable.start()
         await self.http.start()
-        if self.authenticator.enabled:
-            self.credentials.start()
+        await self.loops.start()
 
     async def __aenter__(self) -> FrontNode:
         await self.start()
@@ -268,8 +279,6 @@ class FrontNode:
         ``hand_over`` leaves this node's sessions RUNNING for another agent host to
         take over at once (a drain), instead of recording them as STOPPED.
         """
-        await self.credentials.stop()
-        await self.keepalive.stop()
         if self._server is not None:
             self._server.close(close_connections=False)
             connections = list(self.connections)
@@ -278,6 +287,8 @@ class FrontNode:
                 with contextlib.suppress(Exception):  # drained already; a broken one is gone
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
+        await self._stop_part("the front's loops", self.loops.stop())
+        await self.keepalive.stop()
         await self._stop_part("the Streamable HTTP connections", self.streamable.stop())
         await self._stop_part("the HTTP listener", self.http.stop())
         for role in reversed(self.colocated):

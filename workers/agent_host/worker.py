@@ -166,7 +166,9 @@ class HostWorker:
     # -- reading commands ---------------------------------------------------------------------
 
     async def _read_inbox(self) -> None:
-        last = "$"
+        # Restarted after a failure (see RoleLoops), it reads on after the last entry it
+        # read, not from "now": commands that came meanwhile are run.
+        last = self._inbox_last or "$"
         while True:
             entries = await self._guarded(
                 self.bus.read_inbox(self.inbox, last, count=100, block_ms=1000)
