@@ -96,7 +96,10 @@ def test_a_new_connection_initializes_again_and_resumes_after_the_last_update() 
     state.connected()
     [init] = state.handshake()
     assert init["method"] == "initialize" and init["id"].startswith(BRIDGE_ID_PREFIX)
-    assert init["params"] == {"protocolVersion": 1}
+    assert init["params"] == {
+        "protocolVersion": 1,
+        "_meta": {"clientInstanceId": state.client_instance},  # the same on every connection
+    }
     [(sid, resume)] = state.resumes()
     assert sid == SID and resume["method"] == "session/resume"
     assert resume["params"]["cwd"] == "/w"
@@ -158,7 +161,8 @@ def test_requests_in_flight_are_resent_when_safe_awaited_when_prompts_else_faile
     prompt_id = sent["params"]["_meta"][PROMPT_ID_META]
     listing = _request(4, "session/list")
     assert state.from_editor(listing) is listing  # unchanged: sent as the editor wrote it
-    state.from_editor(_request(5, "session/new", cwd="/w", mcpServers=[]))
+    made = state.from_editor(_request(5, "session/new", cwd="/w", mcpServers=[]))
+    state.from_editor(_request(6, "_vendor/launch", what="rockets"))
     state.lost()
     state.connected()
     by_id = {r.editor_id: r for r in state.recoveries()}
@@ -166,8 +170,11 @@ def test_requests_in_flight_are_resent_when_safe_awaited_when_prompts_else_faile
     assert by_id[3].message["method"] == PROMPT_OUTCOME
     assert by_id[3].message["params"] == {"sessionId": SID, "promptId": prompt_id}
     assert by_id[4].kind is RecoveryKind.RESEND and by_id[4].message == listing
-    assert by_id[5].kind is RecoveryKind.ANSWER
-    assert by_id[5].message["error"]["code"] == LOST_OUTCOME
+    # Named by an operation id, a session/new goes again: the broker answers the first's.
+    assert by_id[5].kind is RecoveryKind.RESEND and by_id[5].message == made
+    assert made["params"]["_meta"]["operationId"]
+    assert by_id[6].kind is RecoveryKind.ANSWER
+    assert by_id[6].message["error"]["code"] == LOST_OUTCOME
     # The prompt's answer: what the outcome request was answered.
     reply = state.prompt_settled(3, {"id": "x", "result": {"stopReason": "end_turn"}})
     assert reply == {"jsonrpc": "2.0", "id": 3, "result": {"stopReason": "end_turn"}}

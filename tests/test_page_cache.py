@@ -395,7 +395,7 @@ async def test_every_writer_of_the_index_announces_its_tenants(store: Any, tmp_p
 
     cache = Recording(16)
     watch = IndexWatch(store, cache, probe_interval=PROBE)
-    watch.start()
+    await watch.start()
     told: list[str] = []
     log, index = SessionLog(store), SessionIndex(store, changed=told.append)
     try:
@@ -648,10 +648,10 @@ async def test_probes_are_pings_on_the_subscription_not_messages_to_every_front(
         async with _front(store) as node:
             watch = node.index_watch
             await wait_for(lambda: watch.live, 10, "the watch subscribed")
-            start, reader = watch._heard, watch._reader
+            start, channel = watch._heard, watch._channel
             await wait_for(lambda: watch._heard >= start + 3, 10, "three probes heard")
             assert watch.live
-            assert watch._reader is reader  # heard, not subscribed again each time
+            assert watch._channel is channel  # heard, not subscribed again each time
             # What anyone published on the channel before the marker reaches the listener
             # before it (one channel, one order).
             marker = f"{PROBE_MARK}test-marker"

@@ -16,11 +16,12 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from broker.front.http.turns import QUEUED
 from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import ROOT, make_settings, subprocess_env
-from .support.client import RawClient, tool_result_text
+from .support.client import RawClient, tool_result_text, wait_for
 
 LINE = re.compile(
     r"^(?P<id>sess_[0-9a-f]{32})  (?P<status>RUNNING|STOPPED|DELETED|ERROR) *  "
@@ -160,9 +161,18 @@ async def test_busy_cancel_stop_resume_and_delete(node: Broker) -> None:
             client, "session_prompt", {"id": session_id, "text": "/slow 50", "wait": 1}
         )
         assert running.split("\n")[-1] == "still running" and "chunk 1" in running
-        error, busy = await call(client, "session_prompt", {"id": session_id, "text": "again"})
-        assert error and busy.startswith("session_busy: ")
+        # A prompt while a turn runs waits its turn in the session's queue.
+        queued = await ok(
+            client, "session_prompt", {"id": session_id, "text": "/notool again", "wait": 0.5}
+        )
+        assert queued.split("\n")[-1] == QUEUED
         assert await ok(client, "session_cancel", {"id": session_id}) == "stop reason: cancelled"
+
+        async def both_ended() -> bool:  # the queued turn ran once the cancelled one ended
+            events = await node.log.read(node.settings.tenant, session_id)
+            return len([e for e in events if e.type == "prompt_end"]) == 2
+
+        await wait_for(both_ended, 30, "the queued turn's end")
         assert await ok(client, "session_cancel", {"id": session_id}) == "no turn was running"
 
         assert node.worker.host.holds(session_id)
@@ -299,8 +309,10 @@ async def test_rest_drives_a_session_beside_a_websocket_window(node: Broker) -> 
             f"/v1/sessions/{session_id}/prompt", json={"text": "/slow 50", "wait": 0.5}
         )
         assert slow.status_code == 202 and slow.json()["state"] == "running"
-        busy = await http.post(f"/v1/sessions/{session_id}/prompt", json={"text": "x"})
-        assert busy.status_code == 409 and busy.json()["code"] == "session_busy"
+        queued = await http.post(
+            f"/v1/sessions/{session_id}/prompt", json={"text": "/notool x", "wait": 0.2}
+        )
+        assert queued.status_code == 202 and queued.json()["state"] == "queued"
         cancelled = await http.post(f"/v1/sessions/{session_id}/cancel")
         assert cancelled.status_code == 200 and cancelled.json()["stopReason"] == "cancelled"
 

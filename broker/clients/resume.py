@@ -9,6 +9,8 @@ The editor sees one agent for the bridge's whole life. So the bridge keeps:
   (``_meta["acpBroker/position"]``: seq and epoch) of the last update forwarded for each,
   so that a new connection resumes each one right after it, and an update at or before
   it (a replay overlapping what was sent) is dropped: each reaches the editor once;
+* an operation id on each of the editor's mutations (``_meta.operationId``, and its client
+  instance at ``initialize``), so that one sent again is never applied twice;
 * the editor's requests in flight, so that each gets its real answer: a v1 prompt is
   named (``_meta["acpBroker/promptId"]``) and its outcome asked for after the drop
   (its turn runs on at its agent host); a request safe to send twice is sent again; any
@@ -31,6 +33,7 @@ from enum import Enum
 from typing import Any, Final
 
 from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonObject
+from ..protocol.operations import CLIENT_INSTANCE_ID, MUTATIONS, OPERATION_ID
 from ..protocol.render import LET_GO_META, LOG_END_DATA, POSITION_META
 from ..protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME
 from ..protocol.v2 import REPLAY_POSITION, V2
@@ -70,6 +73,9 @@ RETRIED: Final = frozenset(
 """Requests sent again when their connection dropped before their answer: reads, and
 writes that set a value or end a state, which come out the same when done twice."""
 _ACTIVATING: Final = frozenset({"session/new", "session/fork", "session/load", "session/resume"})
+_NAMED: Final = frozenset({"session/new", "session/fork"})
+"""Requests sent again after a drop because their operation id makes that safe: the broker
+answers the first's outcome (its session, made active on the new connection)."""
 _ENDING: Final = frozenset({"session/close", "session/delete"})
 
 
@@ -136,6 +142,9 @@ class BridgeState:
         self.authenticate: JsonObject | None = None
         self.version: int | None = None
         self.link = 0
+        self.client_instance = f"acp-broker-connect-{secrets.token_hex(8)}"
+        """The bridge's client instance: its operation ids are its own (see
+        :mod:`broker.protocol.operations`)."""
         self.sessions: dict[str, TrackedSession] = {}
         self.positions: dict[str, tuple[int, str]] = {}
         self.calls: dict[str, EditorCall] = {}  # by the JSON text of the id
@@ -266,7 +275,7 @@ class BridgeState:
             params = {"sessionId": call.params["sessionId"], "promptId": call.prompt_id}
             request = {"jsonrpc": "2.0", "id": self.next_id(), "method": PROMPT_OUTCOME}
             return Recovery(RecoveryKind.AWAIT_PROMPT, {**request, "params": params}, editor_id)
-        if call.method in RETRIED:
+        if call.method in RETRIED or (call.method in _NAMED and operation_of(call.params)):
             call.link = self.link
             return Recovery(RecoveryKind.RESEND, self._again(call), editor_id)
         del self.calls[key]
@@ -305,6 +314,8 @@ class BridgeState:
         if "method" not in message:
             return self._answer_from_editor(message)
         method = message.get("method")
+        if method in MUTATIONS or method == "initialize":
+            message = self._named(message)
         if "id" not in message:
             if method == "session/cancel":  # sent again after a drop while its prompt runs
                 self._cancelled.add(str((message.get("params") or {}).get("sessionId")))
@@ -327,6 +338,25 @@ class BridgeState:
                 self._own.sent(str(params.get("sessionId")), params.get("prompt"))
         self.calls[id_key(message["id"])] = call
         return call.message
+
+    def _named(self, message: JsonObject) -> JsonObject:
+        """``message`` with the ids that make it safe to send again (unless the editor gave
+        its own): ``initialize`` names the bridge's client instance, a mutation carries an
+        operation id (``_meta``), the same on every connection it is sent on."""
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return message
+        meta = params.get("_meta")
+        meta = dict(meta) if isinstance(meta, dict) else {}
+        if message.get("method") == "initialize":
+            if "remote" in params:  # the editor speaks the draft: it names itself
+                return message
+            meta.setdefault(CLIENT_INSTANCE_ID, self.client_instance)
+        elif operation_of(params):
+            return message
+        else:
+            meta[OPERATION_ID] = secrets.token_hex(16)
+        return {**message, "params": {**params, "_meta": meta}}
 
     def _answer_from_editor(self, message: JsonObject) -> JsonObject | None:
         return self._questions.answered(message, self.link)
@@ -414,6 +444,12 @@ class BridgeState:
 
     def _calls_of(self, session_id: str) -> Iterator[EditorCall]:
         return (c for c in self.calls.values() if c.params.get("sessionId") == session_id)
+
+
+def operation_of(params: JsonObject) -> bool:
+    """Whether a request carries an operation id (a param, or in ``_meta``)."""
+    meta = params.get("_meta")
+    return OPERATION_ID in params or (isinstance(meta, dict) and OPERATION_ID in meta)
 
 
 def lost_reply(editor_id: Any, method: str) -> JsonObject:

@@ -19,14 +19,15 @@ synchronous client's packer): the bytes redis-py's own packer makes, in C.
 :func:`gated` mixes in another override of ``pack_command``, which asks a :class:`Gate`
 first (the store's breaker, :mod:`broker.store.breaker`); :class:`GatedCluster` asks it
 before redis-py's cluster machinery runs, and installs the gated connection class in the
-cluster's node factory; :class:`GatedPool` asks it before a command waits for a connection.
+cluster's node factory; :class:`GatedPool` asks it before a command waits for a connection,
+and a cluster's :class:`ReleasedOpening` connections while they open.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from redis.asyncio import BlockingConnectionPool, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
@@ -122,10 +123,57 @@ class GatedConnection(AbstractConnection):
         return super().pack_command(*args)
 
 
+@runtime_checkable
+class PoolGate(Gate, Protocol):
+    """What a :class:`GatedPool` (and a cluster's :class:`ReleasedOpening` connections) ask
+    before they hand out a connection."""
+
+    def unless_away(self, waiting: Awaitable[T]) -> Awaitable[T]:
+        """``waiting`` awaited, unless the gate closes meanwhile: then it is given up
+        (cancelled) and the gate's error raised."""
+        ...
+
+
+class ReleasedOpening(GatedConnection):
+    """A gated connection whose opening (the socket's connect and the handshake) is given
+    up as soon as its gate closes, with the gate's error (:meth:`PoolGate.unless_away`):
+    what a :class:`GatedPool` does for the connections it hands out, for a cluster's nodes,
+    which open one per command past their free ones instead of waiting for a pool. When a
+    server stalls, a connection's handshake hangs up to the connect timeout; a command
+    opening one as the gate closes fails then at once, as one sent afterwards does. A
+    connection given up half-open is closed (its handshake's reply must never be read as a
+    command's). Leans on redis-py opening every connection with ``connect_check_health``
+    (``connect`` calls it, and ``send_packed_command`` on a connection not open yet);
+    ``tests/test_compat_redis.py`` checks it by behaviour."""
+
+    gate: PoolGate
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self.is_connected:
+            return
+        opening = super().connect_check_health(check_health, retry_socket_connect)
+        try:
+            await self.gate.unless_away(opening)
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
+
 def gated(connection_class: type[AbstractConnection], gate: Gate) -> type[AbstractConnection]:
     """``connection_class`` behind ``gate`` (a class of its own for each client)."""
     name = f"Gated{connection_class.__name__}"
     return type(name, (GatedConnection, connection_class), {"gate": gate})
+
+
+def gated_opening(
+    connection_class: type[AbstractConnection], gate: PoolGate
+) -> type[AbstractConnection]:
+    """``connection_class`` behind ``gate``, its opening given up when the gate closes
+    (:class:`ReleasedOpening`)."""
+    name = f"Gated{connection_class.__name__}"
+    return type(name, (ReleasedOpening, connection_class), {"gate": gate})
 
 
 async def follow_redirect(redis: RedisCluster, exc: BaseException) -> bool:
@@ -147,7 +195,9 @@ class GatedCluster(RedisCluster):
     that reached it from a node's connection would count as that node failing (its free
     connections cut, the slot map reloaded through the same closed gate, a pipeline tried
     again three times, a quarter of a second apart). :meth:`install_gate` also gates every
-    connection to every node (pub/sub, and what redis-py sends on its own, included)."""
+    connection to every node (pub/sub, and what redis-py sends on its own, included); with a
+    :class:`PoolGate` (the store's breaker), a connection being opened is given up when the
+    gate closes (:class:`ReleasedOpening`)."""
 
     gate: Gate | None = None
 
@@ -158,7 +208,8 @@ class GatedCluster(RedisCluster):
         dict its ``NodesManager`` holds too, and on the nodes it made already (the startup
         nodes) keeping a ``connection_class`` they open connections of."""
         kwargs = self.connection_kwargs
-        kind = gated(kwargs["connection_class"], gate)
+        plain = kwargs["connection_class"]
+        kind = gated_opening(plain, gate) if isinstance(gate, PoolGate) else gated(plain, gate)
         kwargs["connection_class"] = kind
         for node in [*self.nodes_manager.startup_nodes.values(), *self.get_nodes()]:
             node.connection_class = kind  # type: ignore[assignment]  # typed as Connection
@@ -225,15 +276,6 @@ class MasterFollower(Protocol):
     def start(self, pool: BlockingSentinelPool) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-class PoolGate(Gate, Protocol):
-    """What a :class:`GatedPool` asks before it hands out a connection."""
-
-    def unless_away(self, waiting: Awaitable[T]) -> Awaitable[T]:
-        """``waiting`` awaited, unless the gate closes meanwhile: then it is given up
-        (cancelled) and the gate's error raised."""
-        ...
 
 
 class GatedPool(BlockingConnectionPool):

@@ -34,6 +34,8 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"  # no such endpoint or session
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNAVAILABLE = "unavailable"  # the store cannot be reached; retry later
+    OPERATION_CONFLICT = "operation_conflict"  # an Idempotency-Key reused with another request
+    OPERATION_OUTCOME_UNKNOWN = "operation_outcome_unknown"  # its first request left no outcome
     INTERNAL = "internal"
 
 
@@ -49,6 +51,8 @@ HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
     ErrorCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
     ErrorCode.METHOD_NOT_ALLOWED: HTTPStatus.METHOD_NOT_ALLOWED,
     ErrorCode.UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
+    ErrorCode.OPERATION_CONFLICT: HTTPStatus.CONFLICT,
+    ErrorCode.OPERATION_OUTCOME_UNKNOWN: HTTPStatus.CONFLICT,
     ErrorCode.INTERNAL: HTTPStatus.INTERNAL_SERVER_ERROR,
 }
 

@@ -174,8 +174,10 @@ class RemoteAgents(AgentGateway):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
+        author: str = "",
     ) -> PromptOutcome:
-        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event.
+        """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event;
+        ``author``: the principal who alone may withdraw it while it is queued.
 
         The turn ends with its host's reply, or with the ``prompt_end`` event the host that
         took the session over wrote (its first host died mid-turn)."""
@@ -184,7 +186,7 @@ class RemoteAgents(AgentGateway):
         ended: asyncio.Future[LogEvent] = loop.create_future()
         self._prompts[prompt_id] = ended
         self._started[prompt_id] = loop.create_future()
-        fields = {"params": params, "origin": origin, "promptId": prompt_id}
+        fields = {"params": params, "origin": origin, "promptId": prompt_id, "author": author}
         sending = asyncio.ensure_future(self._answered(Op.PROMPT, tenant, session_id, fields))
         try:
             done, _ = await asyncio.wait({sending, ended}, return_when=asyncio.FIRST_COMPLETED)
@@ -196,8 +198,13 @@ class RemoteAgents(AgentGateway):
             self._prompts.pop(prompt_id, None)
             self._started.pop(prompt_id, None)
 
-    async def cancel(self, tenant: str, session_id: str) -> None:
-        await self._answered(Op.CANCEL, tenant, session_id, {}, holder_only=True)
+    async def cancel(
+        self, tenant: str, session_id: str, activity_id: str | None = None, origin: str = ""
+    ) -> None:
+        """Cancel the running turn; ``activity_id``: only that prompt's (one still queued
+        is withdrawn, one that ended is a logged no-op)."""
+        fields = {} if activity_id is None else {"activityId": activity_id, "origin": origin}
+        await self._answered(Op.CANCEL, tenant, session_id, fields, holder_only=True)
 
     async def close(self, tenant: str, session_id: str, origin: str) -> None:
         await self._answered(Op.CLOSE, tenant, session_id, {"origin": origin}, holder_only=True)

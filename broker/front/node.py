@@ -30,10 +30,11 @@ from ..auth.authenticator import (
 )
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
+from ..lifetimes import RoleLoops
 from ..logs import install_redaction
 from ..loops import stop_within
 from ..ops import metrics
-from ..ops.health import Health, tasks_running
+from ..ops.health import Health
 from ..ops.server import ops_response
 from ..protocol import v2
 from ..protocol.turns import PROMPT_OUTCOME
@@ -51,6 +52,7 @@ from .acp.flow import waiting_bound
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
+from .acp.operations import with_operations
 from .acp.turn_outcome import prompt_outcome
 from .agents import RemoteAgents
 from .fanout import FanoutHub
@@ -146,16 +148,14 @@ class FrontNode:
             CursorCodec(settings.cursor_keys()),
             self.access,
             surfaces={
-                v2.V1: {**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
-                v2.V2: {**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome},
+                v2.V1: with_operations({**V1_HANDLERS, PROMPT_OUTCOME: prompt_outcome}),
+                v2.V2: with_operations({**V2_HANDLERS, PROMPT_OUTCOME: prompt_outcome}),
             },
             pages=self.pages,
             list_changes=self.list_changes,
         )
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
-        self.reliable: set[ServerConnection] = set()
-        """The sockets speaking ACP Remote's reliable transport (their state is in the store)."""
         self.keepalive = Keepalive(settings.ping_interval, timeout=settings.ping_interval)
         """Pings every connection (one loop for all, not websockets' task each)."""
         self._server: Server | None = None
@@ -175,8 +175,8 @@ class FrontNode:
         """Start-up checks of the store; the ``redis`` readiness check."""
         self.health.add("redis", self.store_guard.ready)
         self.health.add("pubsub", self.hub.check_subscribed)
-        self.health.add("fanout loops", tasks_running(self.hub.loops))
-        self.health.add("index watch loops", tasks_running(self.index_watch.loops))
+        self.health.add("fanout loops", self.hub.role_loops.check)
+        self.health.add("index watch loops", self.index_watch.role_loops.check)
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
         self.tools = SessionTools(
             settings,
@@ -207,6 +207,19 @@ class FrontNode:
             ),
         )
         self.http.websocket_port = lambda: self.port
+        self.loops = self._loops()
+        """The front's other loops (the fan-out hub and the index watch run their own)."""
+        self.health.add("front loops", self.loops.check)
+
+    def _loops(self) -> RoleLoops:
+        """The keepalive, the Streamable HTTP leases' renewal and, with authentication, the
+        credential watch: started once the front serves, stopped once it no longer does."""
+        loops = RoleLoops("front")
+        loops.add("keepalive", self.keepalive.run)
+        loops.add("http-lease-renewal", self.streamable.renew)
+        if self.authenticator.enabled:
+            loops.add("credential-watch", self.credentials.run)
+        return loops
 
     @property
     def port(self) -> int:
@@ -218,10 +231,14 @@ class FrontNode:
         """The HTTP listener's port: MCP at ``/mcp``, REST at ``/v1/…``."""
         return self.http.port
 
+    reliable: set[ServerConnection]
+    """The sockets speaking ACP Remote's reliable transport (their state is in the store)."""
+
     async def start(self) -> None:
+        self.reliable = set()
         await self.store_guard.start()
         await self.hub.start()
-        self.index_watch.start()
+        await self.index_watch.start()
         for role in self.colocated:
             await role.start()
         self._server = await serve(
@@ -246,17 +263,14 @@ class FrontNode:
             # As Go's listeners do, ask for the most the kernel allows (net.core.somaxconn).
             backlog=socket.SOMAXCONN,
         )
-        self.keepalive.start()
         log.info(
             "acp-broker listening on ws://%s:%d%s",
             self.settings.host,
             self.port,
             self.settings.path,
         )
-        self.streamable.start()
         await self.http.start()
-        if self.authenticator.enabled:
-            self.credentials.start()
+        await self.loops.start()
 
     async def __aenter__(self) -> FrontNode:
         await self.start()
@@ -271,8 +285,6 @@ class FrontNode:
         ``hand_over`` leaves this node's sessions RUNNING for another agent host to
         take over at once (a drain), instead of recording them as STOPPED.
         """
-        await self.credentials.stop()
-        await self.keepalive.stop()
         if self._server is not None:
             self._server.close(close_connections=False)
             connections = list(self.connections)
@@ -282,6 +294,8 @@ class FrontNode:
                 with contextlib.suppress(Exception):  # drained already; a broken one is gone
                     await ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
+        await self._stop_part("the front's loops", self.loops.stop())
+        await self.keepalive.stop()
         await self._stop_part("the Streamable HTTP connections", self.streamable.stop())
         await self._stop_part("the HTTP listener", self.http.stop())
         for role in reversed(self.colocated):

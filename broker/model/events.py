@@ -30,6 +30,9 @@ class EventType(StrEnum):
     STATE = "state"  # the running prompt waits on a client (requires_action) or runs again
     DELETED = "deleted"  # session/delete
     WINDOW = "window"  # what an agent's reply said of modes, config options, models
+    PROMPT_QUEUED = "prompt_queued"  # a prompt that came while a turn ran: waits its turn
+    PROMPT_WITHDRAWN = "prompt_withdrawn"  # a queued prompt cancelled before its turn
+    CANCEL_IGNORED = "cancel_ignored"  # a cancel of an activity not there to cancel
 
 
 class Status(StrEnum):

@@ -220,9 +220,15 @@ class AgentGateway(Protocol):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
-    ) -> PromptOutcome: ...
+        author: str = "",
+    ) -> PromptOutcome:
+        """Run a turn; ``author``: the principal who sent it (who alone may withdraw it
+        while it is queued; ``""``: anyone may)."""
+        ...
 
-    async def cancel(self, tenant: str, session_id: str) -> None: ...
+    async def cancel(
+        self, tenant: str, session_id: str, activity_id: str | None = None, origin: str = ""
+    ) -> None: ...
 
     async def close(self, tenant: str, session_id: str, origin: str) -> None: ...
 

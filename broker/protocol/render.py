@@ -157,7 +157,31 @@ def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
         if notices:
             return [broker_notice(body)]
         return [notice_chunk(str(body.get("text", "")))]
+    if kind in _QUEUE_EVENTS:
+        return [queue_update(body)]
     return []
+
+
+QUEUE_META = "acpBroker/promptQueue"
+"""``_meta`` key of the ``session_info_update`` that tells viewers of the prompt queue."""
+_QUEUE_EVENTS = {
+    EventType.PROMPT_QUEUED: "queued",
+    EventType.PROMPT_WITHDRAWN: "withdrawn",
+    EventType.CANCEL_IGNORED: "cancelIgnored",
+}
+
+
+def queue_update(body: JsonObject) -> JsonObject:
+    """A prompt queued, withdrawn, or a late cancel, as every viewer hears of it (v1 and v2):
+    a ``session_info_update`` whose ``_meta`` names the change and the activity (the
+    prompt's id; a queued prompt's content too)."""
+    change: JsonObject = {
+        "change": _QUEUE_EVENTS[body["type"]],
+        "activityId": str(body.get("promptId") or body.get("activityId") or ""),
+    }
+    if body["type"] == EventType.PROMPT_QUEUED:
+        change["prompt"] = body.get("prompt", [])
+    return {"sessionUpdate": "session_info_update", "_meta": {QUEUE_META: change}}
 
 
 def is_notice(event: LogEvent) -> bool:

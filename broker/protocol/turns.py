@@ -21,6 +21,14 @@ PROMPT_ID_META: Final = "acpBroker/promptId"
 """``_meta`` key of a ``session/prompt``: the id the client gives its turn."""
 PROMPT_OUTCOME: Final = "_acpBroker/prompt_outcome"
 """Extension method: the answer of a named prompt, once its turn has ended."""
+QUEUED_SEQ: Final = "queuedSeq"
+"""Member of a ``prompt`` event whose prompt waited in the queue: the seq of its
+``prompt_queued`` event, which its v2 user message (and the v2 prompt's answer, given on
+acceptance into the queue) is named after."""
+WITHDRAWN_META: Final = "acpBroker/withdrawn"
+"""``_meta`` key (true) of the answer of a prompt withdrawn from its session's queue before
+its turn: ``{"stopReason": "cancelled", "_meta": {WITHDRAWN_META: true}}``."""
+WITHDRAWN: Final = {"stopReason": "cancelled", "_meta": {WITHDRAWN_META: True}}
 _PROMPT_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 

@@ -26,7 +26,15 @@ from .. import fastjson
 from ..model.events import EventType, LogEvent
 from . import v2_translate
 from .jsonrpc import JsonObject, notification
-from .render import UPDATE_AT, StoredUpdates, broker_notice, plain_update, position_meta
+from .render import (
+    UPDATE_AT,
+    StoredUpdates,
+    broker_notice,
+    plain_update,
+    position_meta,
+    queue_update,
+)
+from .turns import QUEUED_SEQ
 
 ERROR_STOP_REASON = "error"
 """Stop reason of a turn that ended in an error (the agent failed); v2's ``ErrorStopReason``
@@ -66,6 +74,8 @@ def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
         return [state_update(body["state"])]
     if kind == EventType.NOTICE:
         return [broker_notice(body)]
+    if kind in (EventType.PROMPT_QUEUED, EventType.PROMPT_WITHDRAWN, EventType.CANCEL_IGNORED):
+        return [queue_update(body)]
     return []
 
 
@@ -126,8 +136,10 @@ def state_update(state: str, **fields: object) -> JsonObject:
 
 def user_message_id(prompt: LogEvent) -> str:
     """The ``messageId`` of the user message a ``prompt`` event inserted (v2 prompt replies
-    and ``user_message`` updates carry it)."""
-    return message_id(prompt, "user", prompt.seq)
+    and ``user_message`` updates carry it); a ``prompt_queued`` event's is the same as its
+    prompt's once it runs."""
+    queued = prompt.body.get(QUEUED_SEQ)
+    return message_id(prompt, "user", queued if isinstance(queued, int) else prompt.seq)
 
 
 def _user_message(event: LogEvent) -> JsonObject:

@@ -318,9 +318,9 @@ class LogAppender:
         On a single server it goes on a bare connection (:meth:`.StoreCalls.script`):
         redis-py's layers (its packing walks the ~900 arguments of 64 events once more in
         Python, then the pool, the retry and the timeout) were about half of a batch
-        append's CPU in the agent host's process. Anything going wrong there sends the same
-        call again through the client, within the same deadline: every append in it carries
-        its call id, so one the first try applied appends nothing the second time."""
+        append's CPU in the agent host's process. A lost connection sends the same call
+        again on a fresh one, within the same deadline: every append in it carries its call
+        id, so one the first try applied appends nothing the second time."""
         if self._wait is not None:
             return list(await self.script(self._append_batch, keys, args))
         try:

@@ -170,16 +170,20 @@ RECONNECT_PAUSES = tuple(
 reconnecting retry's (:func:`~.client.connect`), the same policy on either path."""
 
 
-async def reconnecting(call: Callable[[], Awaitable[T]]) -> T:
+async def reconnecting(call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
     """``await call()`` (a call on a bare connection), made again on a fresh connection
     after a lost one, as redis-py's reconnecting retry does for the client's commands: only
     a lost connection (a timeout may hide a command that did run), at most
-    :data:`~.client.RECONNECT_RETRIES` times, not while the breaker refuses commands."""
-    return await retry(call, RECONNECT_PAUSES, errors=(RedisConnectionError,), keep=_not_away)
+    :data:`~.client.RECONNECT_RETRIES` times, not while the breaker refuses commands, and
+    not once ``deadline`` (the event loop's time) has passed."""
+    loop = asyncio.get_running_loop()
 
+    def keep(exc: BaseException) -> bool:
+        if isinstance(exc, StoreAway):
+            return False
+        return deadline is None or loop.time() < deadline
 
-def _not_away(exc: BaseException) -> bool:
-    return not isinstance(exc, StoreAway)
+    return await retry(call, RECONNECT_PAUSES, errors=(RedisConnectionError,), keep=keep)
 
 
 class StoreCalls:
@@ -226,8 +230,14 @@ class StoreCalls:
         if direct is None:
             return await self.run_script(script, keys, args)
 
+        # Opening a connection (a first call, or after a lost one) and the reply share one
+        # deadline: a handshake that stalls does not add a whole reply timeout after it.
+        deadline = asyncio.get_running_loop().time() + direct.timeout
         run = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        reply = await reconnecting(lambda: direct.loading(script, lambda: direct.call(*run)))
+        reply = await reconnecting(
+            lambda: direct.loading(script, lambda: direct.call(*run, deadline=deadline)),
+            deadline,
+        )
         return _errors_as_redis_py(reply)
 
     async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:

@@ -24,10 +24,12 @@ from broker.errors.failures import describe
 from broker.protocol import capabilities
 from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, JsonObject, Request, RpcError
+from broker.protocol.turns import QUEUED_SEQ, WITHDRAWN
 from broker.store.events import EventType, Status
 from broker.store.leases import Leases
 from broker.store.log import SessionLog, new_session_id
 
+from . import queue
 from .agents import AgentPool, ask
 from .client_requests import ClientChannel, ClientRequests
 from .process import AgentEvents, AgentFailed, AgentProcess
@@ -175,26 +177,53 @@ class AgentHost(AgentEvents):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
+        author: str = "",
     ) -> PromptOutcome:
-        """Run one prompt turn; the log records the prompt, every update and the outcome."""
+        """Run one prompt turn; the log records the prompt, every update and the outcome.
+        Sent while a turn runs, it waits its turn (:mod:`.queue`); ``author`` alone may
+        withdraw it then."""
         held = await self.restorer.require(tenant, session_id, params)
-        while held.ending is not None:  # the previous turn's end goes into the log first
-            await asyncio.shield(held.ending)
-        if held.prompt_task is not None:
-            raise RpcError(INVALID_REQUEST, "a prompt is already running in this session")
         capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
-        await self.recorder.append(
-            held,
-            {
-                "type": EventType.PROMPT,
-                "promptId": prompt_id,
-                "origin": origin,
-                "prompt": params.get("prompt", []),
-            },
-        )
-        held.prompt_origin = origin
+        queued_seq = None
+        if queue.busy(held):  # a turn runs: this one waits its turn (see .queue)
+            entry = await queue.enter(held, self.recorder, prompt_id, origin, params, author)
+            withdrawn = entry.turn.result()
+            if withdrawn is not None:  # cancelled before its turn
+                return PromptOutcome(dict(WITHDRAWN), withdrawn)
+            held.queue.remove(entry)
+            queued_seq = entry.seq
+        # Claimed in the step that found the session free: a prompt arriving from here on
+        # queues behind this one.
         held.prompt_task = asyncio.current_task()
+        held.prompt_origin, held.prompt_id = origin, prompt_id
+        try:
+            return await self._turn(held, params, origin, prompt_id, queued_seq)
+        finally:
+            held.prompt_task = None
+            held.prompt_origin = held.prompt_id = None
+            queue.wake_next(held)
+
+    async def _turn(
+        self,
+        held: HeldSession,
+        params: JsonObject,
+        origin: str,
+        prompt_id: str,
+        queued_seq: int | None,
+    ) -> PromptOutcome:
+        """The turn of a prompt that has the session: logged, asked of the agent, ended."""
+        while held.ending is not None:  # the previous turn's end goes into the log first
+            await asyncio.shield(held.ending)
+        body: JsonObject = {
+            "type": EventType.PROMPT,
+            "promptId": prompt_id,
+            "origin": origin,
+            "prompt": params.get("prompt", []),
+        }
+        if queued_seq is not None:  # its user message was named when it was queued
+            body[QUEUED_SEQ] = queued_seq
+        await self.recorder.append(held, body)
         try:
             result = await ask(
                 held.agent,
@@ -205,16 +234,21 @@ class AgentHost(AgentEvents):
         except RpcError as exc:
             await self.recorder.end_prompt(held, prompt_id, error=exc.to_json())
             raise
-        finally:
-            held.prompt_task = None
-            held.prompt_origin = None
         position = await self.recorder.end_prompt(held, prompt_id, result=result)
         return PromptOutcome(result, position)
 
-    async def cancel(self, tenant: str, session_id: str) -> None:
-        """Cancel the running prompt: tell the agent, settle its pending client requests."""
+    async def cancel(
+        self, tenant: str, session_id: str, activity_id: str | None = None, origin: str = ""
+    ) -> None:
+        """Cancel the running prompt: tell the agent, settle its pending client requests.
+        ``activity_id``: only that prompt's turn; one still queued is withdrawn (by its
+        author: ``origin`` names the principal cancelling), one that ended is a logged
+        no-op (see :mod:`.queue`)."""
         held = self.sessions.by_id.get(session_id)
         if held is None or held.tenant != tenant:
+            return
+        if activity_id is not None and activity_id != held.prompt_id:
+            await queue.withdraw(held, self.recorder, activity_id, origin)
             return
         for task in list(held.client_requests):
             task.cancel()
@@ -242,10 +276,12 @@ class AgentHost(AgentEvents):
             await self.cancel(tenant, session_id)
 
     async def release(self, tenant: str, session_id: str) -> None:
-        """Stop holding the session (deleted): cancel its work, close it in the agent."""
+        """Stop holding the session (deleted, stopped): cancel its work (the prompts waiting
+        in its queue fail), close it in the agent."""
         held = self.sessions.by_id.get(session_id)
         if held is None or held.tenant != tenant:
             return
+        queue.fail_all(held, RpcError(INVALID_REQUEST, _LET_GO))
         await self.cancel(tenant, session_id)
         self.sessions.drop(held)
         await self.leases.release(tenant, session_id)
@@ -354,6 +390,9 @@ class AgentHost(AgentEvents):
         if held.prompt_task is task and not task.done() and not held.agent.failed:
             name, grace = held.agent.name, f"{self.cancel_grace:g}s"
             held.agent.fail(f"agent {name!r} did not end a cancelled prompt within {grace}")
+
+
+_LET_GO = "the session was stopped or deleted before this prompt's turn came"
 
 
 def _agent_session_id(agent: str, reply: JsonObject) -> str:

@@ -8,12 +8,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.protocol.jsonrpc import JsonObject
+from broker.store.events import Position
 
 from .process import AgentProcess
 
 log = logging.getLogger(__name__)
 
 _MAX_ORPHANS = 100
+
+
+@dataclass(eq=False)
+class Queued:
+    """A prompt waiting its turn: its future is done when the turn is its own (None), or
+    when it was withdrawn (the position of its ``prompt_withdrawn`` event)."""
+
+    prompt_id: str
+    author: str = ""
+    """The principal who sent it, who alone may withdraw it (``""``: anyone may)."""
+    seq: int = 0
+    """Its ``prompt_queued`` event's seq (its v2 user message is named after it)."""
+    turn: asyncio.Future[Position | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 @dataclass(eq=False)
@@ -31,6 +47,8 @@ class HeldSession:
     prompt_origin: str | None = None  # the connection whose prompt is running
     ending: asyncio.Future[None] | None = None  # done once the turn's end is in the log
     prompt_task: asyncio.Task[Any] | None = None
+    prompt_id: str | None = None  # the running prompt's (its activity id)
+    queue: list[Queued] = field(default_factory=list)  # prompts waiting their turn, in order
     client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
 
 

@@ -166,7 +166,9 @@ class HostWorker:
     # -- reading commands ---------------------------------------------------------------------
 
     async def _read_inbox(self) -> None:
-        last = "$"
+        # Restarted after a failure (see RoleLoops), it reads on after the last entry it
+        # read, not from "now": commands that came meanwhile are run.
+        last = self._inbox_last or "$"
         while True:
             entries = await self._guarded(
                 self.bus.read_inbox(self.inbox, last, count=100, block_ms=1000)
@@ -351,11 +353,20 @@ class HostWorker:
             return await host.attach(tenant, sid, command["params"])
         if op == Op.PROMPT:
             outcome = await host.prompt(
-                tenant, sid, command["params"], command["origin"], command.get("promptId")
+                tenant,
+                sid,
+                command["params"],
+                command["origin"],
+                command.get("promptId"),
+                author=str(command.get("author") or ""),
             )
             return commands.prompt_reply(outcome)
         if op == Op.CANCEL:
-            return await host.cancel(tenant, sid)
+            activity = command.get("activityId")
+            origin = str(command.get("origin") or "")
+            return await host.cancel(
+                tenant, sid, activity if isinstance(activity, str) else None, origin
+            )
         if op == Op.CLOSE:
             return await host.close(tenant, sid, command["origin"])
         if op == Op.FORWARD:

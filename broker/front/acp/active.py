@@ -63,6 +63,12 @@ class Negotiated(Protocol):
         ...
 
 
+_ACCEPTS = (EventType.PROMPT, EventType.PROMPT_QUEUED)
+"""What accepts a prompt: its turn's start, or its place in the session's queue."""
+_ENDS = (EventType.PROMPT_END, EventType.PROMPT_WITHDRAWN)
+"""What ends a prompt's request: its turn's end, or its withdrawal from the queue."""
+
+
 class ActiveSessions:
     """The sessions active on one connection, and how far each one's events were sent."""
 
@@ -265,11 +271,11 @@ class ActiveSessions:
         session = self.active.get(session_id)
         if session is None:
             return
-        if session.prompts and event.type == EventType.PROMPT:
+        if session.prompts and event.type in _ACCEPTS:
             accepted = session.prompts.pop(str(event.body.get("promptId")), None)
             if accepted is not None and not accepted.done():
                 accepted.set_result(event)
-        if session.prompt_ends and event.type == EventType.PROMPT_END:
+        if session.prompt_ends and event.type in _ENDS:
             ended = session.prompt_ends.pop(str(event.body.get("promptId")), None)
             if ended is not None and not ended.done():
                 ended.set_result(event)

@@ -89,6 +89,7 @@ class ClientConnection:
         "_waiting",
         "_waiting_bytes",
         "client_capabilities",
+        "client_instance",
         "id",
         "intake",
         "lifetime",
@@ -98,6 +99,7 @@ class ClientConnection:
         "principal",
         "protocol_version",
         "sessions",
+        "taps",
         "tenant",
         "unauthenticated_since",
         "ws",
@@ -132,6 +134,11 @@ class ClientConnection:
         self._pending: PendingRequests | None = None  # the client's answers awaited
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
+        self.client_instance = ""
+        """The client installation's id given at ``initialize`` (``""``: none given)."""
+        self.taps: dict[Any, Callable[[Any], None]] | None = None
+        """Who hears a request's result as :meth:`reply` sends it, by request id (the
+        operation ledger records what a method answered itself)."""
         self._idle = False  # whether :meth:`run` waits for a message, none queued (frame_in)
         # Frames (and their bytes) read and queued in websockets for :meth:`run`: their pace
         # holds them (see :meth:`frame_in`).
@@ -266,6 +273,8 @@ class ClientConnection:
 
     def reply(self, request: Request, result: Any) -> None:
         """Answer a request now (handlers that must order the reply use this, then DEFERRED)."""
+        if self.taps is not None and (tap := self.taps.pop(request.id, None)) is not None:
+            tap(result)
         self.intake.reply(request, result)
 
     def send(self, message: JsonObject) -> None:

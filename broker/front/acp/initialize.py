@@ -14,6 +14,7 @@ from ...config import Settings
 from ...protocol import capabilities, v2
 from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import INVALID_REQUEST, JsonObject, Request, RpcError, invalid_params
+from ...protocol.operations import client_instance_id
 from ..list_changes import ListChanges
 from .access import Access
 from .connection import ClientConnection
@@ -61,6 +62,7 @@ class Initializer:
         caps_field = "clientCapabilities" if negotiated == PROTOCOL_VERSION else "capabilities"
         caps = request.params.get(caps_field)
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
+        conn.client_instance = client_instance_id(request.params)
         conn.protocol_version = negotiated
         if self.list_changes is not None:
             self.list_changes.follow(conn)

@@ -117,7 +117,6 @@ class Keepalive:
         self._count = 0  # connections in the slots
         self._next = 0  # the slot the next visit starts at
         self._deal = 0  # the slot the next connection joins
-        self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self.timed_out = 0
         """Connections closed for an overdue Pong."""
@@ -143,15 +142,13 @@ class Keepalive:
             return self.max_span
         return max(1, min(self.max_span, BATCH * len(self._slots) // self._count))
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="keepalive")
-
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(*([task] if task else []), *self._closing)
+        """Cancel the closes under way (:meth:`run`, a loop of the front's, stops with them)."""
+        await cancel_and_wait(*self._closing)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Visit the slots, a tick apart, until cancelled (a loop of the front's
+        :class:`~broker.lifetimes.RoleLoops`)."""
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:

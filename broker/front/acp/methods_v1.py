@@ -27,6 +27,7 @@ from ...protocol.jsonrpc import (
     invalid_params,
     session_not_found,
 )
+from ...protocol.operations import activity_id
 from ...protocol.render import POSITION_META, check_position
 from ...protocol.trace import trace_fields, with_trace, without_trace
 from ...protocol.turns import client_prompt_id
@@ -191,7 +192,7 @@ class AcpMethods:
             meta=without_trace(user_meta),
             origin=conn.id,
         )
-        await self._opened(conn, session_id, replay_after=0)
+        await self.opened(conn, session_id, replay_after=0)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
@@ -210,12 +211,12 @@ class AcpMethods:
             conn.tenant, snapshot.session_id, agent_params, meta=user_meta, origin=conn.id
         )
         # The copied history is the parent's, which this client has: it gets what follows.
-        await self._opened(conn, session_id, replay_after=copied)
+        await self.opened(conn, session_id, replay_after=copied)
         conn.reply(request, reply)
         conn.release(session_id)
         return DEFERRED
 
-    async def _opened(self, conn: ClientConnection, session_id: str, *, replay_after: int) -> None:
+    async def opened(self, conn: ClientConnection, session_id: str, *, replay_after: int) -> None:
         """A session an agent host just made: listed now and active on ``conn``, each step
         tried again while the store is out of reach for a moment, within the request's
         deadline. The session exists already: an error here would have its client ask for
@@ -295,16 +296,20 @@ class AcpMethods:
             raise invalid_params("prompt must be a list of content blocks")
         prompt_id = client_prompt_id(request.params)  # named: see protocol.turns
         outcome = await self.host.prompt(
-            conn.tenant, session_id, request.params, conn.id, prompt_id
+            conn.tenant, session_id, request.params, conn.id, prompt_id, author_of(conn)
         )
         await self.project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)
         return outcome.result
 
     async def session_cancel(self, conn: ClientConnection, request: Request) -> None:
+        """Cancel the session's running turn; with an ``activityId`` (the draft's param, or
+        ``_meta.activityId``: a prompt's id), only that prompt: one still queued is withdrawn,
+        one that ended is a logged no-op."""
         session_id = request.params.get("sessionId")
         if isinstance(session_id, str) and session_id in conn.active:
-            await self.host.cancel(conn.tenant, session_id)
+            activity = activity_id(request.params)
+            await self.host.cancel(conn.tenant, session_id, activity, author_of(conn))
 
     async def session_set_mode(self, conn: ClientConnection, request: Request) -> Any:
         session_id = self.active_session(conn, request.params)
@@ -419,6 +424,11 @@ def _replay_position(value: Any, snapshot: SessionSnapshot) -> int:
         raise invalid_params(f"{REPLAY_AFTER_META} needs an integer seq and a string epoch")
     check_position(seq, epoch, log_epoch=snapshot.epoch, head=snapshot.given)
     return seq
+
+
+def author_of(conn: ClientConnection) -> str:
+    """Who a connection's prompts and cancels are by: its principal's subject."""
+    return conn.principal.subject if conn.principal is not None else ""
 
 
 def title_update(params: JsonObject) -> JsonObject:

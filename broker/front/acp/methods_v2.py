@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...protocol import v2, v2_render
-from ...protocol.jsonrpc import Request, invalid_params
-from ...protocol.turns import client_prompt_id
+from ...protocol.jsonrpc import REQUEST_CANCELLED, Request, RpcError, invalid_params
+from ...protocol.turns import WITHDRAWN, client_prompt_id
 from .connection import ClientConnection
 from .dispatch import DEFERRED
-from .methods_v1 import AcpMethods, MethodHandler
+from .methods_v1 import AcpMethods, MethodHandler, author_of
 
 ACCEPT_TIMEOUT = 10.0
 """Seconds a finished turn's prompt event may take to reach the connection that sent it."""
@@ -54,13 +54,14 @@ async def session_resume(methods: AcpMethods, conn: ClientConnection, request: R
 
 async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: Request) -> Any:
     """``session/prompt``: answered ``{messageId}`` once the prompt is in the log (the id of
-    the user message it inserted; its ``user_message`` update carries the same); the turn
-    runs on.
+    the user message it inserted, or, for a prompt sent while a turn runs, will insert when
+    its turn in the session's queue comes; its ``user_message`` update carries the same);
+    the turn runs on.
 
     The answer precedes the prompt's ``user_message`` on this connection; every
     viewer then sees the turn's updates and its end as ``state_update``s. A prompt
-    refused before it reached the log (a prompt already runs, content the agent did
-    not advertise) is answered with the error.
+    refused before it reached the log (content the agent did not advertise) is answered
+    with the error; one withdrawn from the queue before its answer, with -32800.
     """
     session_id = methods.active_session(conn, request.params)
     if not isinstance(request.params.get("prompt"), list):
@@ -73,7 +74,9 @@ async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: R
         turn.add_done_callback(_retrieve)
         await asyncio.wait({turn, accepted}, return_when=asyncio.FIRST_COMPLETED)
         if not accepted.done():
-            turn.result()  # refused (say, a prompt already runs): answer with its error
+            outcome = turn.result()  # refused before the log: answer with its error
+            if outcome == WITHDRAWN:
+                raise RpcError(REQUEST_CANCELLED, "the prompt was withdrawn before its turn")
             # The turn ended before its prompt event reached this connection: it is in
             # the log, so it is on its way here.
             await asyncio.wait_for(asyncio.shield(accepted), ACCEPT_TIMEOUT)
@@ -86,9 +89,12 @@ async def session_prompt(methods: AcpMethods, conn: ClientConnection, request: R
 
 async def _run_turn(
     methods: AcpMethods, conn: ClientConnection, session_id: str, request: Request, prompt_id: str
-) -> None:
-    await methods.host.prompt(conn.tenant, session_id, request.params, conn.id, prompt_id)
+) -> Any:
+    outcome = await methods.host.prompt(
+        conn.tenant, session_id, request.params, conn.id, prompt_id, author_of(conn)
+    )
     await methods.project(conn.tenant, session_id)
+    return outcome.result
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

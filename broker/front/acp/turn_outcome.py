@@ -56,7 +56,7 @@ async def _accepted(
         events = await methods.log.read(
             conn.tenant, session_id, after=max(0, snapshot.seq - LOOK_BACK), until=snapshot.seq
         )
-        found = [e for e in events if e.type == EventType.PROMPT and _named(e, prompt_id)]
+        found = [e for e in events if e.type in _ACCEPTED and _named(e, prompt_id)]
         if found:
             return {"messageId": v2_render.user_message_id(found[-1])}
         try:
@@ -68,8 +68,15 @@ async def _accepted(
         conn.forget_prompt(session_id, prompt_id)
 
 
+_ACCEPTED = (EventType.PROMPT, EventType.PROMPT_QUEUED)
+
+
 def _named(event: LogEvent, prompt_id: str) -> bool:
     return event.body.get("promptId") == prompt_id
+
+
+LOST_REASON: Final = "prompt_lost"
+"""``data.reason`` of the error that says a prompt never reached its agent."""
 
 
 def _lost() -> RpcError:
@@ -77,6 +84,7 @@ def _lost() -> RpcError:
         INTERNAL_ERROR,
         "the prompt never reached the session's agent (its connection dropped first): "
         "send it again",
+        {"reason": LOST_REASON},
     )
 
 
@@ -97,10 +105,10 @@ async def _logged_end(
     for event in reversed(events):
         if event.body.get("promptId") != prompt_id:
             continue
-        if event.type == EventType.PROMPT_END:
+        if event.type in (EventType.PROMPT_END, EventType.PROMPT_WITHDRAWN):
             return event
-        if event.type == EventType.PROMPT:
-            return await ending  # began after the snapshot was read: its end comes live
+        if event.type in (EventType.PROMPT, EventType.PROMPT_QUEUED):
+            return await ending  # began (or waits its turn): its end comes live
     try:
         return await asyncio.wait_for(asyncio.shield(ending), LOST_GRACE)
     except TimeoutError:

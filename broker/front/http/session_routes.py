@@ -22,6 +22,7 @@ from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
 from .event_stream import MEDIA_TYPE, EventStream, resume_after
 from .idempotency import HEADER, IdempotencyKeys, checked_key
+from .keyed import KeyedMutations
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
@@ -64,17 +65,18 @@ class SessionRoutes:
         self.tools = tools
         self.stream = stream
         self.keys = IdempotencyKeys(tools.redis, wait=tools.settings.request_timeout)
+        self.mutations = KeyedMutations(tools.redis, tools.settings, self._caller)
 
     def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
         return [
             Route(SESSIONS_PATH, self._guard(self.create), methods=["POST"]),
             Route(ONE_SESSION, self._guard(self.get), methods=["GET"]),
-            Route(ONE_SESSION, self._guard(self.delete), methods=["DELETE"]),
-            Route(ONE_SESSION + "/prompt", self._guard(self.prompt), methods=["POST"]),
-            Route(ONE_SESSION + "/cancel", self._guard(self.cancel), methods=["POST"]),
-            Route(ONE_SESSION + "/resume", self._guard(self.resume), methods=["POST"]),
-            Route(ONE_SESSION + "/stop", self._guard(self.stop), methods=["POST"]),
+            Route(ONE_SESSION, self._keyed(self.delete), methods=["DELETE"]),
+            Route(ONE_SESSION + "/prompt", self._keyed(self.prompt, False), methods=["POST"]),
+            Route(ONE_SESSION + "/cancel", self._keyed(self.cancel), methods=["POST"]),
+            Route(ONE_SESSION + "/resume", self._keyed(self.resume), methods=["POST"]),
+            Route(ONE_SESSION + "/stop", self._keyed(self.stop), methods=["POST"]),
             Route(ONE_SESSION + "/events", self._guard(self.events), methods=["GET"]),
             *(
                 Route(path, _not_allowed(path, allow), methods=ALL_METHODS)
@@ -93,6 +95,11 @@ class SessionRoutes:
                 return _response(problem(error))
 
         return guarded
+
+    def _keyed(self, endpoint: Endpoint, repeatable: bool = True) -> Endpoint:
+        """A mutation: guarded, and run once per ``Idempotency-Key`` (:mod:`.keyed`)."""
+        guarded = self._guard(endpoint)
+        return self.mutations.keyed(guarded, repeatable=repeatable, long=not repeatable)
 
     async def _caller(self, request: Request, scope: Scope) -> str:
         credentials = Credentials("http", request.headers.get("authorization"))

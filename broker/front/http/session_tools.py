@@ -274,16 +274,15 @@ class SessionTools:
     async def prompt(
         self, tenant: str, session_id: str, text: str, wait: float, base: str
     ) -> TurnView:
-        """Run one turn; what it produced once it ended, waits for a person, or ``wait``
-        seconds passed (it runs on then, live in every window)."""
+        """Run one turn (after the turns before it in the session's queue); what it produced
+        once it ended, waits for a person, or ``wait`` seconds passed (it runs on then, live
+        in every window)."""
         snapshot = await self.live(tenant, session_id)
         if snapshot.status in (Status.STOPPED, Status.ERROR):
             raise ApiError(
                 ErrorCode.SESSION_NOT_RUNNING,
                 f"session {session_id} is {snapshot.status}: call session_resume first",
             )
-        if snapshot.prompt_id is not None:
-            raise ApiError(ErrorCode.SESSION_BUSY, f"a turn is already running in {session_id}")
         await self._need_hosts()
         prompt_id = secrets.token_hex(8)
         params = {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}

@@ -54,7 +54,7 @@ class TurnReply(TypedDict):
 
     text: Annotated[str, Field(description="The agent's reply (its message chunks joined).")]
     toolCalls: list[str]
-    state: Literal["ended", "running", "waiting"]
+    state: Literal["ended", "queued", "running", "waiting"]
     stopReason: Annotated[str | None, _NULLABLE_TEXT]
     error: NotRequired[Annotated[str | None, _NULLABLE_TEXT]]
 

@@ -15,6 +15,7 @@ from ...store.events import EventType, JsonObject, LogEvent
 from .tool_outputs import TurnReply
 
 STILL_RUNNING = "still running"
+QUEUED = "queued: it runs once the turns before it have ended"
 WAITING_STATE = "requires_action"
 """The ``state`` event an agent host logs while a turn waits on a client (a permission)."""
 
@@ -26,6 +27,8 @@ class TurnReport:
     prompt_id: str
     started: bool = False
     """Its ``prompt`` event is in the log (the host took it)."""
+    queued: bool = False
+    """It waits in the session's queue for the turns before it (``prompt_queued``)."""
     chunks: list[str] = field(default_factory=list)
     tools: dict[str, JsonObject] = field(default_factory=dict)
     """Each tool call by its id: its latest title, kind and status."""
@@ -41,10 +44,13 @@ class TurnReport:
         return "".join(self.chunks)
 
     @property
-    def state(self) -> Literal["ended", "running", "waiting"]:
-        """``ended``, ``waiting`` (for a person) or ``running``."""
+    def state(self) -> Literal["ended", "queued", "running", "waiting"]:
+        """``ended``, ``waiting`` (for a person), ``queued`` (behind other turns) or
+        ``running``."""
         if self.ended:
             return "ended"
+        if self.queued and not self.started:
+            return "queued"
         return "waiting" if self.waiting else "running"
 
     def tool_lines(self) -> list[str]:
@@ -71,7 +77,7 @@ class TurnReport:
                 "waiting for a person: the agent asked a question (a permission) that a person "
                 f"must answer in the live view: {live_view_url}"
             )
-        lines.append(STILL_RUNNING)
+        lines.append(QUEUED if self.state == "queued" else STILL_RUNNING)
         return lines
 
     def document(self) -> TurnReply:
@@ -83,6 +89,9 @@ class TurnReport:
             "stopReason": self.stop_reason if self.ended else None,
             "error": self.error,
         }
+
+
+_QUEUE_FACTS = (EventType.PROMPT_QUEUED, EventType.PROMPT_WITHDRAWN)
 
 
 def turn_report(prompt_id: str, events: Iterable[LogEvent]) -> TurnReport:
@@ -100,6 +109,10 @@ def see(report: TurnReport, event: LogEvent) -> None:
     body, kind = event.body, event.type
     if kind == EventType.PROMPT and body.get("promptId") == report.prompt_id:
         report.started = True
+    elif kind in _QUEUE_FACTS and body.get("promptId") == report.prompt_id:
+        report.queued = True
+        if kind == EventType.PROMPT_WITHDRAWN:  # cancelled before its turn
+            report.ended, report.stop_reason = True, "cancelled"
     elif not report.started or report.ended:
         return
     elif kind == EventType.UPDATE:

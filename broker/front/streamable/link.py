@@ -141,6 +141,7 @@ class HttpLink(ClientConnection):
         version = record.get("v")
         self.protocol_version = int(version) if version else None
         self.client_capabilities = json.loads(record.get("caps") or "{}")
+        self.client_instance = record.get("ci") or ""  # its operation ids' scope
         self.done = record.get("done") or "0"
         self.one_stream = record.get("one") == "1"
 

@@ -60,7 +60,6 @@ class StreamableHttp:
         self.bells: dict[tuple[str, str], Bell] = {}
         """The GET streams open here, by (connection, scope): set when news is stored."""
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._renewing: asyncio.Task[None] | None = None
         self.emitter = Emitter(links, node)
         """What the connections run here send, gathered per step into one store call."""
         self.stopping = False
@@ -68,16 +67,9 @@ class StreamableHttp:
 
     # -- life -------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._renewing = asyncio.ensure_future(self._renew())
-
     async def stop(self) -> None:
         """Let every connection go (another front takes each at its next request)."""
         self.stopping = True
-        if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
         for link in list(self.here.values()):
             link.end()
             with contextlib.suppress(Exception):
@@ -87,7 +79,10 @@ class StreamableHttp:
         for bell in self.bells.values():
             bell.ring()
 
-    async def _renew(self) -> None:
+    async def renew(self) -> None:
+        """Renew the leases of the connections held here, a third of a lease apart, until
+        cancelled (a loop of the front's :class:`~broker.lifetimes.RoleLoops`, stopped
+        before :meth:`stop`)."""
         period = self.settings.http_lease / 3
         while True:
             await asyncio.sleep(period)
@@ -155,7 +150,7 @@ class StreamableHttp:
             await self.links.delete(conn_id)
             return "", response
         caps = json.dumps(link.client_capabilities)
-        fields = {"v": str(link.protocol_version), "caps": caps}
+        fields = {"v": str(link.protocol_version), "caps": caps, "ci": link.client_instance}
         if one_stream:
             fields["one"] = "1"
         await self.links.save(conn_id, fields)
