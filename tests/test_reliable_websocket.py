@@ -171,3 +171,15 @@ async def _gap_then_resume(url: str) -> None:
     await fresh.connect(url)
     reply = await fresh.call("session/resume", {"sessionId": session_id, "cwd": "/tmp/reliable"})
     assert "result" in reply, reply
+
+
+async def test_a_submission_sent_again_with_its_operation_id_runs_once(url: str) -> None:
+    client = ReliableClient()
+    await client.connect(url)
+    params = {"cwd": "/tmp/reliable", "mcpServers": []}
+    replies = []
+    for msg_id in (101, 102):  # a retry: another attempt id, the same operation
+        message = {"jsonrpc": "2.0", "id": msg_id, "method": "session/new", "params": params}
+        await client.send_message(message, "op_new_once")
+        replies.append((await client.until(is_response(msg_id)))[-1])
+    assert replies[0]["result"]["sessionId"] == replies[1]["result"]["sessionId"], replies

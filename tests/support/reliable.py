@@ -87,9 +87,10 @@ class ReliableClient:
         await self.send_message(message)
         return msg_id
 
-    async def send_message(self, message: Any) -> None:
+    async def send_message(self, message: Any, operation: str | None = None) -> None:
         payload = {"type": "jsonrpc", "message": message}
-        frame = self.frame("submission", operationId=f"op_{next(self._ids)}", payload=payload)
+        operation = operation or f"op_{next(self._ids)}"
+        frame = self.frame("submission", operationId=operation, payload=payload)
         await self.ws.send(json.dumps(frame))
 
     async def ack(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors.remote import RemoteCondition, remote_error
+from ...protocol.operations import MUTATIONS, OPERATION_ID
 
 PROFILE = "acp.remote.v2"
 SUBPROTOCOL = "acp.remote.v2"
@@ -135,14 +136,32 @@ def _submitted(item: Any) -> str:
     """The JSON-RPC message (or batch) of one submission."""
     if not isinstance(item, dict):
         raise FrameError(None, "a submission is an object")
-    _text(item.get("operationId"), "operationId")
+    operation = _text(item.get("operationId"), "operationId")
     payload = item.get("payload")
     if not isinstance(payload, dict) or payload.get("type") not in PAYLOAD_TYPES:
         raise FrameError(None, 'payload.type must be "jsonrpc" or "reverse_response"')
     message = payload.get("message")
     if not isinstance(message, dict | list):
         raise FrameError(None, "payload.message must be a JSON-RPC message")
+    if isinstance(message, dict):
+        _carry_operation(message, operation)
     return json.dumps(message, separators=(",", ":"))
+
+
+def _carry_operation(message: dict[str, Any], operation: str) -> None:
+    """Give a mutation the submission's ``operationId`` (as ``_meta.operationId``, where
+    the operation ledger reads it) unless it carries one itself: a submission sent again
+    with the same id is then run once, answered alike."""
+    params = message.get("params")
+    if message.get("method") not in MUTATIONS or not isinstance(params, dict):
+        return
+    meta = params.get("_meta")
+    if OPERATION_ID in params or (isinstance(meta, dict) and OPERATION_ID in meta):
+        return
+    if meta is None:
+        params["_meta"] = {OPERATION_ID: operation}
+    elif isinstance(meta, dict):
+        meta[OPERATION_ID] = operation
 
 
 def delivery(conn_id: str, generation: int, cursor: int, text: str) -> str:
