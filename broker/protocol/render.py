@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import fastjson
 from ..store.events import EventType, JsonObject, LogEvent
+from . import interactions
 from .jsonrpc import invalid_params, notification
 
 POSITION_META = "acpBroker/position"
@@ -159,6 +160,8 @@ def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
         return [notice_chunk(str(body.get("text", "")))]
     if kind in _QUEUE_EVENTS:
         return [queue_update(body)]
+    if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
+        return [interactions.info_update(body["interaction"])]
     return []
 
 
