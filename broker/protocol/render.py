@@ -187,6 +187,24 @@ def queue_update(body: JsonObject) -> JsonObject:
     return {"sessionUpdate": "session_info_update", "_meta": {QUEUE_META: change}}
 
 
+INTERACTIONS_META = "acpBroker/interactions"
+"""``capabilities._meta`` key of a client that asks to be sent interaction records."""
+
+
+def follows_interactions(capabilities: JsonObject) -> bool:
+    """Whether a client is sent each interaction's changes (``session_info_update`` with
+    ``_meta["acpBroker/interaction"]``): one that negotiated the draft
+    (``capabilities.remote``), or that asked (``_meta["acpBroker/interactions"]: true``, or
+    ``"acpBroker/sharedAsks"``, as the web console does). Others answer the agent's
+    requests themselves and are spared the records."""
+    if isinstance(capabilities.get("remote"), dict):
+        return True
+    meta = capabilities.get("_meta")
+    return isinstance(meta, dict) and any(
+        meta.get(key) is True for key in (INTERACTIONS_META, "acpBroker/sharedAsks")
+    )
+
+
 def is_notice(event: LogEvent) -> bool:
     """Whether an event is a notice (the broker's, or an agent's ``notice`` update): live
     only, so a replay leaves it out for viewers that get notices (the notices RFD)."""
