@@ -9,7 +9,10 @@ storm`` a front killed under thousands of connections, which all resume on anoth
 ``python -m bench c50k`` 50,000 idle connections on one front (memory each, a fan-out
 beside them); ``python -m bench sessionmem`` what a session followed by a connection costs
 its front; ``python -m bench idle [--cluster]`` what an idle broker sends its Redis,
-command by command.
+command by command; ``python -m bench agents`` what an agent process per tenant costs
+(memory each, a first prompt's wait), sealed and unsealed; ``python -m bench http``
+deliveries over Streamable HTTP beside WebSocket ones (CPU per delivery, p99, at a rate and
+at max).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ BREAKDOWNS = {
     "batchargs": "bench.batch_args",
     "sessionmem": "bench.session_memory",
     "idle": "bench.idle",
+    "agents": "bench.agent_cost",
+    "http": "bench.http",
 }
 """Run by name only, not with the six."""
 

@@ -80,6 +80,18 @@ async def _used(redis: Any) -> int:
     return int((await redis.info("memory"))["used_memory"])
 
 
+async def _operators_reading(redis: Any) -> tuple[int, int]:
+    """``used_memory`` read as an operator sizing Redis for N sessions reads it: the command
+    statistics reset, and the clients' buffers set apart (``mem_clients_normal`` and
+    ``mem_clients_slaves``: fixed costs, a few dozen connections' whatever the sessions);
+    returns (that, the clients' buffers)."""
+    await redis.config_resetstat()
+    await _used(redis)  # once the buffers have shrunk back
+    info = await redis.info("memory")
+    clients = int(info.get("mem_clients_normal", 0)) + int(info.get("mem_clients_slaves", 0))
+    return int(info["used_memory"]) - clients, clients
+
+
 async def _used_without_stats(redis: Any) -> int:
     """``used_memory`` less the command statistics: ``CONFIG RESETSTAT`` first, which frees
     Redis 7's per-command latency histograms (about 1 MB once the broker has used its
@@ -162,6 +174,7 @@ async def _through_front(url: str, folder: str, args: Any) -> dict[str, Any]:
             await stack.enter_async_context(common.role_process(role, url, log, env=env))
         [front] = await stack.enter_async_context(common.fronts(url, 1, "archive", env=env))
         empty = await _used(redis)
+        operator_empty, clients_empty = await _operators_reading(redis)
         # A few sessions first, archived too: the connections, scripts, feeds' groups and
         # listings' keys every deployment has are then in ``before``, not in the figure.
         await _make_sessions(front.url, args.warmup, args.chunks, args.concurrency)
@@ -177,10 +190,16 @@ async def _through_front(url: str, folder: str, args: Any) -> dict[str, Any]:
         after = await _used(redis)
         bare_after = await _used_without_stats(redis)
         kinds_after = await footprint.by_kind(redis)
+        operator_after, clients_after = await _operators_reading(redis)
         stats = await redis.memory_stats()
     await redis.aclose()
     return {
         "empty": empty,
+        "operator_empty": operator_empty,
+        "operator_after": operator_after,
+        "clients_empty": clients_empty,
+        "clients_after": clients_after,
+        "marks_after": kinds_after.get(footprint.TAKEN_MARKS, (0, 0))[1],
         "before": before,
         "after": after,
         "per_session": (after - before) / args.sessions,
@@ -267,7 +286,22 @@ async def run(args: Any) -> None:
         )
     n = args.sessions
     marks = front["kinds"].get(footprint.TAKEN_MARKS, (0, 0))[1]
+    made = n + args.warmup
+    operators = (front["operator_after"] - front["operator_empty"] - front["marks_after"]) / made
     rows = [
+        [
+            "Redis bytes per archived session, the operator's way: from the empty broker, "
+            "command statistics reset, clients' buffers and taken marks set apart",
+            common.fmt(operators),
+        ],
+        [
+            "fixed: used_memory of the empty broker, statistics reset, buffers set apart",
+            common.fmt(front["operator_empty"]),
+        ],
+        [
+            "fixed: the clients' buffers, empty broker / after",
+            f"{common.fmt(front['clients_empty'])} / {common.fmt(front['clients_after'])}",
+        ],
         ["used_memory, the broker started, no session yet", common.fmt(front["empty"])],
         [
             f"used_memory before ({args.warmup} sessions made and archived)",
@@ -317,6 +351,10 @@ async def run(args: Any) -> None:
     data = {
         "sessions": n,
         "chunks": args.chunks,
+        "bytes_per_archived_session_operators_way": operators,
+        "used_memory_empty_operators_way": front["operator_empty"],
+        "clients_buffers_empty": front["clients_empty"],
+        "clients_buffers_after": front["clients_after"],
         "used_memory_empty": front["empty"],
         "warmup_sessions": args.warmup,
         "used_memory_before": front["before"],

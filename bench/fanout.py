@@ -93,7 +93,7 @@ async def broker_feeder(
 ) -> tuple[Send, Callable[[], Awaitable[None]]]:
     """``tree``: a baseline's checkout, whose append scripts the appends run (an agent host
     of that revision appends with them; the Python side is this tree's)."""
-    from broker.store.client import connect
+    from broker.store.client import commands, connect
     from broker.store.log import SessionLog, batch_script
 
     store = connect(redis_url)
@@ -101,9 +101,9 @@ async def broker_feeder(
     if tree is not None:
         lua = tree / "broker" / "store" / "lua"
         append = (lua / "append.lua").read_text()
-        log.appender._append = store.register_script(append)
+        log.appender._append = commands(store).register_script(append)
         batch = (lua / "append_batch.lua").read_text()
-        log.appender._append_batch = store.register_script(batch_script(append, batch))
+        log.appender._append_batch = commands(store).register_script(batch_script(append, batch))
         floors = "floor" in append  # revisions before floors take no ARGV[15]
         if "Arguments layout 2" not in batch:
             log.appender._batch_call = _layout1_batch_call(log, floors)  # type: ignore[method-assign,assignment]

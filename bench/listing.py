@@ -113,12 +113,12 @@ def session_info(i: int) -> str:
 
 
 async def populate_redis(url: str, n: int) -> None:
-    from broker.store.client import connect
+    from broker.store.client import commands, connect
     from broker.store.index import ACP_LISTING, cwd_listing, encode_row, member, stored_member
     from broker.store.keys import TenantKeys
 
     keys = TenantKeys(TENANT)
-    store = connect(url)
+    store = commands(connect(url))
     batch = 20_000
     for start in range(0, n, batch):
         rows, acp = {}, {}

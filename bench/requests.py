@@ -110,9 +110,9 @@ class _Bare(asyncio.Protocol):
 
 
 async def _redis_costs(url: str, count: int) -> list[list[Any]]:
-    from broker.store.client import connect
+    from broker.store.client import commands, connect
 
-    store = connect(url)
+    store = commands(connect(url))
     await store.set("bench:k", "v")
     host, _, port = url.split("//", 1)[1].split("/", 1)[0].partition(":")
     _, bare = await asyncio.get_running_loop().create_connection(_Bare, host, int(port))

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -68,6 +68,17 @@ class AgentSpec(BaseModel):
     command: list[str]
     kind: str = "combined"
     env: dict[str, str] = Field(default_factory=dict)
+    sandbox: bool | None = None
+    """Run this agent sealed (True: refuse to run it unsealed), unsealed (False: a
+    single-user laptop), or as the host's ``sandbox`` setting says (None)."""
+    network: bool = True
+    """Whether a sealed agent reaches the network (an agent that calls a model API must)."""
+    ro_paths: list[str] = Field(default_factory=list)
+    """More paths a sealed agent sees read-only (its own installation, ``~/.config/…``)."""
+    rw_paths: list[str] = Field(default_factory=list)
+    """More paths a sealed agent may write (a cache, a credentials store it refreshes)."""
+    process_per: Literal["tenant", "session"] = "tenant"
+    """One process per tenant (and working directories, when sealed), or per session."""
 
     @field_validator("command", mode="before")
     @classmethod
@@ -91,6 +102,14 @@ class AgentSpec(BaseModel):
         if value not in SESSION_KINDS:
             raise ValueError(f"kind must be one of {', '.join(SESSION_KINDS)}")
         return value
+
+    @field_validator("ro_paths", "rw_paths")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not os.path.isabs(path):
+                raise ValueError(f"a sandbox path must be absolute, got {path!r}")
+        return [os.path.normpath(path) for path in value]
 
     @classmethod
     def parse(cls, text: str) -> AgentSpec:
@@ -148,6 +167,30 @@ class Settings(BaseSettings):
     credential_check_interval: float = Field(default=5.0, gt=0)
     """How often open connections' credentials are checked again: a revoked API token or an
     expired JWT is cut (close code 4001) within this many seconds."""
+    sandbox: Literal["auto", "on", "off"] = "auto"
+    """How agent processes are sealed (bubblewrap, ``bwrap``): ``auto`` seals them where
+    ``bwrap`` works and says once, at start, that they run unsealed where it does not;
+    ``on`` refuses to run an agent unsealed; ``off`` runs them unsealed. An agent spec's own
+    ``sandbox`` wins."""
+    sandbox_hidden_paths: list[str] = Field(default_factory=list)
+    """More paths sealed agents must not see, on top of the configuration and secret files
+    the broker knows of (a systemd ``EnvironmentFile`` under ``/etc``, a key store)."""
+    sandbox_tmp_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
+    """The size of a sealed agent's private ``/tmp`` (a file system in memory)."""
+    agent_idle_timeout: float | None = Field(default=1800.0, gt=0)
+    """Seconds an agent process may go without a request or a message before it is
+    stopped (its sessions recorded STOPPED: a prompt or a resume brings them back); None:
+    never."""
+    max_agent_processes: int = Field(default=256, ge=1)
+    """The most agent processes an agent host runs at once (a process per agent and tenant,
+    and per set of directories when sealed); a session that needs one more is refused
+    (-32005) until an idle one is stopped."""
+    redis_url_file: str | None = None
+    """A file holding ``redis_url`` (keeps the password off command lines)."""
+    jwt_secret_file: str | None = None
+    """A file holding ``jwt_secret``."""
+    cursor_secret_file: str | None = None
+    """A file holding ``cursor_secret``."""
     agent_env: list[str] = Field(default_factory=lambda: list(DEFAULT_AGENT_ENV))
     """The broker's environment variables an agent process gets (``NAME`` or ``PREFIX*``);
     ``ACP_BROKER_*`` never, whatever this says. An agent spec's own ``env`` comes on top."""
@@ -185,6 +228,23 @@ class Settings(BaseSettings):
     response) before it closes the socket."""
     http_keep_alive_timeout: int = Field(default=5, ge=1)
     """Seconds the HTTP listener keeps an idle keep-alive connection open."""
+    http_idle_timeout: float = Field(default=600.0, gt=0)
+    """Seconds a Streamable HTTP connection nobody uses (no POST, no GET stream open) is
+    kept; then it expires with its state (its sessions live on)."""
+    http_lease: float = Field(default=5.0, gt=0)
+    """Seconds a front that stopped (a crash) keeps the Streamable HTTP connections it ran,
+    before another front takes them over at their next request."""
+    http_retained_messages: int = Field(default=2_000, ge=16)
+    """Messages each stream of a Streamable HTTP connection keeps for a client that resumes
+    (``Last-Event-ID``); one further back is told 409."""
+    http_heartbeat: float = Field(default=15.0, gt=0)
+    """Seconds between the comment lines an idle SSE stream is sent (proxies keep it open)."""
+    http_poll_interval: float = Field(default=1.0, gt=0)
+    """Seconds an SSE stream waits for its bell before it looks in the store by itself
+    (pub/sub may lose a bell)."""
+    http_write_timeout: float = Field(default=10.0, gt=0)
+    """Seconds an SSE stream may wait for its client to read before it is cut (the client
+    resumes from its last event id)."""
 
     list_page_size: int = Field(default=50, ge=1, le=1000)
     list_cache: bool = True
@@ -264,6 +324,20 @@ class Settings(BaseSettings):
     """Agent updates an agent host keeps, in order, while the store is unreachable; past
     that their sessions are failed (an error event once the store is back, and in the log)."""
 
+    _config_path: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_files(cls, values: Any) -> Any:
+        """``NAME_file`` settings: the secret read from the file, unless given itself."""
+        if not isinstance(values, dict):
+            return values
+        for name in SECRET_FILE_SETTINGS:
+            path = values.get(f"{name}_file")
+            if path and values.get(name) is None:
+                values = {**values, name: read_secret_file(str(path), f"{name}_file")}
+        return values
+
     @field_validator("jwt_secret")
     @classmethod
     def _hs256_key_length(cls, value: str | None) -> str | None:
@@ -313,6 +387,27 @@ class Settings(BaseSettings):
             self.archive_store = tempfile.mkdtemp(prefix="acp-broker-archive-")
         return self.archive_store
 
+    def hidden_paths(self) -> list[str]:
+        """What a sealed agent must never see: the configuration file, the files that hold
+        secrets or keys, the archive folder, the store's Unix socket."""
+        paths = [
+            self._config_path,
+            self.redis_url_file,
+            self.jwt_secret_file,
+            self.cursor_secret_file,
+            self.jwt_public_key_file,
+            self.jwt_jwks_file,
+            self.tls_cert,
+            self.tls_key,
+        ]
+        archive = self.archive_store
+        if archive is not None and "://" not in archive:
+            paths.append(archive.removeprefix("dir:"))
+        if self.redis_url is not None and self.redis_url.startswith("unix://"):
+            paths.append(self.redis_url.removeprefix("unix://").partition("?")[0])
+        paths += self.sandbox_hidden_paths
+        return [os.path.abspath(path) for path in paths if path]
+
     def cursor_keys(self) -> list[bytes]:
         """Signing keys, newest first; generates one (and warns) when none is set."""
         if self.cursor_secret is None:
@@ -333,4 +428,20 @@ def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
             raise FileNotFoundError(f"config file not found: {path}")
         config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
         settings_cls = type("FileSettings", (Settings,), {"model_config": config})
-    return settings_cls(**{k: v for k, v in overrides.items() if v is not None})
+    settings = settings_cls(**{k: v for k, v in overrides.items() if v is not None})
+    settings._config_path = path or None
+    return settings
+
+
+SECRET_FILE_SETTINGS = ("redis_url", "jwt_secret", "cursor_secret")
+"""Settings that may be given as a file (``redis_url_file``, ``ACP_BROKER_REDIS_URL_FILE``,
+``--redis-url-file``), so that the secret is on no command line and in no environment."""
+
+
+def read_secret_file(path: str, setting: str) -> str:
+    """The secret a ``*_file`` setting names: the file's text, without its final newline."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{setting}: cannot read {path}: {exc.strerror or exc}") from None
+    return text.rstrip("\r\n")

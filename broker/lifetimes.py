@@ -18,6 +18,10 @@ traceback and started again after a pause that doubles from :data:`FIRST_PAUSE` 
 :data:`MAX_PAUSE`; meanwhile, and until it has run :data:`STABLE` seconds without failing,
 the role's readiness check (:meth:`RoleLoops.check`) fails naming it. A loop that runs
 :data:`STABLE` seconds starts again from the first pause at its next failure.
+
+A role may also start one of its loops over on purpose (:meth:`RoleLoops.restart`: a
+subscription found deaf is read afresh): that run is cancelled and the loop started again
+at once, which is no failure.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 from .errors.failures import describe
 from .loops import cancel_and_wait
 from .ops.health import Unhealthy
+from .retry import doubling_pause
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +60,24 @@ class RoleLoops:
         self._stopping = False
         self._failed: dict[str, tuple[float, str]] = {}
         """Loops that failed: when they last started again, and the failure."""
+        self._running: dict[str, asyncio.Task[None]] = {}
+        """The loops running now (not pausing after a failure), by name."""
+        self._restarting: set[str] = set()
 
     def add(self, name: str, loop: Loop) -> None:
         """Run ``loop()`` (a coroutine that runs until cancelled) as ``name`` once started."""
         if self._group is not None:
             raise RuntimeError(f"{self.role}: loop {name} added after its loops started")
         self._loops[name] = loop
+
+    def restart(self, name: str) -> None:
+        """Start loop ``name`` over: its run is cancelled (its ``finally`` blocks run) and
+        it is started again at once. A loop that is not running (pausing after a failure,
+        or not started) is left to start in its time."""
+        task = self._running.get(name)
+        if task is not None and name not in self._restarting:
+            self._restarting.add(name)
+            task.cancel()
 
     @property
     def names(self) -> list[str]:
@@ -72,9 +89,15 @@ class RoleLoops:
             self._group = asyncio.create_task(self._run(), name=f"{self.role} loops")
 
     async def stop(self) -> None:
-        """Cancel every loop and wait until each has ended."""
+        """Cancel every loop and wait until each has ended.
+
+        Each loop's task is cancelled itself, again until it ends (see
+        :func:`~broker.loops.cancel_and_wait`): a task group cancels its tasks once, and a
+        cancellation that redis-py took for its own timeout would leave a loop that retries
+        on errors running, and the stop waiting for it for ever."""
         self._stopping = True
         if self._group is not None:
+            await cancel_and_wait(*self._tasks)
             await cancel_and_wait(self._group)
 
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -122,21 +145,30 @@ class RoleLoops:
 
     async def _supervised(self, name: str, loop: Loop) -> None:
         """Run ``loop`` until cancelled, starting it again after each failure."""
-        pause = FIRST_PAUSE
+        failures = 0
         while True:
             started = time.monotonic()
             failure: BaseException | None = None
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[name] = task
             try:
                 await loop()
             except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if self._stopping or task is None or task.uncancel() > 0:
+                if self._stopping or task.uncancel() > 0:
                     raise
+                if name in self._restarting:  # restart(): started again at once
+                    self._restarting.discard(name)
+                    continue
                 failure = exc  # cancelled by another hand than the role's stop: restarted
             except Exception as exc:
                 failure = exc
+            finally:
+                self._running.pop(name, None)
             if time.monotonic() - started >= STABLE:
-                pause = FIRST_PAUSE  # it ran well for a while: a new failure, not the same
+                failures = 0  # it ran well for a while: a new failure, not the same
+            failures += 1
+            pause = doubling_pause(failures, FIRST_PAUSE, MAX_PAUSE)
             reason = "it ended" if failure is None else describe(failure) or "cancelled"
             log.error(
                 "%s: loop %s failed (%s); restarting it in %.1f s",
@@ -148,4 +180,3 @@ class RoleLoops:
             )
             self._failed[name] = (time.monotonic() + pause, reason)
             await asyncio.sleep(pause)
-            pause = min(pause * 2, MAX_PAUSE)

@@ -44,6 +44,8 @@ XDIST_GROUPS = {
     "test_cluster_resharding": "faults",
     "test_cluster_breaker": "faults",
     "test_fail_fast": "faults",
+    "test_many_threads": "faults",
+    "test_pipelining": "faults",
     "test_split_recovery": "faults",
     "test_permission_roundtrip": "faults",
     "test_redis_faults": "faults",
@@ -98,6 +100,12 @@ def _is_pytests(handler: logging.Handler) -> bool:
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = Path(__file__).resolve().parent / "agents"
+
+TEST_SANDBOX = "off"
+"""Agents run unsealed in tests but for the sandbox's own (``tests/test_sandbox*.py``): a
+sealed process per set of session directories, started under a loaded machine's 3-5 s of
+Python imports, would slow every test that makes sessions in several folders, and the demo
+agent's ``ACP_DEMO_STATE_DIR`` would need to be one of its ``rw_paths``."""
 
 DEMO_ENV = {"ACP_DEMO_TEST_COMMANDS": "1", "ACP_DEMO_CHUNK_DELAY": "0"}
 
@@ -155,6 +163,7 @@ async def store(store_kind: str, request: pytest.FixtureRequest) -> AsyncIterato
 def make_settings(**overrides: Any) -> Any:
     overrides.setdefault("agents", [demo_agent(), plain_agent()])
     overrides.setdefault("prestart_agents", False)
+    overrides.setdefault("sandbox", TEST_SANDBOX)
     return load_settings(None, port=0, cursor_secret="test-secret", **overrides)
 
 

@@ -1,5 +1,5 @@
-"""``/acp`` answers what is not a WebSocket upgrade with an HTTP error naming the WebSocket URL
-(the broker offers ACP's WebSocket profile, not streamable HTTP)."""
+"""``/acp`` on the WebSocket port answers what is not a WebSocket upgrade with an HTTP error
+naming the URLs; ``/acp`` on the HTTP port serves Streamable HTTP."""
 
 from __future__ import annotations
 
@@ -57,12 +57,28 @@ async def test_other_paths_on_the_websocket_port_get_404_naming_the_http_port(
     assert f"http://127.0.0.1:{broker.http_port}/v1/sessions" in text
 
 
-@pytest.mark.parametrize("method", ["GET", "POST"])
-async def test_acp_on_the_http_port_gets_404_naming_the_websocket_url(
-    broker: Broker, method: str
+async def test_acp_on_the_http_port_serves_streamable_http(broker: Broker) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": 1},
+    }
+    head, text = await _ask(broker.http_port, "POST", "/acp", json.dumps(initialize).encode())
+    assert head.startswith("HTTP/1.1 200"), head
+    assert "acp-connection-id" in head.lower()
+    assert json.loads(text)["id"] == 0
+
+
+async def test_a_websocket_upgrade_on_the_http_port_names_the_websocket_url(
+    broker: Broker,
 ) -> None:
-    head, text = await _ask(broker.http_port, method, "/acp", INITIALIZE.encode())
-    assert head.startswith("HTTP/1.1 404"), head
+    request = (
+        f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1:{broker.http_port}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
+    head, _, text = (await _raw_http(broker.http_port, request)).decode().partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 400"), head
     assert f"ws://127.0.0.1:{broker.port}/acp" in text
 
 

@@ -6,6 +6,7 @@ validated against the official JSON Schema of the version it negotiated.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -15,10 +16,11 @@ import websockets
 from broker.front.acp.connection import BATCHED_REPLAY_META
 from broker.protocol.v2 import REPLAY_POSITION
 from broker.serve import Broker
+from broker.store.client import commands
 from broker.store.keys import SessionKeys
 
 from .conftest import make_settings
-from .support.client import text
+from .support.client import REPLY_WAIT, text
 from .support.schemas import WireChecker
 from .support.wire import INIT_PARAMS, CheckedClient
 
@@ -39,9 +41,15 @@ def messages_before(client: CheckedClient, reply: dict[str, Any]) -> list[dict[s
     ]
 
 
-async def resume(client: CheckedClient, session_id: str, cwd: str, **params: Any) -> Any:
+async def resume(
+    client: CheckedClient, session_id: str, cwd: str, *, timeout: float = REPLY_WAIT, **params: Any
+) -> Any:
+    """Resume a session on ``client``: its reply and the updates replayed before it (each
+    message waited for ``timeout`` seconds at most)."""
     before = len(client.received)
-    reply = await client.call("session/resume", {"sessionId": session_id, "cwd": cwd, **params})
+    reply = await client.call(
+        "session/resume", {"sessionId": session_id, "cwd": cwd, **params}, timeout
+    )
     replayed = [
         m["params"]
         for m in client.received[before:]
@@ -221,7 +229,7 @@ async def test_a_v2_window_joining_mid_turn_is_told_the_turn_is_running(url: str
     typist = await CheckedClient.open(url, 2)
     session_id = await typist.new()
     assert (await typist.prompt(session_id, "/slow 8"))["result"]["messageId"]
-    await typist.read_until(lambda: "agent_message_chunk" in typist.kinds(session_id), 20)
+    await typist.read_until(lambda: "agent_message_chunk" in typist.kinds(session_id))
     chunk = next(
         u
         for u in typist.updates(session_id)
@@ -326,12 +334,12 @@ async def test_live_updates_follow_a_batched_replay_with_none_lost_or_twice(url:
     await typist.prompt(session_id, "/chunks 2000")
     await typist.until_idle(session_id, timeout=60)
     await typist.prompt(session_id, "/slow 8")  # 8 chunks 0.2 s apart: live during the resume
-    await typist.read_until(lambda: typist.texts(session_id).count("chunk") > 2001, 10)
+    await typist.read_until(lambda: typist.texts(session_id).count("chunk") > 2001)
     batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
     reply, replayed = await resume(batched, session_id, "/tmp/batched", replayFrom=START)
     assert "result" in reply and batched.batch_sizes
     for client in (typist, batched):
-        await client.until_idle(session_id, count=2, timeout=30)
+        await client.until_idle(session_id, count=2)
     seqs = [position(u)["seq"] for u in batched.updates(session_id)]
     assert seqs == sorted(seqs)  # in order (an event may make two updates: one seq)
     assert batched.updates(session_id) == typist.updates(session_id)  # each once, none lost
@@ -340,6 +348,12 @@ async def test_live_updates_follow_a_batched_replay_with_none_lost_or_twice(url:
         await client.close()
 
 
+HEAVY = 240.0
+"""Seconds the heaviest tests here may take (under pytest's 300 s): their work is megabytes
+through one process, whose duration is the machine's load's."""
+
+
+@pytest.mark.timeout(HEAVY + 60)
 async def test_a_batched_replay_longer_than_the_queue_bound_arrives_whole(store: Any) -> None:
     """A replay in batches goes to the socket whole however long it is, as one in a frame per
     event does (the outgoing queue's bound is for live traffic a client does not keep up
@@ -349,22 +363,26 @@ async def test_a_batched_replay_longer_than_the_queue_bound_arrives_whole(store:
     await node.start()
     url = f"ws://127.0.0.1:{node.port}/acp"
     try:
-        typist = await CheckedClient.open(url, 2)
-        session_id = await typist.new(cwd="/tmp/batched")
-        words = " ".join(f"{i:06d}" + "x" * 100_000 for i in range(120))
-        # 12 MB through the agent, the log and schema checks: seconds, more on a busy machine.
-        await typist.call(
-            "session/prompt",
-            {"sessionId": session_id, "prompt": text("/notool " + words)},
-            timeout=60,
-        )
-        await typist.until_idle(session_id, timeout=60)
-        batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
-        reply, replayed = await resume(batched, session_id, "/tmp/batched", replayFrom=START)
-        assert "result" in reply and replayed == typist.updates(session_id)
-        assert len(typist.texts(session_id)) > 12_000_000
-        for client in (typist, batched):
-            await client.close()
+        # 12 MB through the agent, the log, the replay and two clients' schema checks, all in
+        # this one process: 15 s alone, minutes beside the suite's other worker on 2 cores.
+        async with asyncio.timeout(HEAVY):
+            typist = await CheckedClient.open(url, 2)
+            session_id = await typist.new(cwd="/tmp/batched")
+            words = " ".join(f"{i:06d}" + "x" * 100_000 for i in range(120))
+            await typist.call(
+                "session/prompt",
+                {"sessionId": session_id, "prompt": text("/notool " + words)},
+                timeout=HEAVY,
+            )
+            await typist.until_idle(session_id, timeout=HEAVY)
+            batched = await CheckedClient.open(url, 2, meta={BATCHED_REPLAY_META: True})
+            reply, replayed = await resume(
+                batched, session_id, "/tmp/batched", timeout=HEAVY, replayFrom=START
+            )
+            assert "result" in reply and replayed == typist.updates(session_id)
+            assert len(typist.texts(session_id)) > 12_000_000
+            for client in (typist, batched):
+                await client.close()
     finally:
         await node.stop()
 
@@ -394,7 +412,7 @@ async def test_a_stale_foreign_or_malformed_replay_position_is_invalid_params(
     # Stale: the log no longer holds the position (trimmed), so replaying from it would
     # leave a gap.
     log_key = SessionKeys(broker.settings.tenant, session_id).log
-    await broker.redis.xtrim(log_key, minid=f"{head['seq']}-0", approximate=False)
+    await commands(broker.redis).xtrim(log_key, minid=f"{head['seq']}-0", approximate=False)
     stale = {"type": REPLAY_POSITION, "seq": 2, "epoch": head["epoch"]}
     reply, replayed = await resume(other, session_id, "/tmp/v2", replayFrom=stale)
     assert reply["error"]["code"] == -32602 and replayed == [], reply

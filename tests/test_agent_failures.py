@@ -29,12 +29,13 @@ from .support.redis_server import RestartableRedis, restartable_redis
 
 @pytest.fixture
 async def touchy_broker(store: Any) -> AsyncIterator[Broker]:
-    """A broker whose agents are given little patience."""
+    """A broker whose agents are given little patience with a cancel (0.5 s).
+
+    Their requests keep the default timeout: starting the demo agent (its ``initialize``)
+    takes several seconds on a loaded 2-core machine, and none of these tests waits for a
+    request's timeout."""
     node = Broker(
-        make_settings(
-            agents=[demo_agent(), plain_agent()], cancel_grace=0.5, agent_request_timeout=5
-        ),
-        redis=store,
+        make_settings(agents=[demo_agent(), plain_agent()], cancel_grace=0.5), redis=store
     )
     await node.start()
     yield node

@@ -21,6 +21,7 @@ from broker.protocol.v2 import REPLAY_POSITION
 from broker.serve import Broker
 from broker.store import log as log_module
 from broker.store.archive import ArchiveCorrupt, ArchivedLog, DirectoryArchive, decode, encode
+from broker.store.client import commands
 from broker.store.events import EventType, LogEvent
 from broker.store.keys import SessionKeys
 from broker.store.log import Position, SessionLog, new_session_id
@@ -178,7 +179,7 @@ async def test_v1_and_v2_windows_on_an_archived_session(broker: Broker, url: str
     await hot_v2.close()
 
     await archive_now(broker, session_id)
-    assert not await broker.redis.exists(SessionKeys(TENANT, session_id).log)
+    assert not await commands(broker.redis).exists(SessionKeys(TENANT, session_id).log)
     assert await broker.log.read(TENANT, session_id) == hot_log
 
     loader = await acp_client(url)
@@ -199,7 +200,7 @@ async def test_v1_and_v2_windows_on_an_archived_session(broker: Broker, url: str
     assert whole[: len(hot_log)] == hot_log
     assert [e.seq for e in whole] == list(range(1, len(whole) + 1))
     assert {e.epoch for e in whole} == {hot_log[0].epoch}
-    assert await broker.redis.exists(SessionKeys(TENANT, session_id).log)
+    assert await commands(broker.redis).exists(SessionKeys(TENANT, session_id).log)
     await loader.close()
     await reader.close()
 
@@ -244,13 +245,13 @@ async def test_kill_at_every_step_loses_and_doubles_nothing(
     fresh = SessionLog(store, archive=archive)
     assert await fresh.read(TENANT, session_id) == before  # nothing lost
     keys = SessionKeys(TENANT, session_id)
-    archived = await store.hget(keys.snapshot, "archived")
+    archived = await commands(store).hget(keys.snapshot, "archived")
     assert archived is None  # every step is before the trim: the log is whole in Redis
-    assert await store.xlen(keys.log) == 21
+    assert await commands(store).xlen(keys.log) == 21
 
     assert await archive_role() == 0  # the next round finishes the job
-    assert await store.hget(keys.snapshot, "archived") == "21"
-    assert not await store.exists(keys.log)
+    assert await commands(store).hget(keys.snapshot, "archived") == "21"
+    assert not await commands(store).exists(keys.log)
     assert await SessionLog(store, archive=archive).read(TENANT, session_id) == before
     await fresh.append(TENANT, session_id, chunk(21))
     assert [e.seq for e in await fresh.read(TENANT, session_id)] == list(range(1, 23))

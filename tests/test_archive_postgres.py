@@ -13,6 +13,7 @@ import pytest
 
 from broker.store.archive import open_archive
 from broker.store.archive.postgres import MIGRATIONS, PostgresArchive, migrate
+from broker.store.client import commands
 from broker.store.keys import SessionKeys
 from broker.store.log import SessionLog
 from workers.projector.archiving import Archiver
@@ -81,11 +82,11 @@ async def test_the_archive_command_with_postgres(redis_url: str, pg_dsn: str) ->
     code, out, err = await run_cli("archive", "--dry-run", *common)
     assert code == 0, err
     assert "would archive 1 sessions (6 events)" in out
-    assert await store.exists(SessionKeys(TENANT, session_id).log)
+    assert await commands(store).exists(SessionKeys(TENANT, session_id).log)
     code, out, err = await run_cli("archive", *common)
     assert code == 0, err
     assert "archived 1 sessions (6 events)" in out
-    assert not await store.exists(SessionKeys(TENANT, session_id).log)
+    assert not await commands(store).exists(SessionKeys(TENANT, session_id).log)
     assert await SessionLog(store, archive=archive).read(TENANT, session_id) == before
     conn = await asyncpg.connect(pg_dsn)
     assert await conn.fetchval("SELECT count(*) FROM acp_broker_archive") >= 1

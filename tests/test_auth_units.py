@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from broker.auth.jwt_tokens import JwtConfig, JwtVerifier
 from broker.auth.principal import AuthError, Scope
 from broker.auth.tokens import TokenStore
-from broker.store.client import connect
+from broker.store.client import commands, connect
 
 
 async def test_tokens_are_stored_hashed_verified_listed_and_revoked() -> None:
@@ -21,7 +21,7 @@ async def test_tokens_are_stored_hashed_verified_listed_and_revoked() -> None:
     store = TokenStore(redis)
     token, info = await store.create("team-a", ["read", "write"], "ci")
     assert token.startswith("acpb_") and info.tenant == "team-a"
-    stored = " ".join([str(v) for v in (await redis.get(f"acpb:token:{info.id}"),)])
+    stored = " ".join([str(v) for v in (await commands(redis).get(f"acpb:token:{info.id}"),)])
     assert token.split("_", 2)[2] not in stored  # the secret is never stored
     principal = await store.verify(token)
     assert principal.tenant == "team-a" and principal.may(Scope.WRITE)

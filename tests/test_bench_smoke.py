@@ -33,6 +33,8 @@ BENCHMARKS = (
     "c50k",
     "sessionmem",
     "idle",
+    "agents",
+    "http",
 )
 
 
@@ -71,8 +73,10 @@ def failure_of(output: str) -> str:
     return output[start : start + 4000] if start >= 0 else output[-3000:]
 
 
+# Two at a time, each bounded by its own 150 s: the whole takes up to half that per benchmark.
+@pytest.mark.timeout(75 * len(BENCHMARKS) + 60)
 async def test_every_benchmark_prints_a_table_and_writes_json(tmp_path: Path) -> None:
-    # Two at a time: all eleven at once are a storm on two cores that starves the other
+    # Two at a time: all of them at once are a storm on two cores that starves the other
     # pytest-xdist worker's tests (and the benchmarks' own connects) past their bounds.
     turns = asyncio.Semaphore(2)
     runs = await asyncio.gather(*(_run(n, tmp_path / f"{n}.json", turns) for n in BENCHMARKS))

@@ -15,7 +15,7 @@ from broker.clients.resume import (
     RecoveryKind,
 )
 from broker.protocol.jsonrpc import RpcError
-from broker.protocol.render import POSITION_META
+from broker.protocol.render import LET_GO_META, POSITION_META
 from broker.protocol.turns import (
     PROMPT_ID_META,
     PROMPT_OUTCOME,
@@ -127,6 +127,24 @@ def test_updates_already_forwarded_are_dropped_and_an_events_updates_share_a_seq
     assert state.from_broker(_update(5, text="second update of the same event")).to_editor
     assert not state.from_broker(_update(4)).to_editor
     assert state.from_broker(_update(6)).to_editor
+
+
+def test_the_editors_own_load_gets_the_whole_replay_let_go_or_not() -> None:
+    for let_go in (False, True):
+        state = _with_session()
+        for seq in range(1, 6):
+            assert state.from_broker(_update(seq)).to_editor
+        if let_go:  # the broker let the session go to make room for a newer one
+            notice = _update(6, kind="notice")
+            notice["params"]["update"]["_meta"] = {LET_GO_META: True}
+            assert state.from_broker(notice).to_editor
+            assert state.resumes() == []
+        state.from_editor(_request(2, "session/load", sessionId=SID, cwd="/w", mcpServers=[]))
+        replay = [state.from_broker(_update(seq)).to_editor for seq in range(1, 6)]
+        assert all(replay), let_go  # every update of the replay reaches the editor
+        state.from_broker({"jsonrpc": "2.0", "id": 2, "result": {}})
+        [(_, resume)] = state.resumes()  # and a drop now resumes after the replay's last
+        assert resume["params"]["_meta"] == {REPLAY_AFTER_META: {"seq": 5, "epoch": "e1"}}
 
 
 def test_closed_sessions_are_not_resumed() -> None:

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.ops.metrics import METRICS_PATH
 from broker.store.breaker import INTERVAL, PROBE_TIMEOUT, StoreAway, breaker_of
-from broker.store.client import connect
+from broker.store.client import commands, connect
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
@@ -55,25 +55,25 @@ async def test_a_cluster_client_fails_at_once_while_its_breaker_is_open(
     breaker = breaker_of(store)
     assert breaker is not None and not breaker.away
     try:
-        assert await store.set("k", "v")
-        script = store.register_script("return redis.call('GET', KEYS[1])")
+        assert await commands(store).set("k", "v")
+        script = commands(store).register_script("return redis.call('GET', KEYS[1])")
         assert await script(keys=["k"]) == "v"
         breaker.open(RedisConnectionError("probe failed"))
         with pytest.raises(StoreAway, match="failing fast"):
-            await store.get("k")
+            await commands(store).get("k")
         with pytest.raises(StoreAway):
             await script(keys=["k"])
         with pytest.raises(StoreAway):
-            async with store.pipeline(transaction=False) as pipe:
+            async with commands(store).pipeline(transaction=False) as pipe:
                 pipe.set("k", "other")
                 await pipe.execute()
-        pubsub = store.pubsub()
+        pubsub = commands(store).pubsub()
         with pytest.raises(StoreAway):  # through the node's gated connection
             await pubsub.ssubscribe("acpb:test:channel")
         await pubsub.aclose()
         breaker.close()
-        assert await store.get("k") == "v"  # nothing refused ran
-        async with store.pipeline(transaction=False) as pipe:
+        assert await commands(store).get("k") == "v"  # nothing refused ran
+        async with commands(store).pipeline(transaction=False) as pipe:
             pipe.get("k")
             assert await pipe.execute() == ["v"]
     finally:

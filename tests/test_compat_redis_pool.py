@@ -16,6 +16,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker.compat.redis import GatedPool
 from broker.store.breaker import StoreAway, StoreBreaker
+from broker.store.client import commands
+from broker.store.cluster import patient_cluster
+
+from .support.client import wait_for
 
 
 class CountingPool(GatedPool):
@@ -101,3 +105,44 @@ async def test_a_command_cancelled_by_its_owner_is_not_taken_for_the_breakers(
         assert await asyncio.wait_for(client.ping(), 5)
     finally:
         await client.aclose()
+
+
+async def test_the_breaker_releases_a_cluster_command_opening_a_connection() -> None:
+    """A cluster's nodes wait for no pool (past their free connections each command opens
+    one), but opening one to a stalled server hangs in its handshake up to the connect
+    timeout: the breaker opening releases such a command at once, as the pool's waiters,
+    and the half-open connection is closed."""
+    accepted: list[asyncio.StreamWriter] = []
+    closed: list[bytes] = []
+
+    async def stalled(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # answers nothing: a stopped server
+        closed.append(await reader.read())  # what the client sent, once it closed
+
+    server = await asyncio.start_server(stalled, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    breaker = StoreBreaker()
+    client = patient_cluster(
+        f"redis://127.0.0.1:{port}",
+        patience=1.0,
+        gate=breaker,
+        socket_timeout=20,
+        socket_connect_timeout=20,
+    )
+    try:
+        waiting = asyncio.ensure_future(commands(client).get("acpb:{compat}:k"))
+        await wait_for(lambda: accepted, 5, "the connection to be accepted")
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        opened = time.monotonic()
+        breaker.open(RedisTimeoutError("no answer to PING for 2 s"))
+        with pytest.raises(StoreAway):
+            await asyncio.wait_for(waiting, 2)
+        assert time.monotonic() - opened < 1.0
+        await wait_for(lambda: len(closed) == len(accepted), 5, "the connection closed")
+    finally:
+        breaker.close()
+        await client.aclose()
+        for writer in accepted:
+            writer.close()
+        server.close()

@@ -13,7 +13,7 @@ import fakeredis
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.direct import DirectCalls, direct_calls
 from broker.store.events import EventType, SessionSnapshot
 from broker.store.index import ACP_LISTING, SessionIndex, decode_row
@@ -170,7 +170,7 @@ def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
             assert not index._direct._connection.lost  # read directly, not through the client
         wrong = direct_calls(connect(url.replace("redis://", "redis://:wrong@")))
         assert wrong is not None
-        with pytest.raises(RedisConnectionError, match="WRONGPASS"):
+        with pytest.raises(RedisConnectionError, match="invalid username-password"):
             await wrong.call("PING")
 
     with password_server("s3cret") as url:
@@ -265,8 +265,8 @@ async def test_alike_shared_reads_of_one_step_are_read_once_and_each_caller_answ
     direct = direct_calls(store)
     assert direct is not None
     try:
-        await store.hset("h", mapping={"a": "1"})
-        await store.set("s", "x")
+        await commands(store).hset("h", mapping={"a": "1"})
+        await commands(store).set("s", "x")
         await direct.call("PING")  # connected
         before = await _calls_of(store, "hgetall")
         read = (("HGETALL", "h"), ("GET", "s"))
@@ -278,7 +278,7 @@ async def test_alike_shared_reads_of_one_step_are_read_once_and_each_caller_answ
         assert replies == [[["a", "1"], "x"]] * 5 + [[["a", "1"]], [["a", "1"], "x"]]
         assert await _calls_of(store, "hgetall") - before == 3
         # Asked again in a later step: read again, and the shared reply is not kept.
-        await store.set("s", "y")
+        await commands(store).set("s", "y")
         assert await direct.calls(*read, shared=True) == [["a", "1"], "y"]
     finally:
         direct.close()
@@ -292,7 +292,7 @@ async def test_a_shared_read_whose_caller_gives_up_still_answers_the_others(
     direct = direct_calls(store)
     assert direct is not None
     try:
-        await store.set("s", "x")
+        await commands(store).set("s", "x")
         await direct.call("PING")
         connection = direct._connection
         assert connection is not None and connection._transport is not None
@@ -397,5 +397,45 @@ async def test_a_call_written_once_fails_fast_on_both_paths_while_the_store_is_a
         assert await calls.calls(("GET", "k")) == [None]
     finally:
         breaker.close()
+        calls.close()
+        await server.aclose()
+
+
+async def test_a_call_goes_one_way_a_cut_connection_is_opened_again_never_the_client(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a single server every ``StoreCalls`` call stays on the bare connection: a cut
+    one is opened again (the client's reconnecting policy), an error reply fails as the
+    client's would, a script the server forgot is loaded there; the client sends none."""
+    from redis.exceptions import NoScriptError, ResponseError
+
+    from broker.store.direct import store_calls
+
+    server: Any = connect(redis_url)
+    calls = store_calls(server)
+    script = server.register_script("return redis.call('GET', KEYS[1])")
+
+    async def through_the_client(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"sent through the client: {args}")
+
+    try:
+        await server.set("k", "v")
+        monkeypatch.setattr(server, "execute_command", through_the_client)
+        monkeypatch.setattr(server, "pipeline", through_the_client)
+        assert await calls.call("GET", "k") == "v"
+        for cut in (calls.call("GET", "k"), calls.calls(("GET", "k"), ("GET", "j"))):
+            assert calls.direct is not None and calls.direct._connection is not None
+            calls.direct._connection.close()
+            assert await cut in ("v", ["v", None])
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await calls.call("HGET", "k", "f")
+        with pytest.raises(NoScriptError):
+            await calls.call("EVALSHA", "0" * 40, 0)
+        monkeypatch.undo()
+        await server.script_flush()
+        monkeypatch.setattr(server, "execute_command", through_the_client)
+        assert await calls.script(script, ["k"], []) == "v"  # loaded again, bare
+    finally:
+        monkeypatch.undo()
         calls.close()
         await server.aclose()

@@ -179,14 +179,18 @@ async def test_a_deaf_subscription_is_noticed_and_nothing_is_lost(broker, url: s
     client, session_id = await _a_session_checked_often(broker, url)
     hub = broker.hub
     # Make the subscription deaf: unsubscribe behind the hub's back.
-    await hub._live.sunsubscribe(*hub._feeds, hub.node_channel)
+    deaf = hub._live
+    await deaf.sunsubscribe(*hub._feeds, hub.node_channel)
     reply = await client.call(
         "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 5")}
     )
     assert reply["result"]["stopReason"] == "end_turn"
     assert client.chunks() == [f"chunk {i}" for i in range(1, 6)]
-    # And live delivery works again afterwards.
-    await wait_for(lambda: hub._probes_unanswered == 0, what="probe answered")
+    # And live delivery works again afterwards, on a new subscription.
+    await wait_for(
+        lambda: hub._live is not deaf and hub._probes_unanswered == 0, what="probe answered"
+    )
+    assert all(not task.done() for task in hub.loops()) and hub.role_loops.running()
     await client.close()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from broker.store import feed_bell
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.feed_bell import AWAKE, MOST_PAUSE, SAFETY, FeedBells
 from broker.store.groups import GroupReads
 from broker.store.keys import feed_bell as bell_channel
@@ -86,7 +86,7 @@ class _Bell:
 async def _reads(bell: _Bell, streams: tuple[str, ...] = ("s1",)) -> GroupReads:
     store = connect(None)
     for stream in streams:
-        await store.xgroup_create(stream, "g", id="0", mkstream=True)
+        await commands(store).xgroup_create(stream, "g", id="0", mkstream=True)
     reads = GroupReads(store, "g", "c", list(streams), batch=10, block_ms=1000)
     reads._bell = bell  # type: ignore[assignment]  # the cluster's way, on any store
     return reads

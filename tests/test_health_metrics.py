@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.serve import Broker
 
-from .support.client import RawClient, text
+from .support.client import RawClient, text, wait_for
 from .support.roles import role_process
 
 
@@ -62,9 +62,9 @@ async def test_livez_and_readyz_answer_json_with_each_check_on_both_ports(
             assert status == 200 and kind.startswith("application/json"), (port, path, body)
             assert report["status"] == "ok"
             checks = report["checks"]
-            assert {"redis", "pubsub", "fanout loops", "agent host loops", "projector loop"} <= set(
-                checks
-            ), checks
+            expected = {"redis", "pubsub", "fanout loops", "index watch loops", "front loops"}
+            expected |= {"agent host loops", "projector loop"}
+            assert expected <= set(checks), checks
             assert all(check["ok"] for check in checks.values()), checks
 
 
@@ -82,6 +82,32 @@ async def test_readyz_fails_while_a_loop_fails_and_the_loop_is_restarted(
     assert any("loop host-inbox failed" in r.getMessage() for r in caplog.records)
     await asyncio.sleep(0.5)  # past its first pause: running again, the same task
     assert not loop.done() and broker.worker.loops()[0] is loop
+
+
+async def test_a_front_loop_that_fails_is_named_and_restarted(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The front's loops fail as the roles' do: the fan-out's pub/sub reader, cancelled by
+    another hand, is named by readiness and started again on a new subscription, on which
+    events reach their clients live."""
+    hub = broker.hub
+    [reader, _] = hub.loops()
+    old = hub._live
+    reader.cancel()
+    status, _, body = await get(f"http://127.0.0.1:{broker.http_port}/readyz")
+    checks = json.loads(body)["checks"]
+    assert status == 503 and "fan-out: hub-reader failed" in checks["fanout loops"]["error"]
+    assert any("loop hub-reader failed" in r.getMessage() for r in caplog.records)
+    await wait_for(lambda: hub._live is not old, 10, "the reader to subscribe again")
+    assert not reader.done() and hub.loops()[0] is reader
+    client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+    session_id = await client.new_session("/restarted", timeout=30)
+    reply = await client.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/chunks 3")}, timeout=30
+    )
+    assert reply["result"]["stopReason"] == "end_turn"
+    assert client.chunks() == ["chunk 1", "chunk 2", "chunk 3"]
+    await client.close()
 
 
 async def test_metrics_parse_and_move_with_traffic(broker: Broker) -> None:

@@ -16,6 +16,7 @@ from broker.config import AgentSpec
 from broker.protocol import commands
 from broker.protocol.commands import Op, Reply
 from broker.store.client import Store, connect, server_client
+from broker.store.client import commands as raw
 from broker.store.keys import command_taken_key, host_queue
 from workers.agent_host.taken import RUNNING_TTL_MS
 from workers.agent_host.worker import HostWorker
@@ -42,7 +43,7 @@ async def _replies(listener: Any, count: int, timeout: float = 10.0) -> list[dic
 async def _queue(store: Store, rid: str) -> None:
     """Put a command in the shared queue as a front does (a cancel: no agent needed)."""
     command = commands.command(Op.CANCEL, rid, REPLIES, "t", "sess_none", {})
-    await store.xadd(host_queue(), {"m": commands.encode(command)})
+    await raw(store).xadd(host_queue(), {"m": commands.encode(command)})
 
 
 async def test_a_queued_command_whose_xack_fails_runs_and_the_queue_is_read_on(
@@ -118,7 +119,7 @@ async def test_a_new_session_sent_again_after_a_late_acknowledgement_is_made_onc
     with redis_server() as url:
         admin = connect(url)
         workers = [HostWorker(connect(url), make_settings()) for _ in range(2)]
-        listener = admin.pubsub()
+        listener = raw(admin).pubsub()
         await listener.ssubscribe(REPLIES)
         for worker in workers:
             await worker.start()
@@ -132,7 +133,7 @@ async def test_a_new_session_sent_again_after_a_late_acknowledgement_is_made_onc
             }
             command = commands.encode(commands.command(Op.NEW, "n#7", REPLIES, "t", None, fields))
             for _ in range(2):  # the first copy, and the one sent again
-                await admin.xadd(host_queue(), {"m": command})
+                await raw(admin).xadd(host_queue(), {"m": command})
             got = await _replies(listener, 2, timeout=30.0)
             await wait_for(
                 lambda: (
@@ -174,14 +175,14 @@ async def test_a_copy_of_an_answered_new_session_gets_its_reply_again(tmp_path: 
     with redis_server() as url:
         admin = connect(url)
         worker = HostWorker(connect(url), make_settings())
-        listener = admin.pubsub()
+        listener = raw(admin).pubsub()
         await listener.ssubscribe(REPLIES)
         await worker.start()
         try:
             command = _new_session_command("n#8", str(tmp_path))
-            await admin.xadd(host_queue(), {"m": command})
+            await raw(admin).xadd(host_queue(), {"m": command})
             first = [m for m in await _replies(listener, 2, 30.0) if m["t"] == Reply.REPLY.value]
-            await admin.xadd(host_queue(), {"m": command})
+            await raw(admin).xadd(host_queue(), {"m": command})
             [again] = await _replies(listener, 1, 10.0)
             assert again["t"] == Reply.REPLY.value
             assert again["result"]["sessionId"] == first[0]["result"]["sessionId"]
@@ -257,16 +258,16 @@ async def test_a_malformed_entry_is_skipped_and_the_next_command_served(
         store = connect(url)
         worker = HostWorker(store, make_settings())
         key = worker.inbox if stream == "inbox" else host_queue()
-        listener = store.pubsub()
+        listener = raw(store).pubsub()
         await listener.ssubscribe(REPLIES)
         await worker.start()
         try:
             # The inbox is read from "$": write only once the host waits on it.
             await wait_for(lambda: _reading_inbox(store), what="the host reading its inbox")
             for fields in MALFORMED:
-                await store.xadd(key, fields)
+                await raw(store).xadd(key, fields)
             good = commands.command(Op.CANCEL, "good#1", REPLIES, "t", "sess_none", {})
-            await store.xadd(key, {"m": commands.encode(good)})
+            await raw(store).xadd(key, {"m": commands.encode(good)})
             got = await _replies(listener, 3)
             # Each is sent from its own task: only the good command's two come in order.
             assert sorted((m["rid"], m["t"]) for m in got) == [

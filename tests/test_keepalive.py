@@ -312,3 +312,26 @@ def test_an_overdue_pong_of_a_connection_held_back_by_pacing_gets_a_new_timeout(
     assert ws.ping_sent == 11.0 and not ws.held
     ws.acknowledge_pings(b"acpb")
     assert ws.ping_sent is None and ws.pongs == 1
+
+
+def test_a_peer_heard_from_since_the_ping_is_alive_and_gets_a_new_timeout() -> None:
+    """Bytes from the peer since the Ping show it alive (its Pong may wait behind its own
+    requests, or behind our replies it has yet to read); silence past the timeout closes."""
+    keepalive = Keepalive(interval=1.0, timeout=1.0)
+    ws = PingedConnection.__new__(PingedConnection)
+    keepalive.add(ws)
+    ws.ping_sent = 0.0
+    ws.heard = True  # as data_received sets it
+    for _ in range(len(keepalive._slots)):
+        keepalive.visit(10.0)
+    assert keepalive.timed_out == 0 and ws.ping_sent == 10.0 and not ws.heard
+    silent = PingedConnection.__new__(PingedConnection)
+    keepalive.add(silent)
+    silent.ping_sent = 0.0
+    assert not silent.heard
+    closed: list[PingedConnection] = []
+    keepalive._close = closed.append  # type: ignore[method-assign,assignment]
+    ws.heard = True  # the first goes on sending
+    for _ in range(len(keepalive._slots)):
+        keepalive.visit(20.0)
+    assert closed == [silent]

@@ -130,8 +130,10 @@ def _importers(prefix: str, of: str) -> list[tuple[str, str]]:
         ("broker.front", "workers"),  # `serve` (broker.serve) puts the roles together
         ("workers.agent_host", "workers.projector"),
         ("workers.projector", "workers.agent_host"),
-        ("broker.protocol", "broker.store.client"),  # protocol code is pure: no I/O
-        ("broker.protocol", "broker.store.log"),
+        ("broker.protocol", "broker.store"),  # protocol code is pure: no I/O, no store
+        ("broker.model", "broker.store"),  # the models both use (log events)
+        ("broker.model", "broker.protocol"),
+        ("broker.store", "broker.protocol"),
     ],
 )
 def test_a_part_does_not_import_what_it_must_not(importer: str, imported: str) -> None:
@@ -429,4 +431,27 @@ def test_only_the_store_sends_redis_commands() -> None:
                     command in GENERIC_COMMANDS and _receiver(node.func.value) in CLIENT_NAMES
                 ):
                     found.append((name, node.lineno, ast.unparse(node.func)))
+    assert found == []
+
+
+def test_the_store_raises_no_http_errors() -> None:
+    # The HTTP layer's errors (broker.errors: ApiError, ErrorCode) are its own: the store
+    # raises its errors, and the HTTP layer maps them (broker.errors.store.query_refused).
+    assert [name for name in _modules_in("broker.store") if "broker.errors" in GRAPH[name]] == []
+
+
+def _modules_in(prefix: str) -> list[str]:
+    return [name for name in MODULES if name == prefix or name.startswith(prefix + ".")]
+
+
+def test_only_the_store_reaches_the_client_behind_a_store() -> None:
+    # A role holds a ``Store`` (opaque: ``aclose`` only) and hands it to the ports.
+    found = [
+        (name, alias.name)
+        for name, tree in _outside_the_store()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("store.client")
+        for alias in node.names
+        if alias.name in ("Commands", "commands")
+    ]
     assert found == []

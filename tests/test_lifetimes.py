@@ -74,3 +74,27 @@ async def test_a_loop_that_ends_is_a_failure_too_and_a_stop_cancels_every_loop()
     assert cancelled == ["forever"]
     with pytest.raises(RuntimeError):
         loops.add("late", short)
+
+
+async def test_a_loop_restarted_on_purpose_starts_again_at_once_and_is_no_failure() -> None:
+    runs: list[int] = []
+    closed: list[int] = []
+
+    async def reader() -> None:
+        runs.append(len(runs))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            closed.append(runs[-1])
+
+    loops = RoleLoops("test role")
+    loops.add("reader", reader)
+    async with loops:
+        await wait_for(lambda: len(runs) == 1, 5)
+        loops.restart("reader")
+        loops.restart("reader")  # asked twice before it ended: one restart
+        await wait_for(lambda: len(runs) == 2, 5)
+        assert closed == [0] and loops.problem() is None
+        [task] = loops.tasks()
+        assert not task.done()
+    assert closed == [0, 1]

@@ -28,7 +28,7 @@ from broker.front.list_changes import FRAME, Coalescer, ListChanges
 from broker.front.node import FrontNode
 from broker.protocol.capabilities import LIST_CHANGED_META, LIST_CHANGED_METHOD
 from broker.serve import Broker
-from broker.store.client import connect
+from broker.store.client import commands, connect
 
 from .conftest import make_settings
 from .support.client import RawClient, wait_for
@@ -293,7 +293,7 @@ async def test_a_lost_subscription_is_caught_up_when_it_is_back(redis_url: str) 
         # meanwhile is unknown, so the front's resubscription tells its listeners.
         admin = connect(redis_url)
         try:
-            await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await commands(admin).execute_command("CLIENT", "KILL", "TYPE", "pubsub")
         finally:
             await admin.aclose()
         await _read_until_told(client, 1, 15)

@@ -22,6 +22,7 @@ from broker.protocol import commands
 from broker.protocol.commands import PromptOutcome
 from broker.protocol.jsonrpc import RpcError
 from broker.store.client import Store, connect
+from broker.store.client import commands as raw
 from broker.store.events import EventType, LogEvent, Position
 from broker.store.keys import host_inbox, lease_key
 from broker.store.log import SessionLog
@@ -33,7 +34,7 @@ CREATED = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
 async def redis(redis_url: str) -> AsyncIterator[Store]:
     client = connect(redis_url)
     await SessionLog(client).create("t", "s", CREATED)
-    await client.set(lease_key("t", "s"), "h1")
+    await raw(client).set(lease_key("t", "s"), "h1")
     yield client
     await client.aclose()
 
@@ -46,7 +47,7 @@ def _front(redis: Store) -> RemoteAgents:
 
 async def _command_in(redis: Store, host: str, after: str = "0") -> tuple[str, dict[str, Any]]:
     """The next command in ``host``'s inbox after entry ``after`` (waits at most 5 s)."""
-    reply = await redis.xread({host_inbox(host): after}, count=1, block=5000)
+    reply = await raw(redis).xread({host_inbox(host): after}, count=1, block=5000)
     assert reply, f"no command reached {host}"
     [(_, [(entry_id, fields)])] = reply
     return entry_id, json.loads(fields["m"])
@@ -60,7 +61,7 @@ async def test_a_prompt_acknowledged_by_a_host_that_died_unrecorded_runs_on_the_
     _, first = await _command_in(redis, "h1")
     front.on_reply(commands.ack(first["rid"], "h1"))
     # h1 dies before it records the prompt; h2 takes the session over.
-    await redis.set(lease_key("t", "s"), "h2")
+    await raw(redis).set(lease_key("t", "s"), "h2")
     _, again = await _command_in(redis, "h2")
     assert again["promptId"] == first["promptId"] and again["params"] == first["params"]
     front.on_reply(commands.ack(again["rid"], "h2"))
@@ -88,12 +89,12 @@ async def test_a_recorded_prompt_is_not_sent_again_and_ends_with_its_prompt_end(
     # h1 recorded the prompt (this node did not see the event) and then died.
     prompt = {"type": EventType.PROMPT, "promptId": first["promptId"], "origin": "conn"}
     await SessionLog(redis).append("t", "s", prompt)
-    await redis.set(lease_key("t", "s"), "h2")
+    await raw(redis).set(lease_key("t", "s"), "h2")
     for _ in range(3):  # three looks, each finding the prompt recorded
         looks.clear()
         await asyncio.wait_for(looks.wait(), 5)
-    assert await redis.xlen(host_inbox("h2")) == 0
-    assert await redis.xread({host_inbox("h1"): entry}) == []
+    assert await raw(redis).xlen(host_inbox("h2")) == 0
+    assert await raw(redis).xread({host_inbox("h1"): entry}) == []
     cut = {"code": -32603, "message": "the agent host running this prompt stopped"}
     end = {"type": EventType.PROMPT_END, "promptId": first["promptId"], "error": cut}
     front.on_event(LogEvent(4, "e", 0, end))
@@ -108,7 +109,7 @@ async def test_an_attach_acknowledged_by_a_host_that_died_is_answered_by_the_nex
     resume = asyncio.create_task(front.attach("t", "s", {"mcpServers": []}, holder="h1"))
     _, first = await _command_in(redis, "h1")
     front.on_reply(commands.ack(first["rid"], "h1"))
-    await redis.set(lease_key("t", "s"), "h2")  # h1 died; h2 took the session over
+    await raw(redis).set(lease_key("t", "s"), "h2")  # h1 died; h2 took the session over
     _, again = await _command_in(redis, "h2")
     assert again["op"] == "attach" and again["rid"] != first["rid"]
     front.on_reply(commands.result(again["rid"], {"modes": None}))

@@ -25,6 +25,7 @@ from broker.store.log import SessionLog
 from broker.store.operations import Claim, OperationKey, OperationLedger
 
 from .conftest import make_settings
+from .support.acp_http import JSON, HttpAcp, is_response
 from .support.broker_process import broker_process
 from .support.client import RawClient, text, wait_for
 from .support.roles import role_process
@@ -332,3 +333,39 @@ async def test_a_prompt_sent_again_after_its_front_was_killed_runs_once(
             await store.aclose()
         assert len([e for e in events if e.type == EventType.PROMPT]) == 1
         await second.close()
+
+
+async def test_operation_ids_hold_on_a_streamable_http_connection_moving_between_fronts(
+    fronts: list[Broker],
+) -> None:
+    """The requests of one Streamable HTTP connection go to either front (the one holding
+    the connection runs them): a session/new sent again under its operation id answers the
+    first one's session, and one session is made. (The connection's record keeps its client
+    instance, so a front taking a connection over keeps the scope of its operation ids.)"""
+    acp = HttpAcp([_base(node) for node in fronts])
+    try:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": 1,
+                "clientCapabilities": {},
+                "_meta": {"clientInstanceId": "http-editor"},
+            },
+        }
+        response = await acp.client.post(acp.url(), json=body, headers=acp.headers(**JSON))
+        assert response.status_code == 200, response.text
+        acp.conn_id = response.headers["Acp-Connection-Id"]
+        stream = await acp.open()
+        params = {"cwd": CWD, "mcpServers": [], "_meta": {"operationId": "op-http-new"}}
+        made = []
+        for _ in range(2):
+            msg_id = await acp.request("session/new", params)
+            events = await stream.until(is_response(msg_id), timeout=60)
+            made.append(events[-1][1]["result"]["sessionId"])
+        assert made[0] == made[1]
+        listed = await acp.client.get(_base(fronts[0]) + "/v1/sessions")
+        assert [s["id"] for s in listed.json()["data"]] == [made[0]]  # one session made
+    finally:
+        await acp.aclose()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker.protocol.jsonrpc import RpcError
-from broker.store.client import Store, connect
+from broker.store.client import Store, commands, connect
 from broker.store.keys import SessionKeys
 from workers.agent_host.clients import RemoteClients
 
@@ -178,7 +178,7 @@ class _SocketErrorsFake:
         if kind not in self.failed:
             self.failed.add(kind)
             raise ConnectionResetError(104, "Connection reset by peer")
-        return int(await self.store.spublish(channel, data))
+        return int(await commands(self.store).spublish(channel, data))
 
 
 _SocketErrors: Any = _SocketErrorsFake  # a stand-in for the Store protocol
@@ -190,7 +190,7 @@ async def test_a_socket_error_from_the_store_is_asked_through() -> None:
     (either once escaped: the agent got the socket error instead of its client's answer)."""
     with redis_server() as url:
         store = connect(url)
-        listener = store.pubsub()
+        listener = commands(store).pubsub()
         await listener.ssubscribe(SessionKeys("t", "s").channel)
         clients = RemoteClients(_SocketErrors(store), "inbox", timeout=10, reask_interval=0.1)
         try:

@@ -10,7 +10,7 @@ from typing import Any
 from broker.protocol.render import QUEUE_META
 from broker.protocol.turns import PROMPT_ID_META, WITHDRAWN_META
 from broker.serve import Broker
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.events import EventType
 from broker.store.keys import lease_key
 from broker.store.log import SessionLog
@@ -179,7 +179,7 @@ async def test_a_prompt_queued_at_a_host_that_dies_runs_once_at_the_next(
         first = await RawClient.initialized(nodes[0].url)
         session_id = await first.new_session(CWD)
         redis = connect(redis_url)
-        holder = await redis.get(lease_key("default", session_id))
+        holder = await commands(redis).get(lease_key("default", session_id))
         await _send(first, "run", _named(session_id, "/slow 100", "host-run"))
         await first.read_chunks(session_id, 2, 20)
         second = await RawClient.initialized(nodes[1].url)

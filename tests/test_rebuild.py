@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from broker.serve import Broker
+from broker.store.client import commands
 from broker.store.index import (
     ACP_LISTING,
     SessionIndex,
@@ -30,11 +31,13 @@ from broker.store.log import SessionLog
 from broker.store.rebuild import rebuild_index
 
 from .conftest import run_cli
-from .support.client import AcpTestClient, acp_client
+from .support.client import LOADED_WAIT, AcpTestClient, acp_client
 from .support.projection import feeds_of, until_consumed
 
 TENANT = "default"
-TIMEOUT = 30.0
+TIMEOUT = LOADED_WAIT * 2
+"""A bound, not an estimate: each test here starts a broker or the CLI (a Python process of
+its own, seconds on a loaded machine) and waits on conditions."""
 INDEX_PATTERN = "acpb:{t:default}:*"
 
 
@@ -144,17 +147,17 @@ async def test_rebuild_repairs_damaged_rows(broker: Broker, url: str) -> None:
         keys = TenantKeys(TENANT)
         # A row with the wrong content, a row that is not JSON, a row gone missing.
         wrong = {**decode_row(live["rows"][made["titled"]]), "title": "not the real title"}
-        await redis.hset(keys.rows, made["titled"], encode_row(wrong))
-        await redis.hset(keys.rows, made["plain"], "{{ not json")
-        await redis.hdel(keys.rows, made["other_cwd"])
+        await commands(redis).hset(keys.rows, made["titled"], encode_row(wrong))
+        await commands(redis).hset(keys.rows, made["plain"], "{{ not json")
+        await commands(redis).hdel(keys.rows, made["other_cwd"])
         # A stray row (with its version and listing entry) for a session that does not exist.
         ghost = "sess_" + "0" * 32
         ghost_row = {**decode_row(live["rows"][made["plain"]]), "sessionId": ghost}
         ghost_member = member(1_000, ghost)
-        await redis.hset(keys.rows, ghost, encode_row(ghost_row))
+        await commands(redis).hset(keys.rows, ghost, encode_row(ghost_row))
         ghost_version = json.dumps({"q": 3, "e": {ACP_LISTING: ghost_member}})
-        await redis.hset(keys.versions, ghost, ghost_version)
-        await redis.zadd(keys.index(ACP_LISTING), {ghost_member: 0})
+        await commands(redis).hset(keys.versions, ghost, ghost_version)
+        await commands(redis).zadd(keys.index(ACP_LISTING), {ghost_member: 0})
         assert await SessionIndex(redis).dump(TENANT) != live
 
         counts = await rebuild_index(redis)
@@ -170,9 +173,11 @@ async def test_rebuild_removes_stray_listing_entries(broker: Broker, url: str) -
         redis = broker.redis
         keys = TenantKeys(TENANT)
         ghost = "sess_" + "f" * 32
-        await redis.zadd(keys.index(ACP_LISTING), {member(2_000, ghost): 0})
-        await redis.zadd(keys.index(ACP_LISTING), {member(3_000, made["plain"]): 0})
-        await redis.zadd(keys.index(cwd_listing("/work/beta")), {member(4_000, made["deleted"]): 0})
+        await commands(redis).zadd(keys.index(ACP_LISTING), {member(2_000, ghost): 0})
+        await commands(redis).zadd(keys.index(ACP_LISTING), {member(3_000, made["plain"]): 0})
+        await commands(redis).zadd(
+            keys.index(cwd_listing("/work/beta")), {member(4_000, made["deleted"]): 0}
+        )
 
         client = await acp_client(url)
         damaged = await client.conn.list_sessions()
@@ -192,7 +197,7 @@ async def test_rebuild_survives_a_corrupt_version_entry(broker: Broker, url: str
     async with asyncio.timeout(TIMEOUT):
         made, live = await _live_index(broker, url)
         keys = TenantKeys(TENANT)
-        await broker.redis.hset(keys.versions, made["named"], "garbage")
+        await commands(broker.redis).hset(keys.versions, made["named"], "garbage")
         await rebuild_index(broker.redis)
         assert await SessionIndex(broker.redis).dump(TENANT) == live
 
@@ -203,14 +208,14 @@ async def test_rebuild_index_command(broker: Broker, url: str, redis_url: str) -
         made, live = await _live_index(broker, url)
         await _wipe_index(broker.redis)
         # One more damage for the command to repair: a stray row of a session with no log.
-        await broker.redis.hset(TenantKeys(TENANT).rows, "sess_ghost", "{}")
+        await commands(broker.redis).hset(TenantKeys(TENANT).rows, "sess_ghost", "{}")
 
-        code, out, err = await run_cli("rebuild-index", "--redis-url", redis_url, timeout=20)
+        code, out, err = await run_cli("rebuild-index", "--redis-url", redis_url)
         assert code == 0, err
         assert out.splitlines() == [f"{TENANT}: {len(made)} sessions re-indexed"]
         assert await SessionIndex(broker.redis).dump(TENANT) == live
 
         # Run again on an intact index: nothing changes.
-        code, _, err = await run_cli("rebuild-index", "--redis-url", redis_url, timeout=20)
+        code, _, err = await run_cli("rebuild-index", "--redis-url", redis_url)
         assert code == 0, err
         assert await SessionIndex(broker.redis).dump(TENANT) == live

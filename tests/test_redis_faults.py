@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.keys import CAPABILITIES_KEY
 from workers.agent_host.worker import HostWorker
 
@@ -228,7 +228,9 @@ async def test_an_agents_capabilities_are_published_once_redis_is_back() -> None
         await _until(failed_once, timeout=15)
         server.start()
         await asyncio.wait_for(publishing, 30)
-        assert json.loads(await store.hget(CAPABILITIES_KEY, "demo")) == {"loadSession": True}
+        assert json.loads(await commands(store).hget(CAPABILITIES_KEY, "demo")) == {
+            "loadSession": True
+        }
         await store.aclose()
 
 

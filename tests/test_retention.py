@@ -25,7 +25,7 @@ from acp import RequestError
 
 from broker.serve import Broker
 from broker.store.archive import DirectoryArchive
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.events import EventType
 from broker.store.keys import SessionKeys, TenantKeys
 from broker.store.log import SessionFull, SessionLog
@@ -45,20 +45,20 @@ async def test_deleted_sessions_are_purged_after_retention(broker: Broker, url: 
     await archive_now(broker, gone)  # its archive goes too
     await client.request("session/delete", {"sessionId": gone})
     rows = TenantKeys(TENANT).rows
-    assert await broker.redis.hexists(rows, gone)  # listed DELETED until purged
+    assert await commands(broker.redis).hexists(rows, gone)  # listed DELETED until purged
     assert broker.archive is not None
     archiver = Archiver(broker.redis, broker.archive, session_log=broker.log)
 
     assert (await archiver.purge_round(3600)).sessions == 0  # not due yet
     assert (await archiver.purge_round(0, dry_run=True)).sessions == 1
-    assert await broker.redis.exists(SessionKeys(TENANT, gone).snapshot)
+    assert await commands(broker.redis).exists(SessionKeys(TENANT, gone).snapshot)
     assert (await archiver.purge_round(0)).sessions == 1
     keys = SessionKeys(TENANT, gone)
-    assert not await broker.redis.exists(keys.log, keys.snapshot, keys.meta)
-    assert not await broker.redis.hexists(rows, gone)
+    assert not await commands(broker.redis).exists(keys.log, keys.snapshot, keys.meta)
+    assert not await commands(broker.redis).hexists(rows, gone)
     assert await broker.archive.get(TENANT, gone) is None
     assert (await archiver.purge_round(0)).sessions == 0  # idempotent
-    assert await broker.redis.hexists(rows, kept)
+    assert await commands(broker.redis).hexists(rows, kept)
     with pytest.raises(RequestError) as err:
         await client.conn.load_session(session_id=gone, cwd="/tmp/gone", mcp_servers=[])
     assert err.value.code == -32002

@@ -10,7 +10,7 @@ import pytest
 from broker.front.fanout import FanoutHub
 from broker.front.routing import NodeRouter
 from broker.protocol.commands import SessionMessage
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.keys import SessionKeys, host_inbox
 from broker.store.log import SessionLog
 
@@ -32,7 +32,7 @@ async def test_a_fault_in_asking_a_client_is_answered_to_the_agent(
         request = {"kind": SessionMessage.CLIENT_REQUEST.value, "rid": "h1#1", "reply": inbox}
         try:
             router.on_session_message(SessionKeys("t", "sess_1"), {**request, "params": {}})
-            read = await store.xread({inbox: "0"}, count=1, block=3000)
+            read = await commands(store).xread({inbox: "0"}, count=1, block=3000)
             assert read, "the agent host heard no answer"
             answer = json.loads(read[0][1][0][1]["m"])
             assert answer["rid"] == "h1#1"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.keys import lease_key
 from broker.store.log import SessionLog
 
@@ -132,7 +132,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
         client = await RawClient.initialized(nodes[0].url)
         session_id = await client.new_session("/tmp/k")
         redis = connect(redis_url)
-        holder = await redis.get(lease_key("default", session_id))
+        holder = await commands(redis).get(lease_key("default", session_id))
         assert holder
         await client.send_prompt("slow", session_id, "/slow 100")
         await client.read_chunks(session_id, 3, 20)
@@ -143,7 +143,7 @@ async def test_a_killed_agent_host_hands_its_sessions_to_another(
 
         # Taken over within a bounded time by the surviving host.
         async def new_holder() -> str | None:
-            value = await redis.get(lease_key("default", session_id))
+            value = await commands(redis).get(lease_key("default", session_id))
             return value if value and value != holder else None
 
         assert await wait_for(new_holder, 20) != holder

@@ -311,7 +311,7 @@ async def test_a_read_only_viewer_is_never_asked_for_permission(
 
         await prompter.read_until(lambda: asked(prompter))
         await prompter.close()
-        await helper.read_until(lambda: asked(helper), timeout=20)
+        await helper.read_until(lambda: asked(helper))
         [question] = asked(helper)
         options = question["params"]["options"]
         allow = next(o for o in options if o["kind"].startswith("allow"))

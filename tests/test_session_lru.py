@@ -84,13 +84,13 @@ async def test_sessions_with_a_turn_running_are_kept_and_all_busy_is_refused(
     busy = [await client.new_session("/busy") for _ in range(2)]
     for index, session_id in enumerate(busy):
         await client.send_prompt(f"p{index}", session_id, "/slow 100")
-    await client.read_until(lambda: all(client.chunks(s) for s in busy), timeout=20)
+    await client.read_until(lambda: all(client.chunks(s) for s in busy))
     refused = await client.call("session/new", {"cwd": "/busy", "mcpServers": []})
     assert refused["error"]["code"] == -32005
     for session_id in busy:
         cancel = {"sessionId": session_id}
         await client.send({"jsonrpc": "2.0", "method": "session/cancel", "params": cancel})
-    await client.read_until(lambda: len(_replies(client)) == 2, timeout=20)
+    await client.read_until(lambda: len(_replies(client)) == 2)
     assert [r["result"]["stopReason"] for r in _replies(client)] == ["cancelled"] * 2
     assert "result" in await client.call("session/new", {"cwd": "/busy", "mcpServers": []})
     await client.close()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from broker.errors import ApiError, ErrorCode
+from broker.errors.store import query_refused
 from broker.front.http.tool_models import list_query
 from broker.store.cursors import CursorCodec, fingerprint
 from broker.store.events import EventType, Status
@@ -17,6 +18,7 @@ from broker.store.log import SessionLog
 from broker.store.query import (
     CATALOG,
     STATUS_VALUES,
+    BadCursor,
     SessionLister,
     SessionPage,
 )
@@ -265,9 +267,9 @@ async def test_tenants_see_only_their_sessions_and_cursors(store: Any) -> None:
     assert (await walk(source, {}, tenant="other"))[0] == newest_first(theirs)
     page = await source.page("default", list_query({"limit": 2}))
     assert page.next_cursor is not None
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(BadCursor) as caught:
         await source.page("other", list_query({"limit": 2, "after": page.next_cursor}))
-    assert caught.value.code == ErrorCode.INVALID_CURSOR
+    assert query_refused(caught.value).code == ErrorCode.INVALID_CURSOR
 
 
 async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: Any) -> None:
@@ -296,9 +298,10 @@ async def test_cursors_are_bound_to_their_filters_and_refuse_forgeries(store: An
         ({"kind": "shell"}, foreign),
     ]
     for inputs, bad in bad_cursors:
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(BadCursor) as caught:
             await source.page("default", list_query({**inputs, "after": bad}))
-        assert caught.value.code == ErrorCode.INVALID_CURSOR, (inputs, bad)
+        error = query_refused(caught.value)
+        assert (error.code, error.message) == (ErrorCode.INVALID_CURSOR, str(caught.value))
 
 
 @pytest.mark.parametrize(

@@ -137,13 +137,13 @@ async def test_a_tool_driven_turn_is_live_in_a_websocket_window(node: Broker) ->
         assert last == "stop reason: end_turn"
         assert "\n".join(text) == "You said: /notool hi there"
         # The window saw the turn live: the same chunks, in order.
-        await ws.read_until(lambda: "".join(ws.chunks(session_id)) == "\n".join(text), 10)
+        await ws.read_until(lambda: "".join(ws.chunks(session_id)) == "\n".join(text))
 
         # A turn that asks a person: the window gets the question; the tool says so.
         asking = asyncio.ensure_future(
             call(client, "session_prompt", {"id": session_id, "text": "read it", "wait": 30})
         )
-        await ws.read_until(lambda: asks(ws), 20)
+        await ws.read_until(lambda: asks(ws))
         error, waiting = await asking
         assert not error, waiting
         assert waiting.endswith("still running")
@@ -305,7 +305,7 @@ async def test_rest_drives_a_session_beside_a_websocket_window(node: Broker) -> 
         assert turn.status_code == 200, turn.text
         assert turn.json()["text"] == "You said: /notool hey"
         assert (turn.json()["state"], turn.json()["stopReason"]) == ("ended", "end_turn")
-        await ws.read_until(lambda: "".join(ws.chunks(session_id)) == turn.json()["text"], 10)
+        await ws.read_until(lambda: "".join(ws.chunks(session_id)) == turn.json()["text"])
 
         slow = await http.post(
             f"/v1/sessions/{session_id}/prompt", json={"text": "/slow 50", "wait": 0.5}

@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker.errors.store import http_failure, rpc_failure
 from broker.serve import Broker
+from broker.store.client import commands
 from broker.store.keys import session_keys
 from broker.store.retry import is_store_away
 
@@ -83,7 +84,7 @@ async def test_a_new_session_the_store_lost_at_once_is_try_again(
     project = broker.methods.project
 
     async def lost_first(tenant: str, session_id: str) -> None:
-        await broker.redis.delete(session_keys(tenant, session_id).snapshot)
+        await commands(broker.redis).delete(session_keys(tenant, session_id).snapshot)
         await project(tenant, session_id)
 
     monkeypatch.setattr(broker.methods, "project", lost_first)

@@ -57,3 +57,38 @@ async def test_a_deadline_bounds_the_attempts() -> None:
 
 def test_pauses_double_up_to_their_cap() -> None:
     assert list(itertools.islice(doubling(0.1, 0.5), 5)) == [0.1, 0.2, 0.4, 0.5, 0.5]
+
+
+# -- the helper itself (broker.retry), as the callers outside the store use it ----------------
+
+
+async def test_a_poll_returns_what_it_waited_for_or_its_last_result_at_the_deadline() -> None:
+    from broker.retry import retry, steady, within
+
+    seen = iter(["pending", "pending", "done"])
+    assert await retry(lambda: _value(next(seen)), steady(0.0), again=_is_pending) == "done"
+    pauses = within(steady(0.01), 0.05)
+    assert await retry(lambda: _value("pending"), pauses, again=_is_pending) == "pending"
+
+
+async def test_an_error_not_listed_is_never_tried_again() -> None:
+    from broker.retry import retry
+
+    call, calls = _failing(10, RedisConnectionError("away"))
+    with pytest.raises(RedisConnectionError):
+        await retry(call, itertools.repeat(0.0))  # no errors listed: none passes
+    assert len(calls) == 1
+
+
+def test_redis_pys_reconnecting_retry_pauses_as_the_helper_doubles() -> None:
+    from broker.retry import doubling_pause
+
+    assert [doubling_pause(n, 0.1, 0.5) for n in range(1, 6)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+
+
+async def _value(value: str) -> str:
+    return value
+
+
+def _is_pending(value: str) -> bool:
+    return value == "pending"

@@ -18,7 +18,7 @@ from broker.errors.store import store_unreachable
 from broker.logs import redact
 from broker.ops import metrics
 from broker.store.breaker import PROBE_TIMEOUT, StoreAway, StoreBreaker, breaker_of
-from broker.store.client import Topology, connect, masked_url, topology
+from broker.store.client import Topology, commands, connect, masked_url, topology
 from broker.store.faults import connection_hint, missing_permission, write_problem
 from broker.store.preflight import warn_while_evicting
 from broker.store.sentinel import parse_sentinel_url
@@ -128,16 +128,16 @@ async def test_the_breaker_fails_commands_at_once_while_open_and_not_after(
     breaker = breaker_of(store)
     assert breaker is not None and not breaker.away
     try:
-        assert await store.ping()
+        assert await commands(store).ping()
         breaker.open(RedisConnectionError("probe failed"))
         assert metrics.STORE_AWAY._value.get() == 1
         started = time.monotonic()
         with pytest.raises(StoreAway, match="failing fast"):
-            await store.set("k", "v")
+            await commands(store).set("k", "v")
         assert time.monotonic() - started < 1.0
         breaker.close()
         assert metrics.STORE_AWAY._value.get() == 0
-        assert await store.set("k", "v")
+        assert await commands(store).set("k", "v")
     finally:
         await store.aclose()
     assert breaker_of(connect(None)) is None

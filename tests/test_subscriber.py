@@ -1,4 +1,4 @@
-"""The hub's pub/sub engines: the batch reader over hiredis, and the redis-py fallback."""
+"""The live feed on one server: redis-py's ``PubSub``, read in bulk (standalone, embedded)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import fakeredis
 import pytest
 import redis.asyncio as redis
 
-from broker.store.client import connect
+from broker.store.client import commands, connect
 from broker.store.live import LiveFeed, Message, open_live_feed
-from broker.store.subscriber import BatchSubscriber, RedisPySubscriber
+from broker.store.subscriber import BulkSubscriber
 from tests.support.redis_server import password_server
 
 TIMEOUT = 10.0
@@ -37,12 +37,12 @@ async def _hears_what_is_published(sub: LiveFeed, store: Any) -> None:
         await sub.aclose()
 
 
-async def test_a_single_server_gets_the_batch_reader_and_others_redis_py(redis_url: str) -> None:
+async def test_a_single_server_and_the_embedded_store_get_the_bulk_reader(redis_url: str) -> None:
     store = connect(redis_url)
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     try:
-        assert isinstance(open_live_feed(store), BatchSubscriber)
-        assert isinstance(open_live_feed(embedded), RedisPySubscriber)
+        assert isinstance(open_live_feed(store), BulkSubscriber)
+        assert isinstance(open_live_feed(embedded), BulkSubscriber)
     finally:
         await store.aclose()
         await embedded.aclose()
@@ -55,18 +55,25 @@ async def test_messages_arrive_in_order_with_their_confirmations(redis_url: str)
         await sub.ssubscribe("{a}:one", "{b}:two")
         confirmed = await _read_until(sub, 2, kind="ssubscribe")
         assert {m["channel"] for m in confirmed} == {"{a}:one", "{b}:two"}
-        async with store.pipeline(transaction=False) as pipe:
+        async with commands(store).pipeline(transaction=False) as pipe:
             for i in range(500):
                 pipe.spublish("{a}:one" if i % 2 else "{b}:two", f'{{"n":{i},"text":"é"}}')
             await pipe.execute()
-        got = await _read_until(sub, 500)
+        batches: list[int] = []
+        got: list[Message] = []
+        async with asyncio.timeout(TIMEOUT):
+            while len(got) < 500:
+                batch = [m for m in await sub.read_batch() if m["type"] == "smessage"]
+                batches.append(len(batch))
+                got += batch
+        assert max(batches) > 1  # read in bulk: what the connection held, in one batch
         assert [m["data"] for m in got] == [f'{{"n":{i},"text":"é"}}' for i in range(500)]
         assert {m["channel"] for m in got[1::2]} == {"{a}:one"}
 
         await sub.sunsubscribe("{a}:one")
         await _read_until(sub, 1, kind="sunsubscribe")
-        await store.spublish("{a}:one", "gone")
-        await store.spublish("{b}:two", "still here")
+        await commands(store).spublish("{a}:one", "gone")
+        await commands(store).spublish("{b}:two", "still here")
         assert [m["data"] for m in await _read_until(sub, 1)] == ["still here"]
     finally:
         await sub.aclose()
@@ -109,7 +116,7 @@ def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -
         await _hears_what_is_published(open_live_feed(store), store)
         await store.aclose()
         wrong = open_live_feed(connect(url.replace("redis://", "redis://:wrong@")))
-        with pytest.raises(ConnectionError, match="handshake refused: WRONGPASS"):
+        with pytest.raises(ConnectionError, match=r"WRONGPASS|invalid username-password"):
             await wrong.ssubscribe("{a}:one")
         await wrong.aclose()
 
@@ -117,10 +124,33 @@ def test_a_server_with_a_password_takes_the_password_and_refuses_a_wrong_one() -
         asyncio.run(check(url))
 
 
-async def test_the_redis_py_engine_reads_the_same_messages() -> None:
+async def test_the_embedded_store_hears_what_is_published_and_answers_a_ping() -> None:
     embedded: Any = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    await _hears_what_is_published(RedisPySubscriber(embedded.pubsub()), embedded)
+    sub = open_live_feed(embedded)
+    await sub.ssubscribe("{a}:one")
+    await _read_until(sub, 1, kind="ssubscribe")
+    assert await sub.ping("probe")
+    assert [m["data"] for m in await _read_until(sub, 1, kind="pong")] == ["probe"]
+    await _hears_what_is_published(sub, embedded)
     await embedded.aclose()
+
+
+async def test_a_ping_is_answered_after_the_messages_before_it(redis_url: str) -> None:
+    store = connect(redis_url)
+    sub = open_live_feed(store)
+    try:
+        await sub.ssubscribe("{a}:one")
+        await _read_until(sub, 1, kind="ssubscribe")
+        await commands(store).spublish("{a}:one", "first")
+        assert await sub.ping("probe")
+        got: list[Message] = []
+        async with asyncio.timeout(TIMEOUT):
+            while not any(m["type"] == "pong" for m in got):
+                got += await sub.read_batch()
+        assert [(m["type"], m["data"]) for m in got] == [("smessage", "first"), ("pong", "probe")]
+    finally:
+        await sub.aclose()
+        await store.aclose()
 
 
 async def test_an_unreachable_server_is_a_connection_error() -> None:

@@ -2,8 +2,9 @@
 
 An agent written with the SDK (``tests/ts/agent.ts``, in the style of its example agent)
 runs behind the broker; the SDK's v1 and v2 clients (``tests/ts/client.ts``) reach it over
-WebSocket and through the stdio bridge (``acp-broker connect``), each with node, through
-new, prompt (with a permission request), an agent's notice, set_title, list, fork, close,
+WebSocket, over Streamable HTTP (the SDK's ``createHttpStream``) and through the stdio
+bridge (``acp-broker connect``), each with node, through new, prompt (with a permission
+request), an agent's notice, a cancelled turn (v1), set_title, list, fork, close,
 load/replay, resume and delete. The SDK validates every message it receives against its protocol
 types (generated from the same schemas as ``tests/schemas``).
 
@@ -78,12 +79,14 @@ async def run_client(version: str, transport: str, url: str) -> dict[str, Any]:
     return summary
 
 
-@pytest.mark.parametrize("transport", ["ws", "bridge"])
+@pytest.mark.parametrize("transport", ["ws", "http", "bridge"])
 @pytest.mark.parametrize("version", ["v1", "v2"])
 async def test_the_typescript_sdk_clients_use_a_typescript_agent_through_the_broker(
     ts_broker: Broker, version: str, transport: str
 ) -> None:
     url = f"ws://127.0.0.1:{ts_broker.port}/acp"
+    if transport == "http":  # Streamable HTTP: the HTTP port's /acp
+        url = f"http://127.0.0.1:{ts_broker.http_port}/acp"
     summary = await run_client(version, transport, url)
     assert summary["reply"] == f"TS agent heard: hello from ts {version} (edited)"
     assert summary["forked"] is True  # the agent advertises fork, so the broker offers it
@@ -98,7 +101,8 @@ async def test_the_typescript_sdk_clients_use_a_typescript_agent_through_the_bro
             "embeddedContext": True,
         }
         assert caps["mcpCapabilities"] == {"http": False, "sse": False}
-        assert summary["replayedUser"] == "hello from ts v1/notice"
+        assert summary["replayedUser"] == "hello from ts v1/noticecancel me"
+        assert summary["cancelled"] == "cancelled"
     else:
         session = summary["capabilities"]["session"]
         assert session["prompt"] == {"embeddedContext": {}} and session["mcp"] == {"stdio": {}}

@@ -15,13 +15,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from .. import loops
-from ..config import AgentSpec, Settings, load_settings
+from ..config import AgentSpec, Settings, load_settings, read_secret_file
 from ..errors.failures import describe
 from ..logs import configure as configure_logging
 from ..logs import install_redaction
 from ..store.client import masked_url
 from ..store.errors import StoreError
 from . import archive as archive_cli
+from .secrets import warn_about_secret_flags
 
 log = logging.getLogger("acp-broker")
 
@@ -34,6 +35,12 @@ def _common(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
         if embedded
         else "redis://… of the broker's Redis (required, or ACP_BROKER_REDIS_URL: the embedded "
         "store lives inside `serve` and no other process can reach it)",
+    )
+    parser.add_argument(
+        "--redis-url-file",
+        metavar="FILE",
+        help="a file holding the redis://… URL (keeps its password off the command line, "
+        "where any local user reads it; or ACP_BROKER_REDIS_URL_FILE)",
     )
     parser.add_argument("--tenant", help="tenant to act as (default: 'default')")
     parser.add_argument(
@@ -49,6 +56,17 @@ def _common(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
         default=os.environ.get("ACP_BROKER_LOG_FORMAT", "text"),
         help="text lines, or one JSON object a line for log collectors "
         "(default: text, or $ACP_BROKER_LOG_FORMAT)",
+    )
+
+
+def _cursor_secret(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cursor-secret",
+        help="secret that signs list cursors (readable by any local user on a command line: "
+        "prefer --cursor-secret-file)",
+    )
+    parser.add_argument(
+        "--cursor-secret-file", metavar="FILE", help="a file holding the cursor secret"
     )
 
 
@@ -77,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rebuild(sub)
     _add_token(sub)
+    doctor = sub.add_parser(
+        "doctor",
+        help="say how this host runs its agents (sealed or not) and exit 1 if one "
+        "that must run sealed cannot",
+    )
+    doctor.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    doctor.add_argument(
+        "--agent",
+        action="append",
+        default=[],
+        metavar="NAME='COMMAND ARGS…'",
+        help="an agent to check (repeatable; default: the configured ones)",
+    )
     return parser
 
 
@@ -98,7 +129,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="NAME='COMMAND ARGS…'",
         help="an ACP agent to run over stdio (repeatable; the first is the default)",
     )
-    serve.add_argument("--cursor-secret", help="secret that signs list cursors")
+    _cursor_secret(serve)
     serve.add_argument(
         "--insecure-no-auth",
         action="store_true",
@@ -154,7 +185,12 @@ def _add_connect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "exits 1 (default 60)",
     )
     connect.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
-    connect.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
+    connect.add_argument(
+        "--token",
+        help="sent as 'Authorization: Bearer TOKEN' (readable by any local user on a command "
+        "line: prefer --token-file or ACP_BROKER_TOKEN)",
+    )
+    connect.add_argument("--token-file", metavar="FILE", help="a file holding the token")
 
 
 def _add_sessions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -169,7 +205,7 @@ def _add_sessions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sessions.add_argument("--limit", type=int, help="how many, 1 to 100 (default 20)")
     sessions.add_argument("--after", metavar="CURSOR", help="continue after an earlier page")
     sessions.add_argument("--cwd", help="only sessions in this working directory")
-    sessions.add_argument("--cursor-secret", help="secret that signs list cursors")
+    _cursor_secret(sessions)
 
 
 def _add_mcp(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -180,7 +216,7 @@ def _add_mcp(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "reads the index; the others run agents on the deployment's agent hosts)",
     )
     _common(mcp)
-    mcp.add_argument("--cursor-secret", help="secret that signs list cursors")
+    _cursor_secret(mcp)
 
 
 def _add_rebuild(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -216,9 +252,15 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    warn_about_secret_flags(args)
+    for name in ("redis_url", "cursor_secret"):  # a flag's file beats the environment's value
+        path = getattr(args, f"{name}_file", None)
+        if path and not getattr(args, name, None):
+            extra[name] = read_secret_file(path, f"--{name.replace('_', '-')}-file")
+            extra[f"{name}_file"] = path
     return load_settings(
         getattr(args, "config", None),
-        redis_url=getattr(args, "redis_url", None),
+        redis_url=extra.pop("redis_url", None) or getattr(args, "redis_url", None),
         tenant=getattr(args, "tenant", None),
         allow_evicting_store=getattr(args, "allow_evicting_store", None),
         **extra,
@@ -263,7 +305,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_connect(args: argparse.Namespace) -> int:
     from ..clients.bridge import main_connect
 
-    return main_connect(args.url, args.header, args.token, args.give_up_after)
+    warn_about_secret_flags(args)
+    token = args.token or os.environ.get("ACP_BROKER_TOKEN")
+    if args.token_file:
+        token = read_secret_file(args.token_file, "--token-file")
+    return main_connect(args.url, args.header, token, args.give_up_after)
 
 
 def _cmd_sessions(args: argparse.Namespace) -> int:
@@ -360,6 +406,15 @@ def _cmd_token(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import report
+
+    agents = [AgentSpec.parse(text) for text in args.agent] or None
+    lines, healthy = asyncio.run(report(_settings(args, agents=agents)))
+    print("\n".join(lines))
+    return 0 if healthy else 1
+
+
 def _cmd_archive(args: argparse.Namespace) -> int:
     settings = _settings(args, archive_store=args.archive_store)
     return asyncio.run(archive_cli.run(settings, args.command, args.older_than, args.dry_run))
@@ -376,6 +431,7 @@ _COMMANDS = {
     "demo-agent": _cmd_demo_agent,
     "rebuild-index": _cmd_rebuild,
     "token": _cmd_token,
+    "doctor": _cmd_doctor,
 }
 
 

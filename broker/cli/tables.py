@@ -8,10 +8,11 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import ApiError
+from ..errors.store import query_refused
 from ..front.http.tool_models import list_query
 from ..store.client import connect
 from ..store.cursors import CursorCodec
-from ..store.query import SessionLister, SessionPage
+from ..store.query import BadCursor, SessionLister, SessionPage
 
 HEADER = ("SESSION", "STATUS", "KIND", "CREATED", "AGENT", "TITLE", "CWD")
 
@@ -26,7 +27,8 @@ async def print_sessions(settings: Settings, inputs: Mapping[str, Any], *, cwd: 
         query = dataclasses.replace(list_query(inputs), cwd=cwd)
         lister = SessionLister(redis, CursorCodec(settings.cursor_keys()))
         page = await lister.page(settings.tenant, query)
-    except ApiError as error:
+    except (ApiError, BadCursor) as refused:
+        error = query_refused(refused) if isinstance(refused, BadCursor) else refused
         print(f"acp-broker sessions: {error.code}: {error.message}")
         return 2
     finally:

@@ -325,6 +325,10 @@ class BridgeState:
             version = (message.get("params") or {}).get("protocolVersion")
             self.version = V2 if version == V2 else 1
         call = EditorCall(message, self.link)
+        if method == "session/load" or (method == "session/resume" and "replayFrom" in call.params):
+            # The editor asks for the session's history itself (a thread reopened, maybe one
+            # the broker let go): the replay is all new to it, none of it a repeat to drop.
+            self.positions.pop(str(call.params.get("sessionId")), None)
         if method == "session/prompt":
             call.prompt_id = secrets.token_hex(8)
             params = dict(call.params)
@@ -434,7 +438,9 @@ class BridgeState:
         update = params.get("update") if isinstance(params, dict) else None
         meta = update.get("_meta") if isinstance(update, dict) else None
         if isinstance(meta, dict) and meta.get(LET_GO_META):
-            self.sessions.pop(str(params.get("sessionId")), None)
+            session_id = str(params.get("sessionId"))
+            self.sessions.pop(session_id, None)
+            self.positions.pop(session_id, None)
 
     def _calls_of(self, session_id: str) -> Iterator[EditorCall]:
         return (c for c in self.calls.values() if c.params.get("sessionId") == session_id)

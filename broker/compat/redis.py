@@ -1,27 +1,33 @@
-"""redis-py's internals the broker relies on, in one place: commands packed by hiredis,
-connections and cluster clients that send nothing while a gate is closed, a cluster client
-that reloads its slot map without cutting the connections in use, and a Sentinel pool that
-follows a switch of master at once.
+"""Where the broker extends redis-py, in one place: commands packed by hiredis, connections
+and cluster clients that send nothing while a gate is closed, a cluster client that reads
+a stream read's keys from its arguments, and a Sentinel pool that follows a switch of
+master at once.
 
-:func:`packed_by_hiredis` mixes into a pool's ``connection_class`` an override of
-``AbstractConnection.pack_command`` (redis-py's asyncio connections pack in Python) using
-``redis.connection.HiredisRespSerializer`` (redis-py's synchronous client's packer); both
-are redis-py internals. ``tests/test_compat_redis.py`` checks that the override packs the
-bytes redis-py's own packer makes, so an upgrade that changes either fails there by name.
+Every extension goes through what redis-py offers for it: a connection class of our own
+(``pack_command``, ``send_packed_command`` and ``connect_check_health`` overridden), a
+connection pool class of our own (``get_connection``, ``get_master_address``), a cluster
+client subclass (``execute_command``, ``initialize``, ``pipeline``), its
+``connection_kwargs``, its nodes' ``connection_class`` and its ``commands_parser``; and the
+pools' public ``disconnect``. No private attribute is read or written, and no frame is
+inspected. ``tests/test_compat_redis.py`` checks what each extension assumes by
+behaviour (real servers, a real cluster), at the lowest and the highest redis-py the pin
+allows (``.ci/compat``).
+
+:func:`packed_by_hiredis` packs with ``redis.connection.HiredisRespSerializer`` (redis-py's
+synchronous client's packer): the bytes redis-py's own packer makes, in C.
 
 :func:`gated` mixes in another override of ``pack_command``, which asks a :class:`Gate`
 first (the store's breaker, :mod:`broker.store.breaker`); :class:`GatedCluster` asks it
 before redis-py's cluster machinery runs, and installs the gated connection class in the
-cluster's node factory; :class:`GatedPool` asks it before a command waits for a connection.
-``tests/test_compat_redis.py`` checks what each assumes.
+cluster's node factory; :class:`GatedPool` asks it before a command waits for a connection,
+and a cluster's :class:`ReleasedOpening` connections while they open.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from redis.asyncio import BlockingConnectionPool, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
@@ -32,8 +38,9 @@ from redis.asyncio.sentinel import (
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
 )
-from redis.connection import HiredisRespSerializer
-from redis.exceptions import MovedError, RedisClusterException
+from redis.backoff import AbstractBackoff
+from redis.connection import DefaultParser, HiredisRespSerializer
+from redis.exceptions import MovedError, RedisClusterException, RedisError
 
 
 class _HiredisPacking(AbstractConnection):
@@ -58,6 +65,32 @@ def packed_by_hiredis(connection_class: type[AbstractConnection]) -> type[Abstra
         name = f"Hiredis{connection_class.__name__}"
         _PACKED[connection_class] = type(name, (_HiredisPacking, connection_class), {})
     return _PACKED[connection_class]
+
+
+def error_from_reply(text: str) -> RedisError:
+    """The exception redis-py's client raises for the error reply ``text`` (``READONLY …``
+    as ``ReadOnlyError``, ``NOSCRIPT …`` as ``NoScriptError``, ``OOM …`` as
+    ``OutOfMemoryError``, an unknown code as ``ResponseError`` with the whole text): its
+    parsers' own mapping (``parse_error`` of ``redis.connection.DefaultParser``, the parser
+    class its connections take by default), so that a reply read on a bare connection
+    fails as the same reply through the client does."""
+    error: RedisError = DefaultParser.parse_error(text)
+    return error
+
+
+class PausesBackoff(AbstractBackoff):
+    """redis-py's retry pausing as ``pause(failures)`` says (the code base's one retry
+    helper's, ``broker.retry.doubling_pause``), through redis-py's public
+    ``AbstractBackoff``."""
+
+    def __init__(self, pause: Callable[[int], float]) -> None:
+        self.pause = pause
+
+    def compute(self, failures: int) -> float:
+        return self.pause(failures)
+
+    def reset(self) -> None:
+        """Nothing to forget: each pause follows from the count of failures alone."""
 
 
 T = TypeVar("T")
@@ -90,41 +123,57 @@ class GatedConnection(AbstractConnection):
         return super().pack_command(*args)
 
 
+@runtime_checkable
+class PoolGate(Gate, Protocol):
+    """What a :class:`GatedPool` (and a cluster's :class:`ReleasedOpening` connections) ask
+    before they hand out a connection."""
+
+    def unless_away(self, waiting: Awaitable[T]) -> Awaitable[T]:
+        """``waiting`` awaited, unless the gate closes meanwhile: then it is given up
+        (cancelled) and the gate's error raised."""
+        ...
+
+
+class ReleasedOpening(GatedConnection):
+    """A gated connection whose opening (the socket's connect and the handshake) is given
+    up as soon as its gate closes, with the gate's error (:meth:`PoolGate.unless_away`):
+    what a :class:`GatedPool` does for the connections it hands out, for a cluster's nodes,
+    which open one per command past their free ones instead of waiting for a pool. When a
+    server stalls, a connection's handshake hangs up to the connect timeout; a command
+    opening one as the gate closes fails then at once, as one sent afterwards does. A
+    connection given up half-open is closed (its handshake's reply must never be read as a
+    command's). Leans on redis-py opening every connection with ``connect_check_health``
+    (``connect`` calls it, and ``send_packed_command`` on a connection not open yet);
+    ``tests/test_compat_redis.py`` checks it by behaviour."""
+
+    gate: PoolGate
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self.is_connected:
+            return
+        opening = super().connect_check_health(check_health, retry_socket_connect)
+        try:
+            await self.gate.unless_away(opening)
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
+
 def gated(connection_class: type[AbstractConnection], gate: Gate) -> type[AbstractConnection]:
     """``connection_class`` behind ``gate`` (a class of its own for each client)."""
     name = f"Gated{connection_class.__name__}"
     return type(name, (GatedConnection, connection_class), {"gate": gate})
 
 
-class ReloadingCluster(RedisCluster):
-    """A cluster client whose ``aclose()``, when redis-py itself calls it to reload the slot
-    map (a command's or a pipeline's CLUSTERDOWN, a lost connection in a pipeline), only has
-    the map reloaded before the next command: redis-py's own close cuts every connection of
-    every node, those other commands and the pub/sub readers use at that moment included
-    (``AttributeError: 'NoneType' object has no attribute 'writelines'`` on a connection
-    closed under a write). A close the broker asks for (stopping) closes. redis-py 8.2
-    and later reload in place and close the client nowhere: there the override has
-    nothing to catch. Leans on redis-py's ``_initialize`` flag and on the names of the
-    functions that call ``aclose`` for a reload (:data:`RELOADERS`);
-    ``tests/test_compat_redis.py`` checks both."""
-
-    async def aclose(self) -> None:
-        if _called_by_redis_py_for_a_reload():
-            self._initialize = True  # the client's own flag: reload the map, then go on
-            return
-        await super().aclose()
-
-
-RELOADERS = frozenset({"_execute_command", "execute"})
-"""redis-py's cluster functions that call ``aclose()`` to reload the slot map (a command's,
-a pipeline's)."""
-
-
-def _called_by_redis_py_for_a_reload() -> bool:
-    caller = sys._getframe(2)  # 0: this function, 1: aclose, 2: whoever called aclose
-    return caller.f_code.co_name in RELOADERS and caller.f_globals.get("__name__") == (
-        RedisCluster.__module__
-    )
+def gated_opening(
+    connection_class: type[AbstractConnection], gate: PoolGate
+) -> type[AbstractConnection]:
+    """``connection_class`` behind ``gate``, its opening given up when the gate closes
+    (:class:`ReleasedOpening`)."""
+    name = f"Gated{connection_class.__name__}"
+    return type(name, (ReleasedOpening, connection_class), {"gate": gate})
 
 
 async def follow_redirect(redis: RedisCluster, exc: BaseException) -> bool:
@@ -140,13 +189,15 @@ async def follow_redirect(redis: RedisCluster, exc: BaseException) -> bool:
     return True
 
 
-class GatedCluster(ReloadingCluster):
+class GatedCluster(RedisCluster):
     """A cluster client whose commands, pipelines and slot-map reloads are refused at once
     while its :attr:`gate` says so, before redis-py's own handling sees anything: a refusal
     that reached it from a node's connection would count as that node failing (its free
     connections cut, the slot map reloaded through the same closed gate, a pipeline tried
     again three times, a quarter of a second apart). :meth:`install_gate` also gates every
-    connection to every node (pub/sub, and what redis-py sends on its own, included)."""
+    connection to every node (pub/sub, and what redis-py sends on its own, included); with a
+    :class:`PoolGate` (the store's breaker), a connection being opened is given up when the
+    gate closes (:class:`ReleasedOpening`)."""
 
     gate: Gate | None = None
 
@@ -157,7 +208,8 @@ class GatedCluster(ReloadingCluster):
         dict its ``NodesManager`` holds too, and on the nodes it made already (the startup
         nodes) keeping a ``connection_class`` they open connections of."""
         kwargs = self.connection_kwargs
-        kind = gated(kwargs["connection_class"], gate)
+        plain = kwargs["connection_class"]
+        kind = gated_opening(plain, gate) if isinstance(gate, PoolGate) else gated(plain, gate)
         kwargs["connection_class"] = kind
         for node in [*self.nodes_manager.startup_nodes.values(), *self.get_nodes()]:
             node.connection_class = kind  # type: ignore[assignment]  # typed as Connection
@@ -226,15 +278,6 @@ class MasterFollower(Protocol):
     async def stop(self) -> None: ...
 
 
-class PoolGate(Gate, Protocol):
-    """What a :class:`GatedPool` asks before it hands out a connection."""
-
-    def unless_away(self, waiting: Awaitable[T]) -> Awaitable[T]:
-        """``waiting`` awaited, unless the gate closes meanwhile: then it is given up
-        (cancelled) and the gate's error raised."""
-        ...
-
-
 class GatedPool(BlockingConnectionPool):
     """redis-py's blocking pool behind :attr:`gate` (None: redis-py's own behaviour).
 
@@ -274,20 +317,21 @@ class BlockingSentinelPool(SentinelConnectionPool, GatedPool):
     resync as a replica drops (a lease renewed there, appends, a pub/sub subscriber that
     hears nothing of the new master's). Once :meth:`follow` names the new master, new
     connections go there without asking the Sentinels again (one lagging Sentinel would
-    name the old one), and every connection to another server is closed: idle ones at
-    once, and those in use by aborting their socket, so that their command fails as a
-    lost connection and is sent again to the new master, and a subscriber subscribes
-    again there.
+    name the old one), every connection of the pool is closed (redis-py's
+    ``disconnect``, those in use included: their command fails as a lost connection and
+    is sent again to the new master, and a subscriber subscribes again there), and a
+    connection still open elsewhere (one being opened to the old master at the switch)
+    reconnects before it sends anything (:class:`FollowingSentinelConnection`).
 
     While the Sentinels promote a replica (:meth:`hold`, until :meth:`follow` names the
     new master) the pool hands out no connection: a write the old master acknowledged
     after the promotion would be dropped by its resync, so commands fail at once instead
     with ``MasterNotFoundError`` (the store failing over: "try again").
 
-    Leans on redis-py's ``_available_connections`` and ``_in_use_connections`` (the pool's
-    connections), a connection's ``_writer`` (its asyncio stream), every command, pipeline
-    and subscriber taking its connection with ``get_connection``, and the client closing
-    its pool with ``aclose``; ``tests/test_compat_redis.py`` checks them."""
+    Leans on every command, pipeline and subscriber taking its connection with
+    ``get_connection``, a connection to the master asking ``get_master_address`` when it
+    connects, and the client closing its pool with ``aclose``;
+    ``tests/test_compat_redis.py`` checks them."""
 
     follower: MasterFollower | None = None
     """Started with the first connection (set by whoever makes the pool)."""
@@ -317,21 +361,18 @@ class BlockingSentinelPool(SentinelConnectionPool, GatedPool):
         address: _SentinelAddress = await super().get_master_address()
         return address
 
-    async def follow(self, address: _SentinelAddress) -> int:
-        """Send everything to the master at ``address`` from now on; closes every
-        connection to another server (idle, or in use: see the class) and returns how
-        many it closed. Called again with the same address, closes those that were
-        being opened to the old master at the switch."""
+    async def follow(self, address: _SentinelAddress) -> bool:
+        """Send everything to the master at ``address`` from now on; whether that is
+        another server than the one the pool used (then every connection of the pool was
+        closed, see the class)."""
         if address != self.followed:
             self.held_until = 0.0  # the failover is over
+        before = self.followed or self.master_address
         self.followed = self.master_address = address
-        idle = [c for c in self._available_connections if _elsewhere(c, address)]
-        used = [c for c in self._in_use_connections if _elsewhere(c, address)]
-        for connection in used:
-            # Its user then reads a lost connection, closes it and connects again.
-            connection._writer.transport.abort()  # type: ignore[union-attr]
-        await asyncio.gather(*(c.disconnect() for c in idle), return_exceptions=True)
-        return len(idle) + len(used)
+        if before is None or before == address:
+            return False
+        await self.disconnect(inuse_connections=True)
+        return True
 
     async def aclose(self) -> None:
         if self.follower is not None:
@@ -340,12 +381,15 @@ class BlockingSentinelPool(SentinelConnectionPool, GatedPool):
 
 
 class FollowingSentinelConnection(SentinelManagedConnection):
-    """redis-py's connection to a Sentinel master that reconnects to the master its pool
+    """redis-py's connection to a Sentinel master that goes to the master its pool
     follows (:attr:`BlockingSentinelPool.followed`). redis-py asks the Sentinels only in
     ``connect()``, which the pool calls when it hands a connection out; a command sent
     again on a connection that failed under it (the client's retry, after a lost
     connection or a ``READONLY`` reply) reconnects through ``connect_check_health`` to the
-    server it had, the old master. ``tests/test_compat_redis.py`` checks that path."""
+    server it had, the old master: here to the followed one. And a connection still open
+    to another server (opened to the old master while the pool switched) is closed before
+    it sends a command, which then goes to the followed master.
+    ``tests/test_compat_redis.py`` checks both paths."""
 
     async def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
@@ -355,39 +399,50 @@ class FollowingSentinelConnection(SentinelManagedConnection):
             self.host, self.port = followed
         await super().connect_check_health(check_health, retry_socket_connect)
 
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        followed = getattr(self.connection_pool, "followed", None)
+        if followed is not None and (self.host, self.port) != followed and self.is_connected:
+            await self.disconnect()  # reconnected below, to the followed master
+        await super().send_packed_command(command, check_health)
+
 
 class FollowingSentinelSSLConnection(FollowingSentinelConnection, SentinelManagedSSLConnection):
     """:class:`FollowingSentinelConnection` over TLS."""
-
-
-def _elsewhere(connection: AbstractConnection, address: _SentinelAddress) -> bool:
-    """Whether ``connection`` is open (and not being closed) to a server other than
-    ``address``."""
-    at = (getattr(connection, "host", None), getattr(connection, "port", None))
-    writer = getattr(connection, "_writer", None)
-    return at != address and writer is not None and not writer.transport.is_closing()
 
 
 # -- stream reads' slots, found without asking the server -------------------------------------
 
 
 class StreamKeysCluster(GatedCluster):
-    """A (gated) cluster client that finds the slot of an ``XREAD`` or ``XREADGROUP`` from
-    its own arguments. redis-py asks the server (``COMMAND GETKEYS``) for the keys of every command
-    flagged ``movablekeys``, these two included, before sending it, twice for a command in
-    a pipeline: a projector polling 256 change feeds sent two ``COMMAND GETKEYS`` for each
-    read, most of an idle broker's commands. Leans on redis-py finding every command's slot
-    with ``_determine_slot(command, *args)``, pipelines included;
-    ``tests/test_compat_redis.py`` checks it."""
+    """A (gated) cluster client that finds the keys of an ``XREAD`` or ``XREADGROUP`` from
+    its own arguments. redis-py asks the server (``COMMAND GETKEYS``) for the keys of every
+    command flagged ``movablekeys``, these two included, before sending it, twice for a
+    command in a pipeline: a projector polling 256 change feeds sent two ``COMMAND
+    GETKEYS`` for each read, most of an idle broker's commands. Leans on redis-py asking
+    its ``commands_parser``'s ``get_keys(command, *args)`` for such a command's keys,
+    pipelines included; ``tests/test_compat_redis.py`` counts the questions a real
+    cluster gets."""
 
-    async def _determine_slot(self, command: str, *args: Any) -> int:
-        keys = stream_read_keys(command, args)
-        if keys is None:
-            return await super()._determine_slot(command, *args)
-        slots = {self.keyslot(key) for key in keys}
-        if len(slots) != 1:  # as redis-py's own message
-            raise RedisClusterException(f"{command} - all keys must map to the same key slot")
-        return slots.pop()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands_parser = stream_keys_parser(self.commands_parser)
+
+
+class _StreamKeys:
+    """Mixed into a cluster client's commands parser: :func:`stream_read_keys` first."""
+
+    async def get_keys(self, *args: Any) -> Any:
+        keys = stream_read_keys(args[0], args[1:]) if args else None
+        if keys is not None:
+            return keys
+        return await super().get_keys(*args)  # type: ignore[misc]  # the parser's own
+
+
+def stream_keys_parser(parser: Any) -> Any:
+    """A commands parser of ``parser``'s class that reads a stream read's keys from its
+    arguments (the same state: a new one, uninitialised, as the client makes it)."""
+    kind = type(parser)
+    return type(f"StreamKeys{kind.__name__}", (_StreamKeys, kind), {})()
 
 
 _READ_OPTIONS = {b"COUNT": 1, b"BLOCK": 1, b"NOACK": 0, b"GROUP": 2}

@@ -10,7 +10,8 @@ websockets' asyncio server is used through its public API (``serve``, ``recv``, 
   :meth:`~HookedServerConnection.pong_received`);
 - it looks at a connection's first bytes before websockets' handshake parser does
   (:meth:`~HookedServerConnection.before_handshake`: that parser refuses a request with a
-  body without a word), overriding ``data_received``;
+  body without a word), overriding ``data_received``, which also notes that the peer sent
+  something (:attr:`~HookedServerConnection.heard`);
 - :func:`break_cycles`, run when a connection is lost, reaches into the protocol's
   ``parser`` generator and its exceptions, and the handshake request's private
   ``_exception``;
@@ -55,8 +56,12 @@ class HookedServerConnection(ServerConnection):
         super().process_event(event)
 
     _first = True
+    heard = False
+    """Whether bytes came from the peer since the caller last cleared it (the keepalive: a
+    peer that sends is alive, whether or not its Pong is read yet)."""
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         if self._first:
             self._first = False
             answer = self.before_handshake(data)

@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "forbidden"  # good credentials, not enough scope
     INVALID_ARGUMENT = "invalid_argument"  # an input is missing, malformed or out of range
     INVALID_CURSOR = "invalid_cursor"  # a forged, truncated, foreign or mismatched cursor
+    CURSOR_GAP = "cursor_gap"  # a stream's events after this cursor are no longer kept
     SESSION_NOT_RUNNING = "session_not_running"  # a session tool needs a RUNNING session
     SESSION_NOT_FOUND = "session_not_found"  # no such session (or another tenant's)
     SESSION_BUSY = "session_busy"  # a turn is already running in the session
@@ -44,6 +45,7 @@ HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
     ErrorCode.FORBIDDEN: HTTPStatus.FORBIDDEN,
     ErrorCode.INVALID_ARGUMENT: HTTPStatus.BAD_REQUEST,
     ErrorCode.INVALID_CURSOR: HTTPStatus.BAD_REQUEST,
+    ErrorCode.CURSOR_GAP: HTTPStatus.CONFLICT,
     ErrorCode.SESSION_NOT_RUNNING: HTTPStatus.CONFLICT,
     ErrorCode.SESSION_NOT_FOUND: HTTPStatus.NOT_FOUND,
     ErrorCode.SESSION_BUSY: HTTPStatus.CONFLICT,

@@ -14,8 +14,10 @@ from ..protocol.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 from ..store.archive import ArchiveCorrupt
 from ..store.faults import brief
 from ..store.log import ArchiveUnavailable, SessionFull, StoreFull, is_oom
+from ..store.query import BadCursor
 from ..store.quotas import TenantFull
 from ..store.retry import is_store_away
+from . import ApiError, ErrorCode
 
 STORE_FULL_MESSAGE = (
     "the session store is full (Redis reached maxmemory): nothing was written; "
@@ -99,3 +101,8 @@ def http_failure(exc: BaseException) -> tuple[HTTPStatus, str] | None:
 def _detail(exc: BaseException) -> str:
     text = str(exc)
     return text.split(" ", 1)[1] if text.startswith("LIMIT ") else text
+
+
+def query_refused(exc: BadCursor) -> ApiError:
+    """The API error for a session list query whose cursor the store refused."""
+    return ApiError(ErrorCode.INVALID_CURSOR, str(exc))

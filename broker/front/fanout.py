@@ -8,6 +8,10 @@ log before the new event goes out, and a periodic position check against the
 snapshots catches a loss that no later event reveals. Connections therefore
 see every event of a session in seq order, each exactly once, from the
 position :meth:`FanoutHub.join` returned.
+
+The hub's two loops, the pub/sub reader and the position check, are the loops of a
+:class:`~broker.lifetimes.RoleLoops` (restarted with backoff when one fails, readiness
+naming it); a subscription found deaf is read afresh by starting its reader over.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Protocol
 
 from .. import fastjson
 from ..errors.failures import FailureLog
-from ..loops import cancel_and_wait
+from ..lifetimes import RoleLoops
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store
@@ -99,45 +103,60 @@ class FanoutHub:
         self.listener: HubListener | None = None
         self._feeds: dict[str, SessionFeed] = {}
         self._live: LiveFeed | None = None  # the subscriptions (see broker.store.live)
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._unread = False  # whether start() opened the subscription the reader reads
         self._process_lock = asyncio.Lock()
-        self._readers: list[asyncio.Task[Any]] = []
         self._probes_unanswered = 0
+        self.role_loops = RoleLoops("fan-out")
+        """The pub/sub reader and the position check, once started."""
+        self.role_loops.add("hub-reader", self._reading)
+        self.role_loops.add("hub-position-check", self._check_loop)
         self.read_failures = FailureLog(log, "pub/sub read")
         self.check_failures = FailureLog(log, "position check")
         self.catch_up_failures = FailureLog(log, "catch-up read")
         session_log.add_floor_source(self.reached)
 
     async def start(self) -> None:
+        """Subscribe (returning once subscribed), then start the loops."""
         await self._subscribe()
-        self._tasks.append(asyncio.create_task(self._check_loop(), name="hub-position-check"))
+        self._unread = True
+        await self.role_loops.start()
 
-    async def _subscribe(self) -> None:
-        """Open the subscriptions: this node's channel, every live session's."""
+    async def _subscribe(self) -> LiveFeed:
+        """Open the subscriptions: this node's channel, every live session's (a previous
+        subscription is closed first: a deaf one, or one its failed reader left)."""
+        if self._live is not None:
+            with contextlib.suppress(Exception):  # the old subscription: replaced just below
+                await self._live.aclose()
         self._live = live = open_live_feed(self.redis)
         await live.ssubscribe(self.node_channel)
-        for channel in self._feeds:
+        for channel in list(self._feeds):
             await live.ssubscribe(channel)
-        self._readers.append(asyncio.create_task(self._read_loop(live), name="hub-reader"))
+        return live
 
-    async def _resubscribe(self) -> None:
-        """The subscription went deaf: start it over, then fill the gap from the logs."""
+    async def _reading(self) -> None:
+        """The pub/sub reader (a loop of :attr:`role_loops`): reads what :meth:`start`
+        subscribed; started again (a failure, a deaf subscription), it subscribes afresh,
+        and the position check fills the gap from the logs."""
+        live = self._live
+        if live is None or not self._unread:
+            live = await self._subscribe()
+            self._probes_unanswered = 0
+        self._unread = False
+        await self._read_loop(live)
+
+    def _resubscribe(self) -> None:
+        """The subscription went deaf: its reader starts over (see :meth:`_reading`)."""
         log.warning("pub/sub liveness probe unanswered: resubscribing")
-        readers, self._readers = self._readers, []
-        await cancel_and_wait(*readers)
-        if self._live is not None:
-            with contextlib.suppress(Exception):  # the deaf subscription: replaced just below
-                await self._live.aclose()
-        await self._subscribe()
         self._probes_unanswered = 0
+        self.role_loops.restart("hub-reader")
 
-    def loops(self) -> list[asyncio.Task[Any]]:
-        """The hub's loops: the position check and the pub/sub reader(s)."""
-        return [*self._tasks, *self._readers]
+    def loops(self) -> list[asyncio.Task[None]]:
+        """The hub's loops' tasks: the pub/sub reader and the position check."""
+        return self.role_loops.tasks()
 
     async def check_subscribed(self) -> str | None:
         """Readiness: the pub/sub reader is subscribed and hears its own probes."""
-        if not self._readers or all(task.done() for task in self._readers):
+        if self._live is None or not self.role_loops.running():
             raise Unhealthy("the pub/sub reader is not subscribed")
         if self._probes_unanswered >= 2:
             raise Unhealthy(
@@ -146,7 +165,7 @@ class FanoutHub:
         return None
 
     async def stop(self) -> None:
-        await cancel_and_wait(*self._tasks, *self._readers)
+        await self.role_loops.stop()
         if self._live is not None:
             with contextlib.suppress(Exception):  # stopping: nothing reads it any more
                 await self._live.aclose()
@@ -361,7 +380,7 @@ class FanoutHub:
     async def _probe(self) -> None:
         """Publish to ourselves: a subscription that stops hearing its own probes is dead."""
         if self._probes_unanswered >= 2:
-            await self._resubscribe()
+            self._resubscribe()
         self._probes_unanswered += 1
         await self.publisher.publish(self.node_channel, '{"probe":1}')
 

@@ -30,10 +30,11 @@ from ..auth.authenticator import (
 )
 from ..auth.principal import AuthError, Principal
 from ..config import Settings
+from ..lifetimes import RoleLoops
 from ..logs import install_redaction
 from ..loops import stop_within
 from ..ops import metrics
-from ..ops.health import Health, tasks_running
+from ..ops.health import Health
 from ..ops.server import ops_response
 from ..protocol import v2
 from ..protocol.turns import PROMPT_OUTCOME
@@ -41,11 +42,13 @@ from ..store.archive import open_archive
 from ..store.client import Store, connect, embedded_warning
 from ..store.cursors import CursorCodec
 from ..store.guard import StoreGuard
+from ..store.http_links import HttpLinks
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
+from .acp.flow import waiting_bound
 from .acp.keepalive import Keepalive
 from .acp.methods_v1 import V1_HANDLERS, AcpMethods
 from .acp.methods_v2 import V2_HANDLERS
@@ -62,6 +65,8 @@ from .list_changes import ListChanges
 from .pages import IndexWatch, PageCache
 from .revocation import CredentialWatch
 from .routing import NodeRouter
+from .streamable.endpoint import AcpHttpEndpoint
+from .streamable.service import StreamableHttp
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,8 @@ abandoned with its tasks' stacks logged: a shutdown ends, whatever one part does
 
 
 class Colocated(Protocol):
-    """A role run in the front's process, started after its fan-out and stopped before it."""
+    """A role run in the front's process, started after its fan-out and stopped before it
+    (``serve``'s agent host and projector, each an async context manager of its own)."""
 
     async def start(self) -> None: ...
 
@@ -167,8 +173,8 @@ class FrontNode:
         """Start-up checks of the store; the ``redis`` readiness check."""
         self.health.add("redis", self.store_guard.ready)
         self.health.add("pubsub", self.hub.check_subscribed)
-        self.health.add("fanout loops", tasks_running(self.hub.loops))
-        self.health.add("index watch loops", tasks_running(self.index_watch.loops))
+        self.health.add("fanout loops", self.hub.role_loops.check)
+        self.health.add("index watch loops", self.index_watch.role_loops.check)
         console = Console(settings, lambda: self.port, auth_required=self.authenticator.enabled)
         self.tools = SessionTools(
             settings,
@@ -179,6 +185,11 @@ class FrontNode:
             tool_access(settings, self.authenticator),
         )
         """The session tools' operations (MCP and REST), on the ACP methods' command path."""
+        self.streamable = streamable_http(
+            settings, self.methods, self.redis, self.hub.node_id, self.access
+        )
+        """ACP's Streamable HTTP connections (``/acp`` on the HTTP port)."""
+        self.hub.listener.http_bells = self.streamable.on_bell
         self.http = FrontHttp(
             settings,
             sessions_service(settings, self.redis, self.authenticator, self.pages),
@@ -186,8 +197,27 @@ class FrontNode:
             self.health,
             self.tools,
             EventStream(self.log, self.hub),
+            AcpHttpEndpoint(
+                self.streamable,
+                self.authenticator,
+                self.log,
+                lambda host: websocket_only.websocket_url(settings, self.port, host),
+            ),
         )
         self.http.websocket_port = lambda: self.port
+        self.loops = self._loops()
+        """The front's other loops (the fan-out hub and the index watch run their own)."""
+        self.health.add("front loops", self.loops.check)
+
+    def _loops(self) -> RoleLoops:
+        """The keepalive, the Streamable HTTP leases' renewal and, with authentication, the
+        credential watch: started once the front serves, stopped once it no longer does."""
+        loops = RoleLoops("front")
+        loops.add("keepalive", self.keepalive.run)
+        loops.add("http-lease-renewal", self.streamable.renew)
+        if self.authenticator.enabled:
+            loops.add("credential-watch", self.credentials.run)
+        return loops
 
     @property
     def port(self) -> int:
@@ -202,7 +232,7 @@ class FrontNode:
     async def start(self) -> None:
         await self.store_guard.start()
         await self.hub.start()
-        self.index_watch.start()
+        await self.index_watch.start()
         for role in self.colocated:
             await role.start()
         self._server = await serve(
@@ -215,6 +245,10 @@ class FrontNode:
             select_subprotocol=_select_subprotocol,
             ssl=tls_context(self.settings),
             max_size=self.settings.max_frame_bytes,
+            # The socket is read on while frames wait for their pace; past this many queued,
+            # requests are refused as they are read (:mod:`.acp.flow`): what still queues
+            # (answers, notifications) stops reading only when it is this many more.
+            max_queue=2 * waiting_bound(self.settings.rate_per_connection, self.settings.max_pace),
             ping_interval=None,  # self.keepalive pings
             ping_timeout=None,
             compression=None,
@@ -223,7 +257,6 @@ class FrontNode:
             # As Go's listeners do, ask for the most the kernel allows (net.core.somaxconn).
             backlog=socket.SOMAXCONN,
         )
-        self.keepalive.start()
         log.info(
             "acp-broker listening on ws://%s:%d%s",
             self.settings.host,
@@ -231,8 +264,14 @@ class FrontNode:
             self.settings.path,
         )
         await self.http.start()
-        if self.authenticator.enabled:
-            self.credentials.start()
+        await self.loops.start()
+
+    async def __aenter__(self) -> FrontNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(hand_over=True)
 
     async def stop(self, *, hand_over: bool = False) -> None:
         """Stop accepting, tell clients to reconnect elsewhere, stop the roles.
@@ -240,8 +279,6 @@ class FrontNode:
         ``hand_over`` leaves this node's sessions RUNNING for another agent host to
         take over at once (a drain), instead of recording them as STOPPED.
         """
-        await self.credentials.stop()
-        await self.keepalive.stop()
         if self._server is not None:
             self._server.close(close_connections=False)
             connections = list(self.connections)
@@ -250,6 +287,9 @@ class FrontNode:
                 with contextlib.suppress(Exception):  # drained already; a broken one is gone
                     await conn.ws.close(CLOSE_GOING_AWAY, "broker shutting down: reconnect")
             await self._server.wait_closed()
+        await self._stop_part("the front's loops", self.loops.stop())
+        await self.keepalive.stop()
+        await self._stop_part("the Streamable HTTP connections", self.streamable.stop())
         await self._stop_part("the HTTP listener", self.http.stop())
         for role in reversed(self.colocated):
             name = getattr(role, "name", type(role).__name__)
@@ -348,6 +388,19 @@ class FrontNode:
     ) -> None:
         if response.status_code == http.HTTPStatus.SWITCHING_PROTOCOLS:
             response.headers[CONNECTION_ID_HEADER] = str(ws.id)
+
+
+def streamable_http(
+    settings: Settings, methods: AcpMethods, redis: Store, node_id: str, access: Access
+) -> StreamableHttp:
+    """The Streamable HTTP connections of a front, on the store ``redis``."""
+    links = HttpLinks(
+        redis,
+        retention=settings.http_retained_messages,
+        idle_ms=int(settings.http_idle_timeout * 1000),
+        lease_ms=int(settings.http_lease * 1000),
+    )
+    return StreamableHttp(settings, methods, links, node_id, access)
 
 
 def _offered_subprotocols(request: HttpRequest) -> list[str]:

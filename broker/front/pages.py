@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors.failures import FailureLog
+from ..lifetimes import RoleLoops
 from ..loops import cancel_and_wait
 from ..ops import metrics
 from ..store.breaker import StoreBreaker, breaker_of
@@ -445,28 +446,27 @@ class IndexWatch:
         self._sent = 0
         self._heard = 0
         self._channel: LiveFeed | None = None  # the reader's subscription, while it holds one
-        self._reader: asyncio.Task[None] | None = None
-        self._prober: asyncio.Task[None] | None = None
         self.failures = FailureLog(log, "index announcements")
+        self.role_loops = RoleLoops("index watch")
+        """The subscription's reader and its prober, once started."""
+        self.role_loops.add("page-cache-reader", self._read_loop)
+        self.role_loops.add("page-cache-probe", self._probe_loop)
 
-    def start(self) -> None:
-        self._reader = asyncio.create_task(self._read_loop(None), name="page-cache-reader")
-        self._prober = asyncio.create_task(self._probe_loop(), name="page-cache-probe")
+    async def start(self) -> None:
+        await self.role_loops.start()
 
-    def loops(self) -> list[asyncio.Task[Any]]:
-        return [task for task in (self._reader, self._prober) if task is not None]
+    def loops(self) -> list[asyncio.Task[None]]:
+        return self.role_loops.tasks()
 
     async def stop(self) -> None:
-        await cancel_and_wait(*self.loops())
+        await self.role_loops.stop()
         self._down()
         if self.cache is not None:
             await self.cache.stop_refreshing()
 
-    async def _read_loop(self, previous: asyncio.Task[None] | None) -> None:
+    async def _read_loop(self) -> None:
         """Subscribe, hand what arrives to the cache; on any failure bypass it and start
-        over (once ``previous``, the reader this one replaces, has ended)."""
-        if previous is not None:
-            await cancel_and_wait(previous)
+        over (a loop of :attr:`role_loops`, started over by :meth:`_restart`)."""
         while True:
             channel = open_live_feed(self.redis)
             try:
@@ -573,10 +573,7 @@ class IndexWatch:
         self._down()
         self._channel = None  # closing under the reader's cancellation: not to be pinged
         log.warning("page cache bypassed: %s; subscribing again", why)
-        previous = self._reader
-        if previous is not None:
-            previous.cancel()
-        self._reader = asyncio.create_task(self._read_loop(previous), name="page-cache-reader")
+        self.role_loops.restart("page-cache-reader")
 
 
 def _cancelling() -> bool:

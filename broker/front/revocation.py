@@ -21,7 +21,6 @@ from typing import Protocol
 
 from ..auth.principal import Principal
 from ..auth.tokens import TokenStore
-from ..loops import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +54,10 @@ class CredentialWatch:
         self.connections = connections
         self.interval = interval
         self.login_timeout = login_timeout
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="credential-watch")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
-
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Check every ``interval`` seconds until cancelled (a loop of the front's
+        :class:`~broker.lifetimes.RoleLoops`)."""
         while True:
             await asyncio.sleep(self.interval)
             try:

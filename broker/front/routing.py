@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from ..auth.principal import Scope
@@ -48,6 +49,9 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "terminal/": ("terminal",),
 }
 
+
+HTTP_BELL = "acpHttp"
+"""The key of a node message about a Streamable HTTP connection (see ``streamable``)."""
 
 SHARED_ASKS_META = "acpBroker/sharedAsks"
 SHARED_ASKS = frozenset({"session/request_permission"})
@@ -89,6 +93,8 @@ class NodeRouter(HubListener):
         self.hub = hub
         self.agents = agents
         self.answer_timeout = answer_timeout
+        self.http_bells: Callable[[dict[str, Any]], None] | None = None
+        """Where node messages about Streamable HTTP connections go (the node sets it)."""
         self._asking: dict[str, asyncio.Task[Any]] = {}
         # The answers given lately, by request id: a host that asks again (it never got the
         # answer) gets the same answer, and the person is not asked twice.
@@ -96,6 +102,10 @@ class NodeRouter(HubListener):
         self._sending: set[asyncio.Task[None]] = set()
 
     def on_node_message(self, message: dict[str, Any]) -> None:
+        if HTTP_BELL in message:
+            if self.http_bells is not None:
+                self.http_bells(message)
+            return
         self.agents.on_reply(message)
 
     def on_event(self, event: LogEvent) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,23 +47,6 @@ class HealthAnswer:
     status: int
     body: bytes
     content_type: str = "application/json"
-
-
-def tasks_running(tasks: Callable[[], Iterable[asyncio.Task[Any] | None]]) -> Check:
-    """A check that the loops ``tasks()`` returns are all running (none finished)."""
-
-    async def check() -> str | None:
-        found = list(tasks())
-        stopped = [
-            task.get_name() if task is not None else "not started"
-            for task in found
-            if task is None or task.done()
-        ]
-        if not found or stopped:
-            raise Unhealthy(f"not running: {', '.join(stopped) or 'no loop'}")
-        return None
-
-    return check
 
 
 class Health:

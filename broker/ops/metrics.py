@@ -210,6 +210,13 @@ UPDATES_WAITING = Gauge(
 
 # -- projector ------------------------------------------------------------------------------
 PROJECTED = Counter("acp_broker_projected_total", "Sessions projected into the index")
+SESSIONS_HOT = Gauge(
+    "acp_broker_sessions_hot", "Sessions whose log is in Redis (the projector's last count)"
+)
+SESSIONS_ARCHIVED = Gauge(
+    "acp_broker_sessions_archived",
+    "Sessions whose log is in the archive store only (the projector's last count)",
+)
 PROJECTOR_BACKLOG = Gauge(
     "acp_broker_projector_backlog", "Change notices not yet read by the projectors (feed lag)"
 )

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from ..store.events import JsonObject, LogEvent, Position
+from ..model.events import JsonObject, LogEvent, Position
 from .jsonrpc import INTERNAL_ERROR, RpcError
 
 UNATTENDED_ORIGIN = ""

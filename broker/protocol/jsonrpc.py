@@ -26,6 +26,8 @@ INTERNAL_ERROR = -32603
 AUTH_REQUIRED = -32000
 RESOURCE_NOT_FOUND = -32002
 REQUEST_CANCELLED = -32800
+LIMIT_EXCEEDED = -32005
+"""JSON-RPC server error: a rate or size limit of the broker was hit (``data.limit`` says which)."""
 
 
 class RpcError(Exception):
@@ -56,6 +58,17 @@ def session_not_found(session_id: str, what: str = "session") -> RpcError:
     """-32002 for a session that does not exist (or is not active where it must be), with the
     ``SessionNotFoundErrorData`` ACP v2 defines (``{sessionId}``; harmless in v1)."""
     return RpcError(RESOURCE_NOT_FOUND, f"{what} not found", {"sessionId": session_id})
+
+
+def log_lost(session_id: str) -> RpcError:
+    """-32002 for a session whose log the store no longer holds at all, though its snapshot
+    says it had events (a Redis let evict keys, ``--allow-evicting-store``): there is no
+    history to replay, nor any to trust."""
+    return RpcError(
+        RESOURCE_NOT_FOUND,
+        "this session's log was lost (the store dropped it)",
+        {"sessionId": session_id},
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,9 @@ class PeerGone(Exception):
 class PendingRequests:
     """Allocates request ids and resolves the futures that wait for their replies."""
 
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
+    def __init__(self, first: int = 1) -> None:
+        """``first``: the first id given out."""
+        self._ids = itertools.count(first)
         self._waiting: dict[RequestId, asyncio.Future[Any]] = {}
 
     def open(self) -> tuple[int, asyncio.Future[Any]]:

@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from .. import fastjson
-from ..store.events import EventType, JsonObject, LogEvent
+from ..model.events import EventType, JsonObject, LogEvent
 from . import interactions
 from .jsonrpc import invalid_params, notification
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import fastjson
-from ..store.events import EventType, LogEvent
+from ..model.events import EventType, LogEvent
 from . import interactions, v2_translate
 from .jsonrpc import JsonObject, notification
 from .render import (

@@ -14,7 +14,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from ..ops import metrics, tracing
-from .client import Store, is_cluster
+from .client import Store, commands, is_cluster
 from .direct import DirectCalls, StoreCalls
 from .durability import replicated
 from .events import (
@@ -70,11 +70,11 @@ class LogAppender:
         self.restore = restore
         self.feed_maxlen = feed_maxlen
         self.max_events = max_events
-        self._append = redis.register_script(lua_script("append.lua"))
-        self._append_batch = redis.register_script(
+        self._append = commands(redis).register_script(lua_script("append.lua"))
+        self._append_batch = commands(redis).register_script(
             batch_script(lua_script("append.lua"), lua_script("append_batch.lua"))
         )
-        self._floor = redis.register_script(lua_script("floor.lua"))
+        self._floor = commands(redis).register_script(lua_script("floor.lua"))
         self._wait: tuple[int, float] | None = None
         self.floors = SeqFloors()
         """The highest seq of each session's log this process knows: each append passes it
@@ -318,9 +318,9 @@ class LogAppender:
         On a single server it goes on a bare connection (:meth:`.StoreCalls.script`):
         redis-py's layers (its packing walks the ~900 arguments of 64 events once more in
         Python, then the pool, the retry and the timeout) were about half of a batch
-        append's CPU in the agent host's process. Anything going wrong there sends the same
-        call again through the client, within the same deadline: every append in it carries
-        its call id, so one the first try applied appends nothing the second time."""
+        append's CPU in the agent host's process. A lost connection sends the same call
+        again on a fresh one, within the same deadline: every append in it carries its call
+        id, so one the first try applied appends nothing the second time."""
         if self._wait is not None:
             return list(await self.script(self._append_batch, keys, args))
         try:

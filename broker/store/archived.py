@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 
 from .appends import LogAppender, lua_script
 from .archive import ArchiveCorrupt, ArchivedLog, ArchiveStore, decode, entries_between
-from .client import Store
+from .client import Store, commands
 from .events import window_fields
 from .keys import SessionKeys
 from .log_errors import ArchiveUnavailable, SessionMissing, append_error
@@ -27,12 +27,12 @@ class ArchivedLogs:
     """The logs that are (or were) in the archive store, as this process sees them."""
 
     def __init__(self, redis: Store, archive: ArchiveStore | None, appender: LogAppender) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.archive = archive
         self.appender = appender  # whose script runner the restore and trim scripts share
         self._archives: dict[tuple[str, str, str], ArchivedLog] = {}
-        self._restore = redis.register_script(lua_script("restore.lua"))
-        self._trim = redis.register_script(lua_script("archive_trim.lua"))
+        self._restore = commands(redis).register_script(lua_script("restore.lua"))
+        self._trim = commands(redis).register_script(lua_script("archive_trim.lua"))
 
     async def archived(self, tenant: str, session_id: str) -> ArchivedLog:
         """The session's archived log, checked whole against its snapshot. Archived logs

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from .client import Store
+from .client import Store, commands
 from .errors import group_exists
 from .groups import Entries
 from .keys import INBOX_MAXLEN, command_taken_key, host_queue
@@ -31,7 +31,7 @@ class CommandBus:
     """The shared queue and the hosts' inboxes."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def send(self, stream: str, data: str) -> str:
         """Add the encoded command ``data`` to ``stream`` (the queue or an inbox, capped at
@@ -108,7 +108,7 @@ class CommandMarks:
     one per call id, with a time to live in ms."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def claim(self, rid: str, mark: str, ttl_ms: int) -> bool:
         """Set ``rid``'s mark to ``mark`` unless it has one; whether this call set it."""

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import fakeredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ..compat.redis import GatedPool, gated
+from ..compat.redis import GatedPool, PausesBackoff, gated
 from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here by callers
+from ..retry import doubling_pause
 from .breaker import StoreBreaker
 from .cluster import patient_cluster
 from .sentinel import sentinel_master
@@ -30,14 +30,25 @@ log = logging.getLogger(__name__)
 
 
 class Store(Protocol):
-    """What the roles need of the store: the commands they send (the log's streams and
-    scripts, the index's sorted sets and hashes, the queues' streams and consumer groups,
-    leases, the live feed's sharded pub/sub), pipelines and scripts. Every client
-    :func:`connect` makes satisfies it (redis-py's ``Redis`` for one server or a Sentinel
-    master, ``RedisCluster``, fakeredis's for the embedded store), and mypy checks that
-    the roles use nothing else; how the store is laid out is :func:`topology`'s to say.
+    """An open store, as :func:`connect` makes it (one server, a Sentinel master, a Redis
+    Cluster or the embedded store): what the roles hold and hand to the store's ports, whose
+    typed methods are all a role can do with it (the session log, the index, the live feed,
+    the command bus, leases and the host registry, idempotency and token records, rate
+    counters, the retention sets and the archive: see ``docs/storage.md``). The commands
+    behind it are the ports' own (:class:`Commands`)."""
 
-    The commands' arguments and replies keep redis-py's own (loose) types."""
+    async def aclose(self) -> None: ...
+
+
+class Commands(Store, Protocol):
+    """The client behind a :class:`Store`, as the store's own modules send it commands:
+    the log's streams and scripts, the index's sorted sets and hashes, the queues' streams
+    and consumer groups, leases, the live feed's sharded pub/sub, pipelines and scripts.
+    Every client :func:`connect` makes is one (redis-py's ``Redis``, ``RedisCluster``,
+    fakeredis's); nothing outside ``broker/store`` uses it (``tests/test_layout.py``).
+
+    The commands' arguments and replies keep redis-py's own (loose) types: the ports'
+    signatures are where the types are precise."""
 
     def get(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -146,11 +157,21 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
+def commands(store: Store) -> Commands:
+    """The client behind ``store``, to send it commands (what every client :func:`connect`
+    makes is)."""
+    return cast(Commands, store)
+
+
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 POOL_SIZE = 64
 """Redis connections per process. A burst of requests past it waits for a free connection
 (up to :data:`POOL_WAIT` seconds) instead of failing with "Too many connections"."""
 POOL_WAIT = 20.0
+EMBEDDED_POOL = 1 << 20
+"""Connections of the embedded store's pool: no bound in effect (each is an object in this
+process, no socket). redis-py's default of 100 failed the 101st request at once ("Too many
+connections"): a pipelining client has 256 in flight."""
 
 
 COMMAND_TIMEOUT = 5.0
@@ -159,6 +180,9 @@ the command instead of hanging its caller."""
 RECONNECT_RETRIES = 2
 """A command whose connection turns out dead (the server restarted since it was last used) is
 sent again on a fresh connection, at most this many times, after a short backoff."""
+RECONNECT_FIRST_PAUSE = 0.1
+RECONNECT_MAX_PAUSE = 0.5
+"""Seconds of the reconnecting retry's first pause, and at most (they double)."""
 
 
 def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
@@ -176,7 +200,9 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
     (``ssl_ca_certs`` …) that does not exist is refused here, by name.
     """
     if url is None:
-        return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        return fakeredis.FakeAsyncRedis(
+            server=fakeredis.FakeServer(), decode_responses=True, max_connections=EMBEDDED_POOL
+        )
     tls_files_exist(url)
     scheme, sep, rest = url.partition("://")
     bounded = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
@@ -219,8 +245,12 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
 
 def _reconnecting() -> Retry:
     """Commands tried again on a fresh connection after a connection error (only those: a
-    timeout may hide a command that did run)."""
-    return Retry(ExponentialBackoff(cap=0.5, base=0.05), RECONNECT_RETRIES, (RedisConnectionError,))
+    timeout may hide a command that did run): redis-py's retry, with the pauses of the
+    code base's one retry helper (:func:`broker.retry.doubling_pause`)."""
+    backoff = PausesBackoff(
+        lambda failures: doubling_pause(failures, RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE)
+    )
+    return Retry(backoff, RECONNECT_RETRIES, (RedisConnectionError,))
 
 
 class Topology(StrEnum):

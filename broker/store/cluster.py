@@ -8,18 +8,17 @@ changes. Its habits that hurt a broker under resharding are changed here and in
 - It gives up after 16 redirections or TRYAGAINs in a row (about half a second), where a
   slot migrated key by key takes longer: :class:`PatientCluster` tries again.
 - Every fifth MOVED (``reinitialize_steps``) it closes *every* connection of every node to
-  reload the slot map, and on CLUSTERDOWN, or a connection error in a pipeline, it calls its
-  own ``aclose()`` to do the same: here a MOVED patches the slot map for its one slot
-  (which also moves that slot's subscriptions), and redis-py's own close only marks the map
-  for a reload (:class:`~broker.compat.redis.ReloadingCluster`).
+  reload the slot map: here a MOVED patches the slot map for its one slot (which also
+  moves that slot's subscriptions). (On CLUSTERDOWN, or a connection error in a pipeline,
+  redis-py 8.2 and later reload the map in place, closing nothing else: the pin's floor.)
 - A subscription sent to a slot's old owner gets a MOVED *reply*, read by whoever reads
   the subscription's messages, and then nothing: :func:`follow_redirect` teaches the client
   the new owner, which moves the subscription. (Redis 7 also tells a shard channel's
   subscribers, with an ``sunsubscribe`` message, when its slot leaves the node: the hub
   subscribes again.)
 - It asks the server (``COMMAND GETKEYS``) for the keys of every ``XREAD`` and
-  ``XREADGROUP`` before sending it (twice in a pipeline): here they are read from the
-  command (:class:`~broker.compat.redis.StreamKeysCluster`).
+  ``XREADGROUP`` before sending it (twice in a pipeline): here its commands parser reads
+  them from the command (:class:`~broker.compat.redis.StreamKeysCluster`).
 """
 
 from __future__ import annotations

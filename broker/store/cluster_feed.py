@@ -22,7 +22,7 @@ import contextlib
 from typing import Any
 
 from ..loops import cancel_and_wait
-from .client import Store, cluster_client
+from .client import Store, cluster_client, commands
 from .cluster import follow_redirect
 from .subscriber import Message
 
@@ -40,7 +40,7 @@ class ClusterFeed:
 
     def __init__(self, redis: Store) -> None:
         self._redis = cluster_client(redis)
-        self._pubsub: Any = redis.pubsub()
+        self._pubsub: Any = commands(redis).pubsub()
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._arrived: list[Message] = []
         self._failure: ConnectionError | None = None

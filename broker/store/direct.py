@@ -5,35 +5,44 @@ crosses the connection pool (a lock, a condition, a timeout), a retry wrapper, a
 dispatcher and a stream reader on its way out and back: 73 µs of CPU a call, where a bare
 connection spends 30 (``python -m bench requests``). :class:`DirectCalls` keeps one
 :class:`~.raw.RawConnection` to the store's server (its credentials, its database), on
-which calls overlap as Redis pipelines them. When anything goes wrong (a cut connection,
-an error reply) the call is made again through the client,
-which knows how to recover; the connection is opened afresh on the next call. (The 73
-and 30 µs were measured on a script call, when a page was one.)
+which calls overlap as Redis pipelines them. (The 73 and 30 µs were measured on a script
+call, when a page was one; ``docs/performance.md`` has what the client's path costs the
+fan-out, the projector and the connects.)
 
 Callers write a call once, on :class:`StoreCalls` (:func:`store_calls`), which makes that
-choice: the bare connection where the topology allows one (a single server over plain TCP or
-a Unix socket), the client otherwise (a cluster, TLS, a Sentinel master, the embedded store)
-and whenever the bare connection fails; either way the reply has one shape (RESP's). Both
-paths fail alike while the store is away: the bare connection honours the client's breaker
-(:mod:`.breaker`), and the client it falls back to retries as every call through it does.
+choice once, by topology: the bare connection where the topology allows one (a single
+server over plain TCP or a Unix socket), the client otherwise (a cluster, TLS, a Sentinel
+master, the embedded store); either way the reply has one shape (RESP's). A call never
+goes both ways: the bare connection fails as the client does, with the client's policy
+(:func:`reconnecting`: a lost connection tried again on a fresh one, with the pauses of
+the client's reconnecting retry; the client's breaker, :mod:`.breaker`; the client's
+exceptions for error replies).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from hiredis import ReplyError
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError
 
-from .breaker import StoreBreaker, breaker_of
-from .client import Store
+from ..compat.redis import error_from_reply
+from ..retry import doubling_pause, retry
+from .breaker import StoreAway, StoreBreaker, breaker_of
+from .client import (
+    RECONNECT_FIRST_PAUSE,
+    RECONNECT_MAX_PAUSE,
+    RECONNECT_RETRIES,
+    Store,
+    commands,
+)
 from .raw import CONNECT_TIMEOUT, RawConnection, bare_options, open_raw, reply_timeout
+
+T = TypeVar("T")
 
 
 def direct_calls(redis: Store, encoding: str | None = "utf-8") -> DirectCalls | None:
@@ -62,8 +71,8 @@ class DirectCalls:
         """While it says the store is away, calls fail at once (see :mod:`.breaker`)."""
 
     async def call(self, *command: Any, deadline: float | None = None) -> Any:
-        """The reply to ``command``. Raises redis-py's errors: ``ResponseError``,
-        ``ConnectionError`` or ``TimeoutError`` (the caller then goes through the client).
+        """The reply to ``command``. Raises redis-py's errors: an error reply's (as the
+        client raises it), ``ConnectionError`` or ``TimeoutError``.
 
         ``deadline`` (the event loop's time): opening a connection (if none is open) and
         the reply share it; without one, each has its own timeout."""
@@ -133,6 +142,15 @@ class DirectCalls:
         finally:
             self._connecting.release()
 
+    async def loading(self, script: AsyncScript, call: Callable[[], Awaitable[T]]) -> T:
+        """``await call()``, a call that runs ``script`` by ``EVALSHA``; when the server does
+        not know it (a restart emptied its cache), it is loaded, and called again."""
+        try:
+            return await call()
+        except NoScriptError:
+            await self.call("SCRIPT", "LOAD", script.script)
+            return await call()
+
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
@@ -144,33 +162,57 @@ def store_calls(redis: Store, *, bare: bool = True, encoding: str | None = "utf-
     return StoreCalls(redis, direct_calls(redis, encoding) if bare else None)
 
 
+RECONNECT_PAUSES = tuple(
+    doubling_pause(failures, RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE)
+    for failures in range(1, RECONNECT_RETRIES + 1)
+)
+"""The pauses before a call is made again on a fresh bare connection: the client's
+reconnecting retry's (:func:`~.client.connect`), the same policy on either path."""
+
+
+async def reconnecting(call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
+    """``await call()`` (a call on a bare connection), made again on a fresh connection
+    after a lost one, as redis-py's reconnecting retry does for the client's commands: only
+    a lost connection (a timeout may hide a command that did run), at most
+    :data:`~.client.RECONNECT_RETRIES` times, not while the breaker refuses commands, and
+    not once ``deadline`` (the event loop's time) has passed."""
+    loop = asyncio.get_running_loop()
+
+    def keep(exc: BaseException) -> bool:
+        if isinstance(exc, StoreAway):
+            return False
+        return deadline is None or loop.time() < deadline
+
+    return await retry(call, RECONNECT_PAUSES, errors=(RedisConnectionError,), keep=keep)
+
+
 class StoreCalls:
     """Commands whose callers write them once, in the shape RESP gives their replies: on a
-    bare connection (:class:`DirectCalls`) where there is one, else through the client;
-    and through the client again when the bare connection fails (a cut connection, an
-    error reply, the breaker open), which knows how to recover and fails as every other
-    call through it does (its breaker, its reconnecting retry). The client's replies are
-    put back in RESP's shape (:func:`as_resp`)."""
+    bare connection (:class:`DirectCalls`) where there is one (a single server over plain
+    TCP or a Unix socket), else through the client. One path per topology, never both for
+    a call: the bare connection's failures are its own (a lost connection tried again on a
+    fresh one, with the client's reconnecting pauses; a stalled server, an error reply or
+    the breaker's refusal raised as the client raises them). The client's replies are put
+    back in RESP's shape (:func:`as_resp`)."""
 
     def __init__(self, redis: Store, direct: DirectCalls | None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.direct = direct
         """The bare connection's calls; None where the client carries every call."""
 
-    async def call(self, *command: Any, bare: bool = True) -> Any:
-        """The reply to ``command``; ``bare=False``: through the client only (the bare
-        connection just failed it)."""
-        if self.direct is not None and bare:
-            with contextlib.suppress(RedisError):  # the client's way recovers from anything
-                return await self.direct.call(*command)
+    async def call(self, *command: Any) -> Any:
+        """The reply to ``command``."""
+        direct = self.direct
+        if direct is not None:
+            return await reconnecting(lambda: direct.call(*command))
         return as_resp(command[0], await self.redis.execute_command(*command))
 
     async def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> list[Any]:
         """The replies to several commands sent together (one round trip on one server);
         ``shared``: reads whose replies may be shared (see :class:`~.raw.RawConnection`)."""
-        if self.direct is not None:
-            with contextlib.suppress(RedisError):  # the client's way recovers from anything
-                return await self.direct.calls(*commands, shared=shared)
+        direct = self.direct
+        if direct is not None:
+            return await reconnecting(lambda: direct.calls(*commands, shared=shared))
         async with self.redis.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
@@ -179,34 +221,24 @@ class StoreCalls:
 
     async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """The reply of ``script`` (what ``redis.register_script`` made) run on ``keys`` and
-        ``args``, an error among its replies as ``ResponseError``: by ``EVALSHA`` on the bare
-        connection, else (or when that fails: an unknown script, a cut or stalled
-        connection, the breaker open) through the client (:meth:`run_script`).
-
-        Both tries share one deadline, the bare connection's reply timeout: a stalled
-        server fails the call once it passed, not after the client's timeout again. The
-        bare connection's first open (connect, AUTH, SELECT) shares it too. A script sent
-        twice must be one that a second run does no harm (the log's appends carry their
-        call ids)."""
+        ``args``, an error among its replies as the client gives it: by ``EVALSHA`` on the
+        bare connection (the script loaded there first if the server does not know it: a
+        restart emptied its cache), else through the client (:meth:`run_script`). A script
+        sent twice after a lost connection must be one that a second run does no harm (the
+        log's appends carry their call ids)."""
         direct = self.direct
         if direct is None:
             return await self.run_script(script, keys, args)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + direct.timeout
-        try:
-            reply = await direct.call(
-                "EVALSHA", script.sha, len(keys), *keys, *args, deadline=deadline
-            )
-        except RedisError:
-            if loop.time() >= deadline:
-                raise  # stalled a whole timeout: the caller decides whether to try again
-        else:
-            return _errors_as_redis_py(reply)
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await self.run_script(script, keys, args)
-        except TimeoutError:
-            raise RedisTimeoutError(f"no reply within {direct.timeout:g} s") from None
+
+        # Opening a connection (a first call, or after a lost one) and the reply share one
+        # deadline: a handshake that stalls does not add a whole reply timeout after it.
+        deadline = asyncio.get_running_loop().time() + direct.timeout
+        run = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        reply = await reconnecting(
+            lambda: direct.loading(script, lambda: direct.call(*run, deadline=deadline)),
+            deadline,
+        )
+        return _errors_as_redis_py(reply)
 
     async def run_script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """``script`` run through the client. A node that just became a master may not know
@@ -224,9 +256,9 @@ class StoreCalls:
 
 def _errors_as_redis_py(reply: Any) -> Any:
     """A script's reply read by hiredis, with each error among its items as redis-py's
-    ``ResponseError`` (as the client gives them)."""
+    client gives it (:func:`~broker.compat.redis.error_from_reply`)."""
     if isinstance(reply, list):
-        return [ResponseError(str(r)) if isinstance(r, ReplyError) else r for r in reply]
+        return [error_from_reply(str(r)) if isinstance(r, ReplyError) else r for r in reply]
     return reply
 
 

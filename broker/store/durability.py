@@ -18,7 +18,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .client import Store
+from .client import Store, commands
 
 
 class NotReplicated(RedisTimeoutError):
@@ -36,7 +36,7 @@ async def replicated(
 ) -> Any:
     """``script``'s reply, once ``replicas`` replicas have acknowledged what it wrote
     (``WAIT`` in the same pipeline: it counts this connection's writes)."""
-    async with redis.pipeline(transaction=False) as pipe:
+    async with commands(redis).pipeline(transaction=False) as pipe:
         await script(keys=keys, args=args, client=pipe)
         pipe.execute_command("WAIT", replicas, max(1, int(timeout * 1000)))
         reply, acknowledged = await pipe.execute()

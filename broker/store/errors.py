@@ -8,7 +8,10 @@ what a failure means. What each failure tells a client is :mod:`broker.errors.st
 
 from __future__ import annotations
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+
+from .breaker import StoreAway
 
 StoreError = RedisError
 """Any failure a store command reports (out of reach, refused, an error reply): what a role
@@ -30,3 +33,10 @@ def group_exists(exc: BaseException) -> bool:
 def no_session(exc: BaseException) -> bool:
     """Whether ``exc`` is a store script's ``NOSESSION`` refusal (no such session)."""
     return isinstance(exc, ResponseError) and "NOSESSION" in str(exc)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection a command went on was lost (a fresh one may
+    serve it), rather than the breaker refusing it while the store is away, a stall's
+    timeout or an error reply."""
+    return isinstance(exc, RedisConnectionError) and not isinstance(exc, StoreAway)

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 
 from ..errors.failures import FailureLog
 from ..loops import cancel_and_wait
-from .client import Store
+from .client import Store, commands
 from .keys import feed_bell
 from .live import open_live_feed
 
@@ -56,7 +56,7 @@ class FeedBells:
     :data:`RING_EVERY` seconds a feed."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self._rung: dict[str, float] = {}
 
     async def ring(self, feeds: Iterable[str]) -> None:
@@ -89,7 +89,7 @@ class Doorbell:
     its own (:meth:`start`); :meth:`wait` returns when one rings."""
 
     def __init__(self, redis: Store, feeds: Sequence[str]) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self._feeds = {feed_bell(feed): feed for feed in feeds}
         self.channels = list(self._feeds)
         self._rung: set[str] = set()

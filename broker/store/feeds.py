@@ -4,7 +4,7 @@ what a notice says, :mod:`.index`'s."""
 
 from __future__ import annotations
 
-from .client import Store
+from .client import Store, commands
 from .errors import group_exists
 from .groups import Entries
 from .keys import PARTITIONS, feed_key
@@ -20,7 +20,7 @@ class ChangeFeeds:
     """The change feeds ``feeds`` (default: every partition's) and their group ``group``."""
 
     def __init__(self, redis: Store, group: str, feeds: list[str] | None = None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.group = group
         self.feeds = all_feeds() if feeds is None else feeds
 

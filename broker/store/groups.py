@@ -4,8 +4,9 @@ few round trips as the store's topology allows.
 * One Redis server over plain TCP or a Unix socket: the acknowledgements of the previous
   read and the next read go in one write on a bare connection (:mod:`.direct`), the reply
   parsed by hiredis (redis-py's pipeline, its packing and its reply callbacks were a
-  quarter of a projector's samples at the soak). When that connection fails, the same read
-  goes through the client, which knows how to recover.
+  quarter of a projector's samples at the soak). A lost connection is read again on a fresh
+  one, as the client would (:func:`~.direct.reconnecting`); any other failure is the
+  caller's, as the client's would be.
 * Through the client (TLS, a Sentinel master, the embedded store): the acknowledgements and
   one blocking ``XREADGROUP`` of every stream, in one pipeline.
 * A Redis Cluster: the streams live in different slots, which one command may not span:
@@ -18,14 +19,13 @@ few round trips as the store's topology allows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from .client import Store, is_cluster
-from .direct import direct_calls
+from .client import Store, commands, is_cluster
+from .direct import direct_calls, reconnecting
 from .feed_bell import AWAKE, MOST_PAUSE, SAFETY, Doorbell
 from .raw import command
 
@@ -48,7 +48,7 @@ class GroupReads:
         batch: int,
         block_ms: int,
     ) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.group = group
         self.consumer = consumer
         self.streams = list(streams)
@@ -95,8 +95,7 @@ class GroupReads:
     async def _read(self, pending: bool) -> list[tuple[str, Entries]]:
         start = "0" if pending else ">"
         if self._direct is not None:
-            with contextlib.suppress(RedisError):  # the client's way recovers from anything
-                return await self._read_direct(start, pending)
+            return await reconnecting(lambda: self._read_direct(start, pending))
         if self._bell is not None:
             return await self._poll(start, pending)
         # The previous batch's acknowledgements travel with this read: one round trip.

@@ -13,11 +13,8 @@ Every role (a front, an agent host, a projector, ``serve`` with all three) holds
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from ..config import Settings
-from ..loops import cancel_and_wait
+from ..lifetimes import RoleLoops
 from .breaker import breaker_of
 from .client import Store
 from .preflight import StoreFacts, preflight, warn_while_evicting
@@ -32,7 +29,8 @@ class StoreGuard:
         self.settings = settings
         self.ready = StoreReadiness(redis, allow_evicting=settings.allow_evicting_store)
         """The ``redis`` readiness check."""
-        self._tasks: list[asyncio.Task[None]] = []
+        self.loops = RoleLoops("store guard")
+        """The store probe (and the evicting store's warning), once started."""
 
     @property
     def facts(self) -> StoreFacts:
@@ -48,14 +46,11 @@ class StoreGuard:
         )
         policy = self.facts.policy
         if policy is not None and self.facts.evicting:
-            warning = warn_while_evicting(policy)
-            self._tasks.append(asyncio.create_task(warning, name="evicting store warning"))
+            self.loops.add("evicting store warning", lambda: warn_while_evicting(policy))
         breaker = breaker_of(self.redis)
         if breaker is not None:
-            probe = breaker.watch(self.redis)
-            self._tasks.append(asyncio.create_task(probe, name="store probe"))
+            self.loops.add("store probe", lambda: breaker.watch(self.redis))
+        await self.loops.start()
 
     async def stop(self) -> None:
-        with contextlib.suppress(Exception):  # stopping: a probe that failed has said so
-            await cancel_and_wait(*self._tasks)
-        self._tasks.clear()
+        await self.loops.stop()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .client import Store
+from .client import Store, commands
 from .keys import PREFIX
 
 _RENEW = """if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -32,7 +32,7 @@ class IdempotencyRecords:
     """Claim, read, renew, settle and let go of a tenant's ``Idempotency-Key`` records."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def claim(self, tenant: str, key: str, pending: str, lease_ms: int) -> bool:
         """Write ``pending`` for ``key`` for ``lease_ms`` unless it has a record; whether

@@ -12,8 +12,9 @@ and spliced into replies as it is), then what the other listings add (see
 after the position (:func:`stored_member`), so a ``session/list`` page is that
 one native command and nothing else: no script, no row lookups (a script that
 fetched the rows cost Redis 90 µs a page, the bare ``ZRANGE`` 3; see
-``docs/architecture.md``). The price is a second copy of each ``SessionInfo``
-per ACP listing it is in.
+``docs/architecture.md``). The price is a second copy of each ``SessionInfo``, in the
+listing of every session only: a cwd's listing holds bare positions, and its page reads
+the rows too (:func:`carries_info`).
 
 Projection is idempotent: a session's row and entries are a function of its
 snapshot, written with compare-and-set on a per-session version that records
@@ -29,7 +30,6 @@ announcement could not be sent is owed one, sent with the next write's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import json
@@ -39,14 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from .. import fastjson
 from .catalog import catalog_entries
-from .client import Store, is_cluster
-from .direct import store_calls
+from .client import Store, commands, is_cluster
+from .direct import reconnecting, store_calls
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
 from .keys import INDEX_CHANNEL, TenantKeys
@@ -91,10 +91,19 @@ def is_acp_listing(listing: str) -> bool:
 _ACP_PREFIX = ACP_LISTING + ":"
 
 
+def carries_info(listing: str) -> bool:
+    """Whether ``listing``'s members carry the ``SessionInfo`` a page shows (the listing of
+    every session); a cwd's listing holds bare positions, whose page reads the rows too
+    (``HMGET``): a second copy of each ``SessionInfo``, about 400 bytes a session kept in
+    Redis for as long as the session, cost more than that round trip (lua/touch.lua decides
+    the same by the key's name)."""
+    return listing == ACP_LISTING
+
+
 def stored_member(listing: str, position: str, info: str) -> str:
-    """The member a session is stored under in ``listing``: its position, and in an ACP
-    listing also the ``SessionInfo`` JSON text a page shows of it."""
-    return f"{position}{_INFO_MARK}{info}" if is_acp_listing(listing) else position
+    """The member a session is stored under in ``listing``: its position, and in the ACP
+    listing of every session also the ``SessionInfo`` JSON text a page shows of it."""
+    return f"{position}{_INFO_MARK}{info}" if carries_info(listing) else position
 
 
 def lower_bound(after: str | None) -> str:
@@ -420,14 +429,22 @@ _NOTHING: Any = object()
 """A session whose notices the index holds already."""
 
 
+class IndexDump(TypedDict):
+    """Everything the index holds for a tenant: its rows (session id -> row text) and its
+    listings' members (listing key -> members, in order)."""
+
+    rows: dict[str, str]
+    listings: dict[str, list[str]]
+
+
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
     def __init__(self, redis: Store, *, changed: Callable[[str], None] | None = None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.announcer = IndexAnnouncer(redis, changed)
-        self._project = redis.register_script(_script("project.lua"))
-        self._touch = redis.register_script(_script("touch.lua"))
+        self._project = self.redis.register_script(_script("project.lua"))
+        self._touch = self.redis.register_script(_script("touch.lua"))
         # Replies as bytes: a page's texts go on to the client's frame as they were read.
         self._calls = store_calls(redis, encoding=None)
         self._direct = self._calls.direct
@@ -579,18 +596,18 @@ class SessionIndex:
             args += call.args
         tenants = {call.key[0] for call in calls}
         try:
-            if self._direct is not None:
-                # A write, made again through the client after a failure: the version check
-                # makes a second one write nothing (and the session is projected afresh).
-                with contextlib.suppress(RedisError):
-                    names, owed = self.announcer.announcing(tenants)
-                    sha = self._touch.sha
-                    touch = ("EVALSHA", sha, len(keys), *keys, *args)
-                    replies = await self._direct.calls(
-                        touch, *[("SPUBLISH", INDEX_CHANNEL, name) for name in names]
-                    )
-                    self.announcer.paid(owed)
-                    return list(replies[0])
+            direct = self._direct
+            if direct is not None:
+                # A write, made again on a fresh connection after a lost one: the version
+                # check makes a second one write nothing (and the session is projected afresh).
+                names, owed = self.announcer.announcing(tenants)
+                touch = ("EVALSHA", self._touch.sha, len(keys), *keys, *args)
+                announce = [("SPUBLISH", INDEX_CHANNEL, name) for name in names]
+                replies = await reconnecting(
+                    lambda: direct.loading(self._touch, lambda: direct.calls(touch, *announce))
+                )
+                self.announcer.paid(owed)
+                return list(replies[0])
             done = list(await self._touch(keys=keys, args=args))
         finally:
             self.announcer.tell(tenants)
@@ -734,15 +751,12 @@ class SessionIndex:
             raise written
         return bool(written)
 
-    async def page(
-        self, tenant: str, listing: str, after: str | None, limit: int, *, direct: bool = True
-    ) -> Page:
+    async def page(self, tenant: str, listing: str, after: str | None, limit: int) -> Page:
         """Up to ``limit`` sessions of the ACP listing ``listing`` that sort after position
         ``after``, as ``session/list`` shows them: one ``ZRANGE``, whose members carry the
-        ``SessionInfo`` texts, joined here into one string. ``direct=False``: through the
-        client only (the bare connection just failed this read)."""
+        ``SessionInfo`` texts, joined here into one string."""
         command = page_command(tenant, listing, after, limit)
-        members = _as_bytes(await self._read(*command, direct=direct))
+        members = _as_bytes(await self._read(*command))
         page = page_of(members, limit)
         return page if page is not None else await self._bare_page(tenant, members, limit)
 
@@ -751,8 +765,9 @@ class SessionIndex:
     ) -> PageRead | None:
         """:meth:`page`'s read sent now, for a caller that answers in a callback: the future
         of its reply (then :meth:`read_page`); None when no bare connection is open (or
-        there is none): :meth:`page` reads it."""
-        if self._direct is None:
+        there is none), or the listing holds bare positions (a cwd's): :meth:`page` reads
+        it."""
+        if self._direct is None or not carries_info(listing):
             return None
         return self._direct.request(*page_command(tenant, listing, after, limit))
 
@@ -768,8 +783,8 @@ class SessionIndex:
         connection, future = read
         return page_of(connection.result(future), limit)
 
-    async def _read(self, *command: Any, direct: bool = True) -> Any:
-        return await self._calls.call(*command, bare=direct)
+    async def _read(self, *command: Any) -> Any:
+        return await self._calls.call(*command)
 
     async def _bare_page(self, tenant: str, members: list[bytes], limit: int) -> Page:
         """A page where some members are bare positions (written before members carried
@@ -798,7 +813,7 @@ class SessionIndex:
         raw = await self.redis.hget(TenantKeys(tenant).rows, session_id)
         return decode_row(raw) if raw else None
 
-    async def dump(self, tenant: str) -> Mapping[str, Any]:
+    async def dump(self, tenant: str) -> IndexDump:
         """Everything the index holds for a tenant (to compare a rebuild with the live one)."""
         keys = TenantKeys(tenant)
         rows = await self.redis.hgetall(keys.rows)
@@ -807,4 +822,4 @@ class SessionIndex:
         for version in versions.values():
             for name in Version.decode(version).entries:  # type: ignore[union-attr]
                 listings[name] = await self.redis.zrange(keys.index(name), 0, -1)
-        return {"rows": rows, "listings": listings}
+        return IndexDump(rows=rows, listings=listings)

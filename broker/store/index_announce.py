@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from .client import Store
+from .client import Store, commands
 from .keys import INDEX_CHANNEL
 
 
@@ -14,7 +14,7 @@ class IndexAnnouncer:
     """Tells who caches pages of a tenant's index that it changed."""
 
     def __init__(self, redis: Store, changed: Callable[[str], None] | None) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.changed = changed
         """Called with a tenant's name as soon as a write of its index returned (or failed:
         it may have been made), before the write's caller goes on."""

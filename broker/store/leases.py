@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from .client import Store
+from .client import Store, commands
 from .errors import StoreError, no_session
 from .keys import SessionKeys, leases_key
 from .log import SessionMissing
@@ -62,12 +62,12 @@ class Leases:
     """Acquires, renews and releases leases for one agent host."""
 
     def __init__(self, redis: Store, host_id: str, *, ttl: float = 10.0) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.host_id = host_id
         self.ttl_ms = int(ttl * 1000)
         self.vanished: set[str] = set()
         source = resources.files("broker.store").joinpath("lua", "lease.lua").read_text()
-        self._script = redis.register_script(source)
+        self._script = commands(redis).register_script(source)
 
     async def acquire(self, tenant: str, session_id: str) -> Lease:
         """Hold the session; raises :class:`HeldElsewhere` or :class:`SessionMissing`."""

@@ -4,12 +4,11 @@ The roles hear what is published live (a session's events, a node's replies, the
 announcements) through a :class:`LiveFeed`, which :func:`open_live_feed` makes: the one
 place that chooses how, by the store's topology (:func:`~.client.topology`):
 
-* one Redis server over plain TCP or a Unix socket: :class:`~.subscriber.BatchSubscriber`,
-  one bare connection read in bulk and parsed by hiredis (the fan-out's fast path);
+* one Redis server (standalone, a Sentinel master, the embedded store):
+  :class:`~.subscriber.BulkSubscriber`, redis-py's ``PubSub`` on a connection of the
+  client's pool, read in bulk (the fan-out's fast path);
 * a Redis Cluster: :class:`~.cluster_feed.ClusterFeed`, redis-py's sharded pub/sub with a
-  reader per node the subscriptions live on, following MOVED and slot moves;
-* anything else (TLS, a Sentinel master, the embedded store):
-  :class:`~.subscriber.RedisPySubscriber`, redis-py's ``PubSub``.
+  reader per node the subscriptions live on, following MOVED and slot moves.
 
 Every engine delivers the same messages, ``{"type", "channel", "data"}``, in the order the
 server pushed them on a connection:
@@ -32,10 +31,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .cluster_feed import ClusterFeed
-from .raw import bare_options
-from .subscriber import BatchSubscriber, Message, RedisPySubscriber
+from .subscriber import BulkSubscriber, Message
 
 __all__ = ["LiveFeed", "Message", "Publisher", "open_live_feed"]
 
@@ -76,10 +74,7 @@ def open_live_feed(redis: Store) -> LiveFeed:
     topology allows (see the module's description)."""
     if topology(redis) is Topology.CLUSTER:
         return ClusterFeed(redis)
-    options = bare_options(redis)
-    if options is not None:
-        return BatchSubscriber(options)
-    return RedisPySubscriber(redis.pubsub())
+    return BulkSubscriber(commands(redis).pubsub())
 
 
 class Publisher:
@@ -87,7 +82,7 @@ class Publisher:
     node's reply channel, the index's announcements."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def publish(self, channel: str, data: str) -> int:
         """Publish ``data`` on ``channel``; how many subscribers heard it (0: none, see

@@ -8,8 +8,7 @@ restored into Redis before an append (:mod:`.archived`).
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
 
 from .appends import BOOKKEEPING_ROOM as BOOKKEEPING_ROOM
 from .appends import LogAppender
@@ -18,7 +17,7 @@ from .appends import call_ids as call_ids
 from .archive import ArchivedLog, ArchiveStore
 from .archived import RESTORE_CHUNK as RESTORE_CHUNK
 from .archived import ArchivedLogs
-from .client import Store
+from .client import Store, commands
 from .direct import direct_calls, store_calls
 from .events import EventRow, JsonObject, LogEvent, Position, SessionSnapshot
 from .floors import FloorSource
@@ -48,7 +47,7 @@ class SessionLog:
         max_events: int = 0,
         direct_reads: bool = False,
     ) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         reads = store_calls(redis, bare=direct_reads)
         self.appender = LogAppender(
             redis,
@@ -133,7 +132,7 @@ class SessionLog:
 
     def snapshot_and_holder(
         self, tenant: str, session_id: str
-    ) -> Coroutine[Any, Any, tuple[SessionSnapshot, str | None]]:
+    ) -> Awaitable[tuple[SessionSnapshot, str | None]]:
         """See :meth:`.LogReader.snapshot_and_holder` (its coroutine, not one around it:
         what each connect's ``session/resume`` reads)."""
         return self.reader.snapshot_and_holder(tenant, session_id)

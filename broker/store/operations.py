@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from .client import Store
+from .client import Store, commands
 from .keys import PREFIX
 
 RETENTION_SECONDS: Final = 24 * 3600
@@ -96,7 +96,7 @@ class OperationLedger:
     """Claims, settles and reads operation records (one Redis string each)."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def begin(self, key: OperationKey, fingerprint: str, lease: float) -> Entry:
         """Claim ``key`` for ``lease`` seconds (:attr:`Claim.NEW`), or say what holds it."""

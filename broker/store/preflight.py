@@ -25,7 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors.failures import describe
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .faults import is_noperm, missing_permission, start_problem
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ async def preflight(redis: Store, *, allow_evicting: bool, tls: bool) -> StoreFa
     if topology(redis) is Topology.EMBEDDED:
         return StoreFacts()
     try:
-        await redis.ping()
+        await commands(redis).ping()
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise RedisConnectionError(start_problem(exc, tls=tls)) from exc
     await check_permissions(redis)
@@ -138,7 +138,7 @@ async def check_permissions(redis: Store) -> None:
     refused naming the permission."""
     for probe in _PROBES:
         try:
-            await redis.execute_command(*probe)
+            await commands(redis).execute_command(*probe)
         except ResponseError as exc:
             if is_noperm(exc) or "can't access" in str(exc):
                 raise StoreRefused(missing_permission(exc, probe[0])) from None
@@ -151,7 +151,7 @@ async def _check_subscribe(redis: Store) -> None:
     """SSUBSCRIBE on a probe channel (a refusal comes as the reply to it)."""
     if topology(redis) is Topology.CLUSTER:
         return  # the cluster's pub/sub client subscribes lazily; SPUBLISH proved the channel
-    pubsub = redis.pubsub()
+    pubsub = commands(redis).pubsub()
     try:
         await pubsub.ssubscribe(PROBE_CHANNEL)
         async with asyncio.timeout(5):
@@ -169,7 +169,7 @@ async def eviction_policy(redis: Store) -> str | None:
     """The store's ``maxmemory-policy`` (a cluster: the first evicting one among its
     nodes); None when this user may not ask (``CONFIG GET`` is ``@dangerous``)."""
     try:
-        answer = await redis.config_get("maxmemory-policy")
+        answer = await commands(redis).config_get("maxmemory-policy")
     except ResponseError as exc:
         if is_noperm(exc):
             return None

@@ -33,7 +33,6 @@ from importlib import resources
 from typing import Any
 
 from ..config import SESSION_KINDS
-from ..errors import ApiError, ErrorCode
 from .catalog import (
     ALL_LISTING,
     ID_PREFIX_CHARS,
@@ -48,7 +47,7 @@ from .catalog import (
     word_listing,
     words,
 )
-from .client import Store
+from .client import Store, commands
 from .cursors import CursorCodec, InvalidCursor, fingerprint
 from .events import JsonObject
 from .index import cwd_listing, decode_row, normalize_cwd
@@ -229,6 +228,11 @@ class _MergedWalk:
                 source.buffer.append((member, decode_row(row) if row else None))
 
 
+class BadCursor(ValueError):
+    """A list query's cursor is forged, truncated, foreign or of another query (the HTTP
+    layer answers it as ``invalid_cursor``: :func:`broker.errors.store.query_refused`)."""
+
+
 class SessionLister:
     """Answers session list queries for any tenant from the catalog listings."""
 
@@ -237,15 +241,15 @@ class SessionLister:
         self.cursors = cursors
         self.scan_budget = scan_budget
         text = resources.files(__package__).joinpath("lua", "scan.lua").read_text()
-        self._scan = store.register_script(text)
+        self._scan = commands(store).register_script(text)
 
     async def page(self, tenant: str, query: SessionQuery) -> SessionPage:
-        """One page of ``query``'s sessions (``invalid_cursor`` :class:`ApiError` if bad)."""
+        """One page of ``query``'s sessions (:class:`BadCursor` if its cursor is bad)."""
         return await self.page_after(tenant, query, self.position(tenant, query))
 
     def position(self, tenant: str, query: SessionQuery) -> str | None:
         """The keyset position ``query``'s cursor holds (None: the first page);
-        ``invalid_cursor`` :class:`ApiError` if it is not one of ours for this query."""
+        :class:`BadCursor` if it is not one of ours for this query."""
         return self._position(query.after, fingerprint(tenant, CATALOG, query.filters()))
 
     async def page_after(self, tenant: str, query: SessionQuery, after: str | None) -> SessionPage:
@@ -274,11 +278,11 @@ class SessionLister:
         if cursor is None:
             return None
         if len(cursor) > CURSOR_MAX_CHARS:
-            raise ApiError(ErrorCode.INVALID_CURSOR, "the cursor is not one this server gave out")
+            raise BadCursor("the cursor is not one this server gave out")
         try:
             return self.cursors.decode(cursor, mark)
         except (InvalidCursor, ValueError) as exc:
-            raise ApiError(ErrorCode.INVALID_CURSOR, str(exc)) from None
+            raise BadCursor(str(exc)) from None
 
     def _page(self, shown: list[tuple[str, JsonObject]], position: str, mark: str) -> SessionPage:
         rows = [row for _, row in shown]

@@ -1,8 +1,9 @@
-"""Per-tenant bounds checked before a write (the per-session one is in the append script)."""
+"""Per-tenant bounds checked before a write (the per-session one is in the append script),
+and the rate counters every node adds a credential's requests to."""
 
 from __future__ import annotations
 
-from .client import Store
+from .client import Store, commands
 from .keys import TenantKeys
 
 
@@ -15,7 +16,7 @@ async def check_session_quota(redis: Store, tenant: str, limit: int) -> None:
 
     Sessions are counted by their index rows (one per session, deleted ones until they
     are purged), which ``session/new`` projects at once: one HLEN, no scan."""
-    count = await redis.hlen(TenantKeys(tenant).rows)
+    count = await commands(redis).hlen(TenantKeys(tenant).rows)
     if count >= limit:
         raise TenantFull(
             f"the tenant has {count} sessions and max_sessions_per_tenant is {limit}: "
@@ -27,7 +28,7 @@ class RateCounters:
     """Counters every node adds to (requests in a window), each kept a few seconds."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def add(self, key: str, amount: int, ttl: int) -> int:
         """Add ``amount`` to the counter ``key`` and keep it ``ttl`` seconds from now (in one

@@ -18,9 +18,10 @@ from typing import Any, cast
 import hiredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..compat.redis import error_from_reply
 from .client import Store, is_single_server, server_client
 
 log = logging.getLogger(__name__)
@@ -319,9 +320,10 @@ def _settle(futures: list[asyncio.Future[Any]]) -> None:
 
 
 def _checked(reply: Any) -> Any:
-    """A reply as it is, or ``ResponseError`` for an error reply."""
+    """A reply as it is, or for an error reply the error redis-py's client raises for it
+    (``ReadOnlyError``, ``NoScriptError``, ``OutOfMemoryError`` … or ``ResponseError``)."""
     if isinstance(reply, hiredis.ReplyError):
-        raise ResponseError(str(reply))
+        raise error_from_reply(str(reply))
     return reply
 
 
@@ -349,7 +351,7 @@ async def open_raw(
     except BaseException as exc:
         if raw is not None:  # half open (cancelled too): not left to the garbage collector
             raw.close()
-        if isinstance(exc, OSError | TimeoutError | ResponseError):
+        if isinstance(exc, OSError | TimeoutError | RedisError):
             raise RedisConnectionError(f"could not connect: {exc}") from exc
         raise
     return raw

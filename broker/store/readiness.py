@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from ..ops import metrics
 from ..ops.health import Unhealthy
-from .client import Store, Topology, topology
+from .client import Store, Topology, commands, topology
 from .faults import is_noperm, write_problem
 from .log_errors import is_oom
 from .preflight import PROBE_CHANNEL, StoreFacts, evicting_refusal, evicting_warning
@@ -39,7 +39,7 @@ class StoreReadiness:
     """The ``redis`` readiness check of one process (see the module)."""
 
     def __init__(self, redis: Store, *, allow_evicting: bool = False) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.allow_evicting = allow_evicting
         self.facts = StoreFacts()
         """What the start-up checks found (set by the role once they ran)."""

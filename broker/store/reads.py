@@ -8,7 +8,7 @@ from typing import Any
 
 from .archive import ArchiveCorrupt, ArchivedLog, entries_between
 from .archived import ArchivedLogs
-from .client import Store
+from .client import Store, commands
 from .direct import StoreCalls
 from .events import EventRow, JsonObject, LogEvent, SessionSnapshot, events_of, window_fields
 from .keys import SessionKeys
@@ -20,7 +20,7 @@ class LogReader:
     """Reads session logs and their snapshots."""
 
     def __init__(self, redis: Store, calls: StoreCalls, archives: ArchivedLogs) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
         self.calls = calls
         """The reads of :meth:`read` and :meth:`snapshot_and_holder`: with ``direct_reads``,
         on a connection of their own where the topology allows one, past redis-py's layers

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .client import Store
+from .client import Store, commands
 from .keys import SessionKeys, deleted_key, hot_key, split_member
 
 
@@ -16,7 +16,7 @@ class RetentionSets:
     """The hot and deleted sets of the partitions, and a purged session's keys."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def idle(self, partition: int, older_than: float) -> list[tuple[str, str]]:
         """Sessions (``(tenant, session id)``) of ``partition`` whose log is in Redis and

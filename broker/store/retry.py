@@ -1,15 +1,16 @@
-"""Trying a Redis write again while the store is briefly out of reach.
+"""What a store briefly out of reach raises, for trying again (:mod:`broker.retry`).
 
 A restart, a failover, a stall or a Redis Cluster moving slots makes commands fail for a few
 seconds. A write that carries someone's answer or reply is tried again (the same bytes: the
 reader deduplicates by the id inside) with a growing pause, until a deadline; past it the
-last error is raised, for the caller to report.
+last error is raised, for the caller to report. The loop and its pauses are
+:mod:`broker.retry`'s; :func:`retrying` and :func:`retry_store` are it with the store's
+errors (:data:`STORE_AWAY`) by default.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from redis.exceptions import (
@@ -23,6 +24,9 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .. import retry as retry_helper
+from ..retry import doubling as doubling  # where the store's callers find it
 
 T = TypeVar("T")
 
@@ -61,10 +65,6 @@ def is_store_away(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith(AWAY_REPLIES)
 
 
-FIRST_PAUSE = 0.05
-MAX_PAUSE = 1.0
-
-
 async def retrying(
     call: Callable[[], Awaitable[T]],
     deadline: float,
@@ -72,13 +72,9 @@ async def retrying(
     *,
     again: Callable[[T], bool] | None = None,
 ) -> T:
-    """``await call()``, again after each of ``errors`` (default :data:`STORE_AWAY`), for at
-    most ``deadline`` seconds in all; then the last error is raised. ``again``: a result it
-    holds for is not the one wanted either (a message published that no subscriber heard):
-    tried again the same way, and past the deadline the last such result is returned."""
-    loop = asyncio.get_running_loop()
-    pauses = _within(loop, loop.time() + deadline)
-    return await retry_store(call, pauses, errors=errors, again=again)
+    """:func:`broker.retry.retrying` with the store's errors (:data:`STORE_AWAY`) unless
+    told others: ``await call()`` again after each, for at most ``deadline`` seconds."""
+    return await retry_helper.retrying(call, deadline, errors, again=again)
 
 
 async def retry_store(
@@ -89,41 +85,9 @@ async def retry_store(
     errors: tuple[type[BaseException], ...] = STORE_AWAY,
     again: Callable[[T], bool] | None = None,
 ) -> T:
-    """``await call()``, again after each of ``errors`` (default :data:`STORE_AWAY`), waiting
-    each of ``pauses`` in turn (endless: until the store answers); when they run out, or
-    ``keep`` (asked after each failure) says False, the last error is raised. A result
-    ``again`` holds for is tried again the same way; when the pauses run out it is returned."""
-    left = iter(pauses)
-    while True:
-        try:
-            result = await call()
-        except errors as exc:
-            pause = next(left, None)
-            if pause is None or (keep is not None and not keep(exc)):
-                raise
-        else:
-            if again is None or not again(result):
-                return result
-            pause = next(left, None)
-            if pause is None:
-                return result
-        await asyncio.sleep(pause)
-
-
-def doubling(first: float = FIRST_PAUSE, cap: float = MAX_PAUSE) -> Iterator[float]:
-    """Pauses that double from ``first`` up to ``cap``, without end."""
-    pause = first
-    while True:
-        yield pause
-        pause = min(pause * 2, cap)
-
-
-def _within(loop: asyncio.AbstractEventLoop, give_up: float) -> Iterator[float]:
-    """:func:`doubling` pauses, while one would end by ``give_up`` (a loop time)."""
-    for pause in doubling():
-        if loop.time() + pause > give_up:
-            return
-        yield pause
+    """:func:`broker.retry.retry` with the store's errors (:data:`STORE_AWAY`) unless told
+    others: ``await call()`` again after each, waiting each of ``pauses`` in turn."""
+    return await retry_helper.retry(call, pauses, errors=errors, keep=keep, again=again)
 
 
 def unheard(receivers: int) -> bool:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from .client import Store, is_cluster
+from .client import Store, commands, is_cluster
 
 
 async def call_each(
@@ -21,8 +21,8 @@ async def call_each(
         return []
     if is_cluster(redis):
         return list(await asyncio.gather(*(script(keys=k, args=a) for k, a in calls)))
-    sha = await redis.script_load(script.script)
-    async with redis.pipeline(transaction=False) as pipe:
+    sha = await commands(redis).script_load(script.script)
+    async with commands(redis).pipeline(transaction=False) as pipe:
         for keys, args in calls:
             pipe.evalsha(sha, len(keys), *keys, *args)
         return list(await pipe.execute())

@@ -26,8 +26,8 @@ every Sentinel's failover events:
   (:meth:`~broker.compat.redis.BlockingSentinelPool.follow`): new connections go there,
   and every connection to another server is closed, those in use included, so a command
   in flight fails as a lost connection and is sent again to the new master (the client's
-  retry), and a subscriber subscribes again there. Each poll closes any connection still
-  elsewhere (one being opened to the old master at the switch).
+  retry), and a subscriber subscribes again there; a connection still open elsewhere (one
+  being opened to the old master at the switch) reconnects before its next command.
 
 A Sentinel that stops answering is listened to again after a pause; the poll needs only
 one of them to answer.
@@ -157,7 +157,7 @@ class SwitchFollower:
 
     async def check(self, pool: BlockingSentinelPool) -> None:
         """Ask the Sentinels; move ``pool`` to the master of the highest epoch if another
-        server, and close its connections still elsewhere."""
+        server (its connections closed then)."""
         named = await self.newest()
         if named is None:
             return
@@ -165,20 +165,15 @@ class SwitchFollower:
         if epoch < self._epoch:
             return  # only Sentinels that have not heard of a failover answered
         self._epoch = epoch
-        before = pool.followed
-        closed = await pool.follow(address)
-        if before is not None and before != address:
+        if await pool.follow(address):
             self.switches += 1
             log.warning(
                 "the Sentinels name a new master for %s: %s:%s (epoch %s); following it, "
-                "%d connection(s) to the old one closed",
+                "the connections to the old one closed",
                 self.master,
                 *address,
                 epoch,
-                closed,
             )
-        elif closed:
-            log.info("closed %d connection(s) opened to the old master of %s", closed, self.master)
 
     async def newest(self) -> tuple[int, Address] | None:
         """(configuration epoch, address) of the master as the Sentinel of the highest

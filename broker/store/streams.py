@@ -30,7 +30,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..errors.failures import FailureLog
-from .client import Store
+from .client import Store, commands
 
 
 def trim_floor(groups: Any, pending: Any, group: str) -> str | None:
@@ -59,7 +59,7 @@ async def trim_behind_group(redis: Store, stream: str, group: str) -> int:
     """Trim ``stream`` behind ``group`` (see the module's description); the number of
     entries removed (0 when the stream or the group does not exist)."""
     # One round trip, in this order (see the module's description of why it is safe).
-    async with redis.pipeline(transaction=False) as pipe:
+    async with commands(redis).pipeline(transaction=False) as pipe:
         pipe.xinfo_groups(stream)
         pipe.xpending(stream, group)
         groups, pending = await pipe.execute(raise_on_error=False)
@@ -77,7 +77,9 @@ async def trim_behind_group(redis: Store, stream: str, group: str) -> int:
 async def trim_below(redis: Store, stream: str, floor: str) -> int:
     """``XTRIM stream MINID ~ floor LIMIT 0``: whole nodes below ``floor`` go, however many
     (an approximate trim stops after 100 nodes unless told ``LIMIT 0``)."""
-    return int(await redis.execute_command("XTRIM", stream, "MINID", "~", floor, "LIMIT", 0))
+    return int(
+        await commands(redis).execute_command("XTRIM", stream, "MINID", "~", floor, "LIMIT", 0)
+    )
 
 
 def absent(error: BaseException) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from .client import Store
+from .client import Store, commands
 from .keys import PREFIX
 
 
@@ -23,7 +23,7 @@ class TokenRecords:
     """Store, list and read the API tokens' records."""
 
     def __init__(self, redis: Store) -> None:
-        self.redis = redis
+        self.redis = commands(redis)
 
     async def add(self, token_id: str, record: str) -> None:
         """A new token's record."""

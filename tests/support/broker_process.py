@@ -106,6 +106,7 @@ def broker_env(
     for key in list(env):
         if key.startswith("ACP_BROKER_"):
             del env[key]
+    env["ACP_BROKER_SANDBOX"] = "off"  # as tests/conftest.py's TEST_SANDBOX says why
     env.update(extra or {})
     return env
 

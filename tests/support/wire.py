@@ -12,7 +12,7 @@ from typing import Any
 
 import websockets
 
-from .client import RawClient, text
+from .client import LOADED_WAIT, RawClient, text
 from .schemas import WireChecker, extensions_asked
 
 INIT_PARAMS: dict[int, dict[str, Any]] = {
@@ -57,7 +57,7 @@ class CheckedClient(RawClient):
         assert reply["result"]["protocolVersion"] == version, reply
         return client
 
-    async def recv(self, timeout: float = 10.0) -> Any:
+    async def recv(self, timeout: float = LOADED_WAIT) -> Any:
         """The next message; a batch of notifications (a replay, for a client that asked
         for them in batches) is handed out entry by entry, its size kept in ``batch_sizes``.
         A batch reply to a batch request stays a list."""
@@ -120,7 +120,9 @@ class CheckedClient(RawClient):
                 out.append(update["state"] + (f":{reason}" if reason else ""))
         return out
 
-    async def until_idle(self, session_id: str, count: int = 1, timeout: float = 20.0) -> None:
+    async def until_idle(
+        self, session_id: str, count: int = 1, timeout: float = LOADED_WAIT
+    ) -> None:
         """Receive until ``count`` turns of the session have ended (idle state updates)."""
         await self.read_until(lambda: self.idle.get(session_id, 0) >= count, timeout)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // ACP clients written with the official TypeScript SDK (@agentclientprotocol/sdk), driven by
-// acp-broker's tests: `client.ts v1|v2 ws|bridge URL`. `ws` connects to the broker over
-// WebSocket (the SDK's WebSocket stream); `bridge` runs the command in ACP_BRIDGE_COMMAND (a
+// acp-broker's tests: `client.ts v1|v2 ws|http|bridge URL`. `ws` connects to the broker over
+// WebSocket (the SDK's WebSocket stream); `http` over Streamable HTTP (the SDK's
+// createHttpStream: POST, SSE GET streams, DELETE); `bridge` runs the command in ACP_BRIDGE_COMMAND (a
 // JSON array: `acp-broker connect URL`) and speaks ndjson over its stdio, as editors do.
 //
 // The scenario: new, prompt (answering the agent's permission request), set_title, list,
@@ -15,6 +16,7 @@ import { Readable, Writable } from "node:stream";
 import * as v1 from "@agentclientprotocol/sdk/unstable";
 import * as v2 from "@agentclientprotocol/sdk/experimental/v2/unstable";
 import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
+import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-client";
 import { WebSocket } from "ws";
 
 type Json = Record<string, any>;
@@ -30,6 +32,10 @@ function check(condition: unknown, what: string): void {
 function open(): { stream: Stream; done: () => void } {
   if (transport === "ws") {
     return { stream: createWebSocketStream(url, { WebSocket }) as Stream, done: () => {} };
+  }
+  if (transport === "http") {
+    const stream = createHttpStream(url) as Stream;
+    return { stream, done: () => void stream.writable.close().catch(() => {}) };
   }
   const [command, ...args] = JSON.parse(process.env.ACP_BRIDGE_COMMAND ?? "[]");
   const child = spawn(command, args, { stdio: ["pipe", "pipe", "inherit"] });
@@ -51,9 +57,13 @@ class Recorder {
     this.waiters = this.waiters.filter((w) => (w.test() ? (w.resolve(), false) : true));
   }
 
-  onPermission(params: Json): Json {
+  /** While set, a permission request waits for it (a turn the client cancels). */
+  held: Promise<Json> | null = null;
+
+  onPermission(params: Json): Json | Promise<Json> {
     this.permissions.push(params);
-    return { outcome: { outcome: "selected", optionId: "allow" } };
+    this.waiters = this.waiters.filter((w) => (w.test() ? (w.resolve(), false) : true));
+    return this.held ?? { outcome: { outcome: "selected", optionId: "allow" } };
   }
 
   of(sessionId: string, from = 0): Json[] {
@@ -111,6 +121,22 @@ async function runV1(stream: Stream): Promise<void> {
       });
       summary.notices = seen.of(sessionId).filter((u) => u.sessionUpdate === "notice");
       check(summary.notices.length === 1, "the agent's notice, passed through");
+
+      // Cancel a turn while its permission request waits: the request is answered
+      // "cancelled" and the turn ends "cancelled".
+      let release: (answer: Json) => void = () => {};
+      seen.held = new Promise((resolve) => (release = resolve));
+      const asked = seen.permissions.length;
+      const cancelled = ctx.request(v1.methods.agent.session.prompt, {
+        sessionId,
+        prompt: [{ type: "text", text: "cancel me" }],
+      });
+      await seen.until(() => seen.permissions.length > asked, "the permission request to cancel");
+      await ctx.notify(v1.methods.agent.session.cancel, { sessionId });
+      release({ outcome: { outcome: "cancelled" } });
+      seen.held = null;
+      summary.cancelled = (await cancelled).stopReason;
+      check(summary.cancelled === "cancelled", `cancelled turn ended ${summary.cancelled}`);
 
       const titled = await ctx.request(v1.methods.agent.session.setTitle, {
         sessionId,

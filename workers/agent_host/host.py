@@ -1,6 +1,6 @@
 """The agent host: runs agents, holds sessions, executes commands for them.
 
-The host keeps one process per configured agent (:class:`AgentPool`) and maps broker
+The host keeps a process per agent and tenant, sealed (:class:`AgentPool`) and maps broker
 session ids to the agent's own session ids, which never leave it (:class:`HeldSessions`).
 Everything an agent says about a session is appended to the session's log
 (:class:`SessionRecorder`); agent-to-client requests go to a client connection through a
@@ -33,8 +33,10 @@ from . import queue
 from .agents import AgentPool, ask
 from .client_requests import ClientChannel, ClientRequests
 from .process import AgentEvents, AgentFailed, AgentProcess
+from .reaper import IdleReaper
 from .recorder import SessionRecorder
 from .restorer import SessionRestorer
+from .sandbox import SandboxPolicy
 from .sessions import HeldSession, HeldSessions
 from .stopper import SessionStopper
 
@@ -56,6 +58,9 @@ class AgentHost(AgentEvents):
         agent_env: Sequence[str] = DEFAULT_AGENT_ENV,
         on_agent_started: Callable[[str, JsonObject], Awaitable[None]] | None = None,
         max_pending_updates: int = 10_000,
+        sandbox: SandboxPolicy | None = None,
+        idle_timeout: float | None = None,
+        max_processes: int | None = None,
     ) -> None:
         self.log = session_log
         self.leases = leases
@@ -66,6 +71,8 @@ class AgentHost(AgentEvents):
             request_timeout=request_timeout,
             agent_env=agent_env,
             on_agent_started=on_agent_started,
+            sandbox=sandbox,
+            max_processes=max_processes,
         )
         self.sessions = HeldSessions()
         self.recorder = SessionRecorder(
@@ -77,6 +84,7 @@ class AgentHost(AgentEvents):
             session_log, leases, self.agents, self.sessions, self.recorder
         )
         self.requests = ClientRequests(self.sessions, self.recorder, clients)
+        self.reaper = IdleReaper(self.agents, self.sessions, self.stop_session, idle_timeout)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -91,11 +99,12 @@ class AgentHost(AgentEvents):
         origin: str,
     ) -> tuple[str, JsonObject]:
         """Create a session on ``agent``; returns the broker's session id and the agent's reply."""
-        process = await self.agents.process(agent)
+        session_id = new_session_id()
+        dirs = [params["cwd"], *(params.get("additionalDirectories") or [])]
+        process = await self.agents.process(agent, tenant, dirs, session_id)
         capabilities.check_mcp_servers(agent, process.capabilities, params.get("mcpServers"))
         reply = await ask(process, "session/new", params)
         agent_sid = _agent_session_id(agent, reply)
-        session_id = new_session_id()
         held = self.sessions.hold(tenant, session_id, process, agent_sid)
         try:
             await self.log.create(
@@ -307,6 +316,7 @@ class AgentHost(AgentEvents):
                 log.warning(
                     "could not record session %s as stopped: %s", held.session_id, describe(exc)
                 )
+        await self.reaper.stop()
         await self.agents.stop()
 
     async def attach(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
@@ -316,9 +326,12 @@ class AgentHost(AgentEvents):
     def kind_of(self, agent: str) -> str:
         return self.agents.kind_of(agent)
 
-    async def start(self) -> None:
-        """Start every configured agent now, so a broken command shows at start-up."""
-        await self.agents.start()
+    async def start(self, *, prestart: bool = True) -> None:
+        """Start stopping idle processes; with ``prestart``, start every configured agent
+        once now, so a broken command or a sandbox that cannot start shows at start-up (and
+        say how agents are sealed)."""
+        self.reaper.start()
+        await self.agents.start(prestart=prestart)
 
     def held_sessions(self) -> list[tuple[str, str]]:
         """(tenant, session id) of every session held here, for lease renewal."""

@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
@@ -27,6 +28,8 @@ from .environment import agent_environment
 log = logging.getLogger(__name__)
 
 _LINE_LIMIT = 64 * 1024 * 1024
+_LAST_WORDS_WAIT = 1.0
+"""Seconds an exited process's last lines on stderr are waited for, to say why it exited."""
 
 
 class AgentFailed(Exception):
@@ -56,8 +59,21 @@ class AgentProcess:
         *,
         request_timeout: float,
         env_allowed: Sequence[str] = DEFAULT_AGENT_ENV,
+        argv: Sequence[str] | None = None,
+        tenant: str = "",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        self.argv = list(argv or spec.command)
+        """What is run: the spec's command, or the command line that seals it."""
+        self.tenant = tenant
+        self.env = dict(env or {})
+        """Variables set for it (a sealed agent's ``TMPDIR``); its spec's ``env`` wins."""
+        """The tenant whose sessions this process runs ("" for the start-up check)."""
+        self.key: tuple[str, str, tuple[str, ...]] = (spec.name, tenant, ())
+        """Its place in the host's pool (set by the pool)."""
+        self.last_active = time.monotonic()
+        """When it last was sent or said something (idle processes are stopped)."""
         self.env_allowed = env_allowed
         self.events = events
         self.request_timeout = request_timeout
@@ -67,6 +83,7 @@ class AgentProcess:
         self._pending = PendingRequests()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._write_lock = asyncio.Lock()
+        self._last_stderr = ""
 
     @property
     def name(self) -> str:
@@ -80,18 +97,18 @@ class AgentProcess:
         """Spawn the process and run ``initialize``; raises :class:`AgentFailed`."""
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self.spec.command,
+                *self.argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env=agent_environment(os.environ, self.env_allowed, self.spec.env),
+                env=agent_environment(os.environ, self.env_allowed, {**self.env, **self.spec.env}),
                 limit=_LINE_LIMIT,
             )
         except OSError as exc:
             raise AgentFailed(f"agent {self.name!r} could not start: {exc}") from exc
         self._spawn(self._read_stdout())
-        self._spawn(self._read_stderr())
-        self._spawn(self._watch_exit())
+        stderr = self._spawn(self._read_stderr())
+        self._spawn(self._watch_exit(stderr))
         result = await self.request(
             "initialize",
             {
@@ -138,6 +155,7 @@ class AgentProcess:
     async def _write(self, message: dict[str, Any]) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         data = (jsonrpc.encode(message) + "\n").encode()
+        self.last_active = time.monotonic()
         async with self._write_lock:
             try:
                 self._proc.stdin.write(data)
@@ -161,6 +179,7 @@ class AgentProcess:
                 await self._handle_line(line)
 
     async def _handle_line(self, line: bytes) -> None:
+        self.last_active = time.monotonic()
         message = jsonrpc.parse_frame(line)
         if isinstance(message, Invalid):
             self.fail(f"agent {self.name!r} wrote something that is not JSON-RPC: {line[:80]!r}")
@@ -193,12 +212,17 @@ class AgentProcess:
     async def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
         while line := await self._proc.stderr.readline():
-            log.info("agent %s: %s", self.name, line.decode(errors="replace").rstrip())
+            text = line.decode(errors="replace").rstrip()
+            self._last_stderr = text or self._last_stderr
+            log.info("agent %s: %s", self.name, text)
 
-    async def _watch_exit(self) -> None:
+    async def _watch_exit(self, stderr: asyncio.Future[Any]) -> None:
         assert self._proc is not None
         code = await self._proc.wait()
-        self.fail(f"agent {self.name!r} exited with code {code}")
+        # Its last words say why (a sandbox that could not be set up says so there).
+        await asyncio.wait({stderr}, timeout=_LAST_WORDS_WAIT)
+        said = f": {self._last_stderr[:200]}" if self._last_stderr else ""
+        self.fail(f"agent {self.name!r} exited with code {code}{said}")
 
     def fail(self, reason: str) -> None:
         """Mark the process failed (once), kill it, fail what waits on it, tell the owner."""
@@ -233,7 +257,8 @@ class AgentProcess:
             proc.kill()
         await proc.wait()
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task

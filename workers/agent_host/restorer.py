@@ -86,18 +86,18 @@ class SessionRestorer:
         self, snapshot: SessionSnapshot, fence: str, params: JsonObject
     ) -> JsonObject:
         tenant, session_id = snapshot.tenant, snapshot.session_id
-        process = await self.agents.process(snapshot.agent)
-        capabilities.check_mcp_servers(
-            snapshot.agent, process.capabilities, params.get("mcpServers")
-        )
         base = {
             "cwd": snapshot.cwd,
             "mcpServers": params.get("mcpServers") or [],
         }
-        if params.get("additionalDirectories") or snapshot.additional_directories:
-            base["additionalDirectories"] = (
-                params.get("additionalDirectories") or snapshot.additional_directories
-            )
+        extra = params.get("additionalDirectories") or snapshot.additional_directories
+        if extra:
+            base["additionalDirectories"] = extra
+        dirs = [snapshot.cwd, *(extra or [])]
+        process = await self.agents.process(snapshot.agent, tenant, dirs, session_id)
+        capabilities.check_mcp_servers(
+            snapshot.agent, process.capabilities, params.get("mcpServers")
+        )
         base = with_trace(base, trace_fields(params))  # the client's trace context
         agent_sid = snapshot.agent_session_id or ""
         if agent_sid and (process.supports_load() or process.supports("resume")):

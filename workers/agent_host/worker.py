@@ -54,6 +54,7 @@ from broker.store.retry import is_store_away, retrying, unheard
 
 from .clients import RemoteClients
 from .host import AgentHost
+from .sandbox import sandbox_policy
 from .streams import run_command_trimming
 from .taken import TakenMarks, kept_reply
 
@@ -112,6 +113,9 @@ class HostWorker:
             cancel_grace=settings.cancel_grace,
             agent_env=settings.agent_env,
             on_agent_started=self._publish_capabilities,
+            sandbox=sandbox_policy(settings),
+            idle_timeout=settings.agent_idle_timeout,
+            max_processes=settings.max_agent_processes,
         )
         self.host.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.read_failures = FailureLog(log, "reading commands")
@@ -134,8 +138,7 @@ class HostWorker:
         await self._create_group(queue_window_start(time.time()))
         await hosts.announce(self.redis, self.host_id, self.settings.lease_ttl)
         await self.role_loops.start()
-        if self.settings.prestart_agents:
-            await self.host.start()
+        await self.host.start(prestart=self.settings.prestart_agents)
 
     def loops(self) -> list[asyncio.Task[Any]]:
         """The tasks of the role's loops (see :attr:`role_loops`)."""
@@ -163,7 +166,9 @@ class HostWorker:
     # -- reading commands ---------------------------------------------------------------------
 
     async def _read_inbox(self) -> None:
-        last = "$"
+        # Restarted after a failure (see RoleLoops), it reads on after the last entry it
+        # read, not from "now": commands that came meanwhile are run.
+        last = self._inbox_last or "$"
         while True:
             entries = await self._guarded(
                 self.bus.read_inbox(self.inbox, last, count=100, block_ms=1000)

@@ -24,12 +24,15 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.config import Settings
 from broker.errors.failures import FailureLog
+from broker.ops import metrics
 from broker.store.archive import ArchiveCorrupt, ArchiveStore, decode, encode
+from broker.store.census import CENSUS_INTERVAL, census
 from broker.store.client import Store
 from broker.store.index import SessionIndex
 from broker.store.keys import PARTITIONS
@@ -71,6 +74,7 @@ class Archiver:
         *,
         session_log: SessionLog | None = None,
     ) -> None:
+        self.store = redis
         self.sets = RetentionSets(redis)
         self.archive = archive
         self.log = session_log or SessionLog(redis, archive=archive)
@@ -176,9 +180,13 @@ async def run_archiving(
     (summarised while failures go on, as :class:`~broker.errors.failures.FailureLog` does) and the
     next one retries it (every step is idempotent)."""
     failures = FailureLog(log, "archiving")
+    counted = -CENSUS_INTERVAL  # the sessions are counted at the first round
     while True:
         await asyncio.sleep(interval)
         try:
+            if time.monotonic() - counted >= CENSUS_INTERVAL:
+                counted = time.monotonic()
+                await count_sessions(archiver.store)
             purged = await archiver.purge_round(deleted_retention)
             if purged.sessions:
                 log.info("purged %d deleted sessions", purged.sessions)
@@ -194,6 +202,13 @@ async def run_archiving(
             failures.failed(exc)
         else:
             failures.succeeded()
+
+
+async def count_sessions(redis: Store) -> None:
+    """The hot and archived sessions, counted into their metrics."""
+    counts = await census(redis)
+    metrics.SESSIONS_HOT.set(counts.hot)
+    metrics.SESSIONS_ARCHIVED.set(counts.archived)
 
 
 def _cancelling() -> bool:

@@ -16,6 +16,7 @@ authenticates in band (which is then held to its own cap).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -23,11 +24,15 @@ from ...auth.authenticator import ACP_AUTH_METHOD, TOKEN_META_KEY, Authenticator
 from ...auth.principal import AuthError, Principal, Scope
 from ...config import Settings
 from ...ops import metrics
-from ...protocol.jsonrpc import AUTH_REQUIRED, JsonObject, Request, RpcError, invalid_params
+from ...protocol.jsonrpc import (
+    AUTH_REQUIRED,
+    LIMIT_EXCEEDED,
+    JsonObject,
+    Request,
+    RpcError,
+    invalid_params,
+)
 from .flow import Pace, TokenRates
-
-LIMIT_EXCEEDED = -32005
-"""JSON-RPC server error: a rate or size limit of the broker was hit (``data.limit`` says which)."""
 
 READ_METHODS = frozenset({"session/list", "session/load", "session/resume"})
 WRITE_METHODS = frozenset(
@@ -189,6 +194,27 @@ def in_flight_limit(settings: Settings) -> RpcError:
         f"limit exceeded: at most {settings.max_requests_in_flight} requests in flight on a "
         "connection: wait for replies",
         {"limit": "max_requests_in_flight"},
+    )
+
+
+def waiting_limit(settings: Settings) -> RpcError:
+    """The error of a request read while more are waiting for the connection's pace than
+    it serves within ``max_pace`` (see :func:`~.flow.waiting_bound`)."""
+    _WAITING_REFUSED.inc()
+    return _waiting_error(settings.rate_per_connection, settings.max_pace)
+
+
+_WAITING_REFUSED = metrics.REFUSED.labels("rate_per_connection")
+
+
+@functools.lru_cache(maxsize=8)
+def _waiting_error(rate: float, max_pace: float) -> RpcError:
+    """Made once: a flood of requests is refused at the rate frames are parsed."""
+    return RpcError(
+        LIMIT_EXCEEDED,
+        f"limit exceeded: rate_per_connection ({rate:g}/s): more requests wait on this "
+        f"connection than it is served in {max_pace:g} s: wait for replies",
+        {"limit": "rate_per_connection"},
     )
 
 

@@ -143,11 +143,11 @@ class ActiveSessions:
                 session.turn = await self._join_turn(session, head, announce=True)
             return
         epoch, rows = await self._log.read_rows(tenant, session_id, after=replay_after, until=head)
-        if (not rows or rows[0][0] != replay_after + 1) and await self._trimmed(
-            tenant, session_id, replay_after
-        ):
-            await self.deactivate(session_id)
-            raise jsonrpc.invalid_params("the position is no longer in the session's log")
+        if not rows or rows[0][0] != replay_after + 1:
+            gap = await self._gap(tenant, session_id, replay_after)
+            if gap is not None:
+                await self.deactivate(session_id)
+                raise gap
         session.delivered = replay_after
         session.turn = await self._join_turn(session, replay_after, announce=False)
         if replay_now:
@@ -156,13 +156,19 @@ class ActiveSessions:
             assert session.held is not None
             session.held[:0] = events_of(rows, epoch)
 
-    async def _trimmed(self, tenant: str, session_id: str, after: int) -> bool:
-        """Whether the log no longer holds the events right after ``after`` because its
-        start was cut (replaying from there would leave a gap). Seqs a rewound log skipped
-        (``store/floors.py``), and a hub that handed out more than the log now holds, leave
-        a gap after a position too, but not at the log's start: those are nothing to send."""
+    async def _gap(self, tenant: str, session_id: str, after: int) -> jsonrpc.RpcError | None:
+        """What refuses a replay after ``after`` when the log no longer holds the events
+        right after it: none left at all (the store dropped the log: an evicting Redis), or
+        its start was cut (replaying from there would leave a gap). None: no gap to refuse.
+        Seqs a rewound log skipped (``store/floors.py``), and a hub that handed out more
+        than the log now holds, leave a gap after a position too, but not at the log's start:
+        those are nothing to send."""
         _, first = await self._log.read_rows(tenant, session_id, count=1)
-        return not first or first[0][0] > after + 1
+        if not first:
+            return jsonrpc.log_lost(session_id)
+        if first[0][0] > after + 1:
+            return jsonrpc.invalid_params("the position is no longer in the session's log")
+        return None
 
     async def _join_turn(self, session: ActiveSession, seq: int, *, announce: bool) -> int | None:
         """The prompt turn open after event ``seq``, which a v2 viewer's message ids need.

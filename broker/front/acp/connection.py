@@ -27,9 +27,11 @@ from typing import Any, Protocol
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
 
 from ...auth.principal import Principal
 from ...config import Settings
+from ...ops import metrics
 from ...protocol import jsonrpc, v2
 from ...protocol.jsonrpc import JsonObject, Request, Response
 from ...protocol.pending import PeerGone, PendingRequests
@@ -38,7 +40,7 @@ from ...store.log import SessionLog
 from ..fanout import FanoutHub
 from .access import LOGINS_PER_SECOND
 from .active import BATCHED_REPLAY_META, ActiveSessions
-from .flow import Pace
+from .flow import Pace, waiting_bound
 from .intake import Dispatcher as RequestDispatcher
 from .intake import Intake
 from .keepalive import PingedConnection
@@ -57,6 +59,14 @@ __all__ = [
 
 CLOSE_GOING_AWAY = 1001
 """Close code when the broker shuts down: reconnect (to any node)."""
+CLOSE_POLICY = 1008
+UNREAD_BACKLOG = "more than max_queue_bytes sent and waiting for the connection's pace"
+"""Why a connection is closed whose frames with no request (answers, notifications) pile up
+past ``max_queue_bytes`` behind its paced requests (requests past it are refused instead)."""
+
+
+OutboxMaker = Callable[[str, Lifetime], Outbox]
+"""Makes a connection's outbox, given the connection's id and lifetime."""
 
 
 class Dispatcher(RequestDispatcher, Protocol):
@@ -76,6 +86,8 @@ class ClientConnection:
         "_idle",
         "_login_attempts",
         "_pending",
+        "_waiting",
+        "_waiting_bytes",
         "client_capabilities",
         "client_instance",
         "id",
@@ -100,7 +112,10 @@ class ClientConnection:
         *,
         principal: Principal | None,
         conn_id: str | None = None,
+        outbox: OutboxMaker | None = None,
     ) -> None:
+        """``outbox``: makes the part that sends (another transport's); by default an
+        :class:`~.outbox.Outbox` writing to ``ws``."""
         self.ws = ws
         self.id = conn_id or str(ws.id)  # given: the caller had made it already
         # Looked up once, for the parts: on Python 3.11 each lookup of the running loop is a
@@ -125,13 +140,22 @@ class ClientConnection:
         """Who hears a request's result as :meth:`reply` sends it, by request id (the
         operation ledger records what a method answered itself)."""
         self._idle = False  # whether :meth:`run` waits for a message, none queued (frame_in)
+        # Frames (and their bytes) read and queued in websockets for :meth:`run`: their pace
+        # holds them (see :meth:`frame_in`).
+        self._waiting = 0
+        self._waiting_bytes = 0
         # The parts hold the connection weakly (it holds them), all by this one reference.
         owner = weakref.ref(self)
         self.lifetime = lifetime = Lifetime(loop)
-        self.outbox = outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
+        if outbox is None:
+            self.outbox = Outbox(ws, self.id, settings.max_queue_bytes, loop, lifetime)
+        else:
+            self.outbox = outbox(self.id, lifetime)
         pinged = isinstance(ws, PingedConnection)
-        self.intake = Intake(owner, methods, outbox, lifetime, loop, holds=pinged)
-        self.sessions = ActiveSessions(owner, settings, methods.log, methods.hub, outbox, lifetime)
+        self.intake = Intake(owner, methods, self.outbox, lifetime, loop, holds=pinged)
+        self.sessions = ActiveSessions(
+            owner, settings, methods.log, methods.hub, self.outbox, lifetime
+        )
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -147,6 +171,9 @@ class ClientConnection:
                     frame = await ws.recv()
                 finally:
                     self._idle = False
+                if self._waiting:
+                    self._waiting -= 1
+                    self._waiting_bytes = max(0, self._waiting_bytes - len(frame))
                 if isinstance(frame, str):
                     await self.intake.take_frame(frame)
                 # An idle connection waits for its next frame here: it does not keep its
@@ -167,17 +194,39 @@ class ClientConnection:
     def frame_in(self, frame: Frame) -> bool:
         """A message's last frame, as websockets parses it (``data_received``): True when it
         was taken in that step, no task woken to read it (a text message that needs no wait,
-        while :meth:`run` waits for the next one); False leaves it to websockets' queue and
-        :meth:`run`, and every message after it until :meth:`run` reads on (none overtakes
-        another)."""
-        if self._idle and frame.opcode is Opcode.TEXT and frame.fin:
-            try:
-                text: str | None = bytes(frame.data).decode()
-            except UnicodeDecodeError:  # websockets' queue fails the connection as it does
-                text = None
-            if text is not None and self.intake.take_frame_now(text):
-                return True
+        while :meth:`run` waits for the next one; or one whose requests are refused, more
+        frames waiting for the pace than it serves within ``max_pace``: :mod:`.flow`); False
+        leaves it to websockets' queue and :meth:`run`, and every message after it until
+        :meth:`run` reads on (none overtakes another but a refused one)."""
+        if frame.opcode is Opcode.TEXT and frame.fin:
+            idle = self._idle
+            settings = self.methods.settings
+            # As many wait for the pace as it serves within max_pace: a request read now is
+            # refused (or ``max_queue_bytes`` of them wait).
+            if (
+                idle
+                or self._waiting >= waiting_bound(settings.rate_per_connection, settings.max_pace)
+                or self._waiting_bytes >= settings.max_queue_bytes
+            ):
+                try:
+                    text: str | None = bytes(frame.data).decode()
+                except UnicodeDecodeError:  # websockets' queue fails the connection as it does
+                    text = None
+                intake = self.intake
+                if text is not None and (
+                    intake.take_frame_now(text) if idle else intake.refuse_frame_now(text)
+                ):
+                    return True
+                if not idle and self._waiting_bytes >= settings.max_queue_bytes:
+                    # Frames with no request (never refused) past the bound: no queue grows
+                    # without end behind a paced request.
+                    if self.ws.protocol.state is State.OPEN:  # closed once
+                        metrics.CLOSES.labels("unread_backlog").inc()
+                        self.lifetime.spawn(self.ws.close(CLOSE_POLICY, UNREAD_BACKLOG))
+                    return True
         self._idle = False
+        self._waiting += 1
+        self._waiting_bytes += len(frame.data)
         return False
 
     def reading_held(self, held: bool) -> None:

@@ -8,12 +8,17 @@ client that waits for each reply is thus never refused, however fast it goes: it
 goes at the rate. What is refused (-32005) is a connection that keeps more than
 ``max_requests_in_flight`` requests unanswered at once.
 
-A client that pipelines faster than its pace is slowed, not cut off: the front's keepalive
-does not count the time its reading is held back against the client's Pongs, which wait
-behind its requests (:mod:`.keepalive`). The client's own Pings wait there too, so a client
-that keeps more than its own ping timeout's worth of requests unread (a websockets client:
-20 s, 1,000 requests at the default pace) times itself out; one that bounds what it has
-unanswered, or pings only when idle, does not.
+A client that pipelines faster than its pace is slowed, never cut off for it. The socket
+is read on while the connection's frames wait for their pace: they wait in websockets'
+queue, up to :func:`waiting_bound` frames (what the pace serves in ``max_pace`` seconds)
+or ``max_queue_bytes``, and a request read past that is refused at once (-32005,
+``rate_per_connection``), so each request is answered or refused within about
+``max_pace``. The client's Pings and Pongs are thus read as they come, never held behind
+its own requests: its Pings are answered (a websockets client closes a connection whose
+Pong is 20 s late) and its Pongs reach the front's keepalive, which besides does not count
+the time reading is held back (:mod:`.keepalive`). A frame with anything but requests in
+it (a notification, such as a cancel, or an answer) is never refused: it waits its turn,
+and a connection whose waiting frames pass ``max_queue_bytes`` that way is closed (1008).
 
 A credential's requests are counted across the deployment in Redis
 (:class:`TokenRates`): one counter a second per credential, which every node adds to in
@@ -75,6 +80,13 @@ class Pace:
         capacity = 2 * self.rate
         tokens = capacity if self.tokens is None else self.tokens
         return min(capacity, tokens + (now - self.stamp) * self.rate)
+
+
+def waiting_bound(rate: float, max_pace: float) -> int:
+    """Frames a connection may have read and not yet taken (waiting for their pace) before a
+    request read is refused: what its pace lets in within ``max_pace`` seconds, its burst
+    included (at least 16, websockets' own queue)."""
+    return max(16, math.ceil(rate * (max_pace + 2)))
 
 
 def rate_key(subject: str, second: int) -> str:

@@ -31,7 +31,7 @@ from ...protocol import jsonrpc, v2
 from ...protocol.jsonrpc import Batch, Invalid, JsonObject, Message, Request, Response, RpcError
 from ...protocol.trace import with_trace
 from ..deadlines import DeadlinePassed, deadline_for, within_deadline
-from .access import Access, in_flight_limit
+from .access import Access, in_flight_limit, waiting_limit
 from .dispatch import Deferred, InTask, PendingRead, StepAnswer
 from .flow import Pace
 from .pacing import FramePacer
@@ -145,6 +145,21 @@ class Intake(FramePacer):
         if not self.paced_now(message):
             return False
         self._dispatch(message, None)
+        return True
+
+    def refuse_frame_now(self, frame: str) -> bool:
+        """A frame read while more wait for the pace than it serves within ``max_pace`` (see
+        :mod:`.flow`): its requests refused in this step (True); False for a frame that holds
+        anything else (nothing done: it waits its turn)."""
+        message = self._receive(frame)
+        if message is None:
+            return True
+        entries = message.entries if isinstance(message, Batch) else (message,)
+        # Only requests can be refused: a notification (a cancel) or an answer must not be
+        # dropped unsaid, so a frame holding one waits its turn, whole.
+        if not all(type(entry) is Request and entry.id is not None for entry in entries):
+            return False
+        self._dispatch(message, waiting_limit(self._settings))
         return True
 
     def _receive(self, frame: str) -> Message | Invalid | Batch | None:

@@ -4,9 +4,11 @@ websockets pings each connection from a task of its own (a sleep, a future and a
 context per ping): at 19,488 connections that is 975 task wake-ups a second, each allocating,
 and a task and its sleep held by every idle connection. :class:`Keepalive` keeps the same
 rule, every connection pinged every ``interval`` and closed (1011, "keepalive ping timeout",
-as websockets closes it) when the pong has not come ``timeout`` after the ping (not counting
-the time the front's flow control held the connection's reading back: a paced client is
-slowed, never cut off for it), from one loop: the connections sit in ``interval / tick``
+as websockets closes it) when the pong has not come ``timeout`` after the ping and nothing
+else came from the peer meanwhile (any bytes show it alive: its Pong may sit behind its
+requests or behind our replies it has yet to read; nor does the time the front's flow control
+held the connection's reading back count: a paced client is slowed, never cut off for it),
+from one loop: the connections sit in ``interval / tick``
 slots, one slot visited per tick, and a visit writes a prepared Ping frame to each of its
 connections' sockets or, for one whose last ping is still unanswered past the timeout,
 closes it.
@@ -115,7 +117,6 @@ class Keepalive:
         self._count = 0  # connections in the slots
         self._next = 0  # the slot the next visit starts at
         self._deal = 0  # the slot the next connection joins
-        self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self.timed_out = 0
         """Connections closed for an overdue Pong."""
@@ -141,15 +142,13 @@ class Keepalive:
             return self.max_span
         return max(1, min(self.max_span, BATCH * len(self._slots) // self._count))
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="keepalive")
-
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(*([task] if task else []), *self._closing)
+        """Cancel the closes under way (:meth:`run`, a loop of the front's, stops with them)."""
+        await cancel_and_wait(*self._closing)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Visit the slots, a tick apart, until cancelled (a loop of the front's
+        :class:`~broker.lifetimes.RoleLoops`)."""
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
@@ -183,10 +182,15 @@ class Keepalive:
             if sent is None:
                 if ws.protocol.state is State.OPEN:
                     ws.ping_sent = now
+                    ws.heard = False
                     ws.transport.write(PING_FRAME)
             elif sent <= overdue:
-                if ws.held:  # its Pong waits behind requests the front has not read yet
+                # Held: its Pong waits behind requests the front has not read yet. Heard: it
+                # sent since the Ping, so it is alive (its Pong may wait behind what it sent,
+                # or what it has yet to read of ours).
+                if ws.held or ws.heard:
                     ws.ping_sent = now
+                    ws.heard = False
                 else:
                     self.discard(ws)
                     self._close(ws)

@@ -27,7 +27,7 @@ from ...config import Settings
 from ...ops import tracing
 from ...protocol.jsonrpc import JsonObject, Request, invalid_params
 from ...store.cursors import CursorCodec, InvalidCursor, fingerprint
-from ...store.errors import StoreError
+from ...store.errors import StoreError, connection_lost
 from ...store.index import ACP_LISTING, Page, SessionIndex, cwd_listing, normalize_cwd
 from ..listing import Listing
 from ..pages import Key, PageCache
@@ -156,9 +156,9 @@ class AcpListing:
             pages.missed()
             token = pages.begin()
 
-        async def again(direct: bool) -> fastjson.Fragment:
+        async def again() -> fastjson.Fragment:
             # Read here, not dispatched: this ask's miss is counted (once) above.
-            page = await self.index.page(tenant, query.listing, query.after, limit, direct=direct)
+            page = await self.index.page(tenant, query.listing, query.after, limit)
             return keep(page)
 
         def keep(page: Page) -> fastjson.Fragment:
@@ -169,11 +169,12 @@ class AcpListing:
         def finish(future: asyncio.Future[Any]) -> fastjson.Fragment | InTask:
             try:
                 page = self.index.read_page(read, limit)
-            except StoreError:  # the client's way recovers from anything
-                # Not on the bare connection again: a stalled server would fail it as slowly.
-                return InTask(functools.partial(again, False))
+            except StoreError as exc:
+                if not connection_lost(exc):  # a stall's timeout, an error reply, the breaker
+                    raise  # answered at once, as the client's would be
+                return InTask(again)  # read again, on a fresh connection
             if page is None:  # members of an earlier format: they need the rows too
-                return InTask(functools.partial(again, True))
+                return InTask(again)
             return keep(page)
 
         return PendingRead(read[1], finish, read[0].in_step)

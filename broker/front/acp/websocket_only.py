@@ -1,10 +1,11 @@
-"""What ``/acp`` answers to anything but a WebSocket upgrade: an HTTP error naming the URL.
+"""What ``/acp`` on the WebSocket port answers to anything but a WebSocket upgrade: an HTTP
+error naming the URLs.
 
-ACP's remote transport RFD puts two profiles on one ``/acp`` endpoint: streamable HTTP
-(POST a message, GET a stream) and a WebSocket upgrade. The broker offers the WebSocket
-one only, so a POST to ``/acp`` on the WebSocket port gets ``405 Method Not Allowed``
-(``Allow: GET``), and ``/acp`` on the HTTP port ``404 Not Found``, both with a body that
-names the WebSocket URL to use instead.
+ACP's remote transport RFD puts two profiles on one ``/acp`` endpoint: Streamable HTTP
+(POST a message, GET a stream) and a WebSocket upgrade. The broker serves the WebSocket
+profile on its ACP port (the ``websockets`` server) and Streamable HTTP on its HTTP port's
+``/acp`` (``broker/front/streamable``), so a POST to ``/acp`` on the WebSocket port gets
+``405 Method Not Allowed`` (``Allow: GET``) with a body that names both URLs.
 
 A POST that carries a body never reaches ``process_request``: the ``websockets``
 handshake parser refuses request bodies and closes the connection without a word.
@@ -41,17 +42,17 @@ def websocket_url(settings: Settings, port: int, host_header: str | None = None)
     return f"{scheme}://{host}:{port}{settings.path}"
 
 
-def refusal(url: str) -> str:
+def refusal(url: str, http_base: str) -> str:
     """The text of the refusal: what to do instead."""
     return (
-        f"ACP is served over WebSocket only (no streamable HTTP transport): "
-        f"open a WebSocket to {url} (GET with Upgrade: websocket) and send initialize first.\n"
+        f"This port serves ACP over WebSocket: open a WebSocket to {url} (GET with Upgrade:"
+        f" websocket) and send initialize first. ACP's Streamable HTTP transport (POST, GET"
+        f" and DELETE) is served on the HTTP port: {http_base}{_acp_path(url)}\n"
     )
 
 
-def not_here(settings: Settings, port: int, host_header: str | None) -> str:
-    """The body of the HTTP port's 404 for ``/acp``."""
-    return refusal(websocket_url(settings, port, host_header))
+def _acp_path(url: str) -> str:
+    return "/" + url.split("://", 1)[-1].split("/", 1)[-1]
 
 
 def elsewhere(settings: Settings, path: str, http_base: str) -> str:
@@ -82,7 +83,7 @@ class WebSocketOnlyConnection(PingedConnection):
             text = elsewhere(self.settings, path, self.http_base())
             return _answer(http.HTTPStatus.NOT_FOUND, text, "")
         port = int(self.transport.get_extra_info("sockname")[1])
-        text = refusal(websocket_url(self.settings, port, _host_header(data)))
+        text = refusal(websocket_url(self.settings, port, _host_header(data)), self.http_base())
         return _answer(http.HTTPStatus.METHOD_NOT_ALLOWED, text, "Allow: GET\r\n")
 
 

@@ -26,6 +26,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from ...compat.uvicorn import EmbeddedServer, guarded_h11
 from ...config import Settings
@@ -59,8 +60,12 @@ class FrontHttp:
         health: Health | None = None,
         tools: SessionTools | None = None,
         stream: EventStream | None = None,
+        acp: ASGIApp | None = None,
     ) -> None:
+        """``acp``: the app of ACP's Streamable HTTP transport at ``/acp`` (None: ``/acp``
+        answers 404 naming the WebSocket URL)."""
         self.settings = settings
+        self.acp = acp
         self.console = console
         self.health = health or Health()
         self.rest = RestApi(sessions, creates=tools is not None)
@@ -93,7 +98,8 @@ class FrontHttp:
             routes += self.session_routes.routes()
         routes.append(Route(METRICS_PATH, _metrics_endpoint, methods=["GET"]))
         routes += [Route(path, self._rest_endpoint, methods=_ALL_METHODS) for path in PATHS]
-        routes.append(Route(self.settings.path, self._acp_endpoint, methods=_ALL_METHODS))
+        acp = self.acp if self.acp is not None else self._acp_endpoint
+        routes.append(Route(self.settings.path, acp, methods=_ALL_METHODS))
         routes.append(Route("/{path:path}", self._rest_endpoint, methods=_ALL_METHODS))
         app = self.mcp.streamable_http_app(
             streamable_http_path=MCP_PATH,
@@ -116,16 +122,25 @@ class FrontHttp:
                     "Mcp-Protocol-Version",
                     "Last-Event-Id",
                     "Idempotency-Key",
+                    "Acp-Connection-Id",
+                    "Acp-Session-Id",
                 ],
-                expose_headers=["Link", "Location", "Mcp-Session-Id", "WWW-Authenticate"],
+                expose_headers=[
+                    "Link",
+                    "Location",
+                    "Mcp-Session-Id",
+                    "WWW-Authenticate",
+                    "Acp-Connection-Id",
+                ],
             )
         return app
 
     async def _acp_endpoint(self, request: Request) -> Response:
         """ACP is not served on this port: say where it is."""
-        body = websocket_only.not_here(
+        url = websocket_only.websocket_url(
             self.settings, self.websocket_port(), request.headers.get("host")
         )
+        body = websocket_only.refusal(url, http_url(self.settings, self.port))
         return Response(body, 404, media_type="text/plain")
 
     async def _health_endpoint(self, request: Request) -> Response:
@@ -151,6 +166,7 @@ class FrontHttp:
             lifespan="on",
             timeout_graceful_shutdown=5,
             http=guarded_h11(self.settings.http_header_timeout),
+            ws="none",  # WebSocket is the ACP port's: an upgrade here is told so (/acp)
             timeout_keep_alive=self.settings.http_keep_alive_timeout,
             ssl_certfile=self.settings.tls_cert,
             ssl_keyfile=self.settings.tls_key,

@@ -24,10 +24,11 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...errors.failures import describe
+from ...retry import retry, steady, within
 from ...store.client import Store
 from ...store.errors import StoreError
 from ...store.idempotency import IdempotencyRecords
@@ -41,6 +42,12 @@ LEASE_SECONDS = 10.0
 HEADER = "idempotency-key"
 KEY_MAX = 255
 POLL_SECONDS = 0.1
+_PENDING = object()
+"""What a look at a key another request claimed finds while that request runs."""
+
+
+def _pending(found: object) -> bool:
+    return found is _PENDING
 
 
 def checked_key(value: str) -> str:
@@ -86,27 +93,26 @@ class IdempotencyKeys:
         claim = Claim(tenant, key, pending, mark)
         if await self.records.claim(tenant, key, pending, self.lease_ms):
             return claim
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.wait
-        while True:
+
+        async def look() -> Claim | str | object:
             raw = await self.records.get(tenant, key)
             if raw is None:  # the first request failed, or died and its claim lapsed
-                if await self.records.claim(tenant, key, pending, self.lease_ms):
-                    return claim
-                continue
+                claimed = await self.records.claim(tenant, key, pending, self.lease_ms)
+                return claim if claimed else _PENDING
             stored = json.loads(raw)
             if stored.get("fp") != mark:
                 raise invalid_argument(
                     "this Idempotency-Key was used with another request body; use a new key"
                 )
-            if stored.get("sid"):
-                return str(stored["sid"])
-            if loop.time() > give_up:
-                raise ApiError(
-                    ErrorCode.UNAVAILABLE,
-                    "the first request with this Idempotency-Key is still running; retry later",
-                )
-            await asyncio.sleep(POLL_SECONDS)
+            return str(stored["sid"]) if stored.get("sid") else _PENDING
+
+        found = await retry(look, within(steady(POLL_SECONDS), self.wait), again=_pending)
+        if found is _PENDING:
+            raise ApiError(
+                ErrorCode.UNAVAILABLE,
+                "the first request with this Idempotency-Key is still running; retry later",
+            )
+        return cast(Claim | str, found)
 
     @contextlib.asynccontextmanager
     async def creating(self, claim: Claim) -> AsyncIterator[None]:

@@ -10,6 +10,7 @@ from functools import cache
 
 from ...store.events import JsonObject
 from . import openapi_tools as tool_paths
+from .openapi_events import SESSION_EVENT
 from .sessions import TOOL_DESCRIPTION
 from .tool_inputs import query_parameters
 from .tool_models import AFTER_REST, SessionListInput
@@ -45,7 +46,11 @@ def openapi_document() -> JsonObject:
                     "needed when authentication is off.",
                 }
             },
-            "schemas": {**output_schemas(), **tool_paths.schemas()},
+            "schemas": {
+                **output_schemas(),
+                "SessionEvent": SESSION_EVENT,
+                **tool_paths.schemas(),
+            },
         },
     }
 

@@ -9,6 +9,7 @@ against what it says.
 from __future__ import annotations
 
 from ...store.events import JsonObject
+from .openapi_events import event_stream_content
 from .tool_inputs import input_schema
 from .tool_models import (
     CreateSession,
@@ -179,7 +180,7 @@ def session_paths() -> JsonObject:
                 "responses": {
                     "200": {
                         "description": "The event stream.",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        "content": event_stream_content(),
                     },
                     **_problems("read", "404"),
                 },

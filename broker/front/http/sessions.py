@@ -20,11 +20,12 @@ from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
 from ...config import Settings
 from ...errors import ApiError, ErrorCode
+from ...errors.store import query_refused
 from ...ops import metrics
 from ...store.client import Store
 from ...store.cursors import CursorCodec
 from ...store.errors import StoreError
-from ...store.query import SessionLister, SessionPage, SessionQuery
+from ...store.query import BadCursor, SessionLister, SessionPage, SessionQuery
 from ..listing import Listing
 from ..pages import Key, PageCache
 from .tool_models import list_query
@@ -69,6 +70,8 @@ class SessionsService:
                     metrics.list_seconds("http").observe(time.perf_counter() - started)
         except ApiError:
             raise
+        except BadCursor as exc:
+            raise query_refused(exc) from None
         except TimeoutError as exc:
             raise ApiError(
                 ErrorCode.UNAVAILABLE,

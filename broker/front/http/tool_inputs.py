@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Self
 
 from pydantic import (
@@ -67,13 +68,13 @@ class ToolInput(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @classmethod
-    def names(cls) -> list[str]:
+    def names(cls) -> tuple[str, ...]:
         """The inputs' names, in declared order."""
-        return list(cls.model_fields)
+        return _names(cls)
 
     @classmethod
-    def required(cls) -> list[str]:
-        return [name for name, spec in cls.model_fields.items() if spec.is_required()]
+    def required(cls) -> tuple[str, ...]:
+        return _required(cls)
 
     @classmethod
     def parse(cls, args: Mapping[str, Any], wording: Wording = TOOL_WORDING) -> Self:
@@ -93,6 +94,16 @@ class ToolInput(BaseModel):
             return cls.model_validate(given)
         except ValidationError as exc:
             raise invalid_argument(str(exc.errors()[0]["msg"])) from None
+
+
+@cache
+def _names(model: type[ToolInput]) -> tuple[str, ...]:
+    return tuple(model.model_fields)  # once: pydantic's model_fields is slow to read
+
+
+@cache
+def _required(model: type[ToolInput]) -> tuple[str, ...]:
+    return tuple(name for name, spec in model.model_fields.items() if spec.is_required())
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,9 +35,15 @@ for i = 1, tonumber(ARGV[1]) do
   if line then
     local info = string.sub(row, 1, line - 1)
     for j = 1, n do
-      local at = ARGV[a + 6 + j]
-      redis.call('ZREMRANGEBYLEX', KEYS[k + 2 + j], '[' .. at, '(' .. at .. '\2')
-      redis.call('ZADD', KEYS[k + 2 + j], 0, position .. '\1' .. info)
+      local at, listing = ARGV[a + 6 + j], KEYS[k + 2 + j]
+      redis.call('ZREMRANGEBYLEX', listing, '[' .. at, '(' .. at .. '\2')
+      -- Only the listing of every session carries the SessionInfo (index.carries_info); a
+      -- cwd's holds bare positions.
+      if string.sub(listing, -7) == ':ix:acp' then
+        redis.call('ZADD', listing, 0, position .. '\1' .. info)
+      else
+        redis.call('ZADD', listing, 0, position)
+      end
     end
     redis.call('HSET', rows, sid, row)
     redis.call('HSET', versions, sid, ARGV[a + 3])
