@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -20,6 +21,7 @@ from broker.store.client import connect
 
 from .conftest import make_settings
 from .support.client import RawClient, tool_result_text, wait_for
+from .test_scale_out import cluster_of
 
 ALLOW = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
 ASK = "session/request_permission"
@@ -272,3 +274,51 @@ async def test_nobody_answering_expires_the_interaction(redis_url: str) -> None:
     finally:
         await broker.stop()
         await store.aclose()
+
+
+@pytest.mark.slow
+async def test_a_front_killed_mid_interaction_loses_nothing(redis_url: str, tmp_path: Path) -> None:
+    """The asking window's front is killed while the question is open: the interaction
+    stays in the log and at the host, and a draft client on the other front answers it."""
+    async with cluster_of(redis_url, tmp_path, fronts=2, hosts=1) as deployment:
+        first, second = deployment.nodes
+        window = await RawClient.connect(first.url)
+        await window.initialize()
+        session_id = await window.new_session("/srv/i", timeout=30)
+        await window.send_prompt(1, session_id, "read it")
+        await window.read_until(lambda: asks(window), 30)
+        other = await RawClient.connect(second.url)
+        caps: dict[str, Any] = {"remote": {"core": {}}}
+        await other.call("initialize", {"protocolVersion": 1, "clientCapabilities": caps})
+        await load(other, session_id)
+        await first.kill()
+        listed = await other.call("interaction/list", {"sessionId": session_id})
+        [pending] = listed["result"]["interactions"]
+        assert pending["state"]["type"] == "open"
+        claim = {
+            "sessionId": session_id,
+            "interactionId": pending["interactionId"],
+            "expectedRevision": pending["revision"],
+        }
+        taken = (await other.call("interaction/claim", claim))["result"]["interaction"]
+        answer = {
+            **claim,
+            "claimId": taken["state"]["claimId"],
+            "fencingToken": taken["state"]["fencingToken"],
+            "expectedRevision": taken["revision"],
+            "response": ALLOW,
+        }
+        done = await other.call("interaction/respond", answer)
+        assert done["result"]["interaction"]["state"]["type"] == "resolved", done
+
+        def tool_completed() -> bool:
+            return any(
+                u["update"].get("sessionUpdate") == "tool_call_update"
+                and u["update"].get("status") == "completed"
+                for u in other.updates(session_id)
+            )
+
+        await other.read_until(tool_completed, 30)  # the agent heard the answer
+        states = [u["state"]["type"] for u in interaction_updates(other)]
+        assert states[-1] == "resolved"
+        await other.close()
