@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "unavailable"  # the store cannot be reached; retry later
     OPERATION_CONFLICT = "operation_conflict"  # an Idempotency-Key reused with another request
     OPERATION_OUTCOME_UNKNOWN = "operation_outcome_unknown"  # its first request left no outcome
+    REVISION_CONFLICT = "revision_conflict"  # a stale revision or claim (an interaction)
     INTERNAL = "internal"
 
 
@@ -53,6 +54,7 @@ HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
     ErrorCode.UNAVAILABLE: HTTPStatus.SERVICE_UNAVAILABLE,
     ErrorCode.OPERATION_CONFLICT: HTTPStatus.CONFLICT,
     ErrorCode.OPERATION_OUTCOME_UNKNOWN: HTTPStatus.CONFLICT,
+    ErrorCode.REVISION_CONFLICT: HTTPStatus.CONFLICT,
     ErrorCode.INTERNAL: HTTPStatus.INTERNAL_SERVER_ERROR,
 }
 

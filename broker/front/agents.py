@@ -214,6 +214,13 @@ class RemoteAgents(AgentGateway):
             Op.FORWARD, tenant, session_id, {"method": method, "params": params}
         )
 
+    async def interact(
+        self, tenant: str, session_id: str, action: str, params: JsonObject, principal: str
+    ) -> JsonObject:
+        fields = {"action": action, "params": params, "principal": principal}
+        reply = await self._answered(Op.INTERACT, tenant, session_id, fields, holder_only=True)
+        return reply if isinstance(reply, dict) else {}
+
     async def release(self, tenant: str, session_id: str) -> None:
         await self._answered(Op.RELEASE, tenant, session_id, {}, holder_only=True)
 

@@ -200,7 +200,9 @@ class NodeRouter(HubListener):
                 if not may_act(conn):  # it lost the write scope (logged out) while asked
                     log.info("refused the answer of %s: no write scope", conn.id)
                     continue
-                return {"result": result}
+                # Who answered: the host records it on the interaction (as a participant id).
+                by = conn.principal.subject if conn.principal is not None else ""
+                return {"result": result, "by": by}
             raise ConnectionError(f"no connection left to answer {method}")
         finally:
             for ask in asks:

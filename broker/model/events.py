@@ -33,6 +33,7 @@ class EventType(StrEnum):
     PROMPT_QUEUED = "prompt_queued"  # a prompt that came while a turn ran: waits its turn
     PROMPT_WITHDRAWN = "prompt_withdrawn"  # a queued prompt cancelled before its turn
     CANCEL_IGNORED = "cancel_ignored"  # a cancel of an activity not there to cancel
+    INTERACTION = "interaction"  # a pending interaction's new state (opened, claimed, resolved…)
 
 
 class Status(StrEnum):

@@ -61,6 +61,7 @@ class Op(StrEnum):
     RELEASE = "release"  # stop holding the session (deleted)
     STOP = "stop"  # stop holding the session, recorded STOPPED (a resume brings it back)
     CLIENT_REPLY = "creply"  # a front's answer to a client request (see module doc)
+    INTERACT = "interact"  # action, params, principal: a pending interaction's list/claim/…
 
 
 class Reply(StrEnum):
@@ -237,6 +238,13 @@ class AgentGateway(Protocol):
     ) -> Any: ...
 
     async def release(self, tenant: str, session_id: str) -> None: ...
+
+    async def interact(
+        self, tenant: str, session_id: str, action: str, params: JsonObject, principal: str
+    ) -> JsonObject:
+        """List, claim, release or answer the session's pending interactions at the host
+        holding it (``{}`` when none holds it: it has none)."""
+        ...
 
     async def stop(self, tenant: str, session_id: str) -> None:
         """Have the host holding the session let its agent process go, the session

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import fastjson
 from ..model.events import EventType, JsonObject, LogEvent
+from . import interactions
 from .jsonrpc import invalid_params, notification
 
 POSITION_META = "acpBroker/position"
@@ -159,6 +160,8 @@ def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
         return [notice_chunk(str(body.get("text", "")))]
     if kind in _QUEUE_EVENTS:
         return [queue_update(body)]
+    if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
+        return [interactions.info_update(body["interaction"])]
     return []
 
 
@@ -182,6 +185,24 @@ def queue_update(body: JsonObject) -> JsonObject:
     if body["type"] == EventType.PROMPT_QUEUED:
         change["prompt"] = body.get("prompt", [])
     return {"sessionUpdate": "session_info_update", "_meta": {QUEUE_META: change}}
+
+
+INTERACTIONS_META = "acpBroker/interactions"
+"""``capabilities._meta`` key of a client that asks to be sent interaction records."""
+
+
+def follows_interactions(capabilities: JsonObject) -> bool:
+    """Whether a client is sent each interaction's changes (``session_info_update`` with
+    ``_meta["acpBroker/interaction"]``): one that negotiated the draft
+    (``capabilities.remote``), or that asked (``_meta["acpBroker/interactions"]: true``, or
+    ``"acpBroker/sharedAsks"``, as the web console does). Others answer the agent's
+    requests themselves and are spared the records."""
+    if isinstance(capabilities.get("remote"), dict):
+        return True
+    meta = capabilities.get("_meta")
+    return isinstance(meta, dict) and any(
+        meta.get(key) is True for key in (INTERACTIONS_META, "acpBroker/sharedAsks")
+    )
 
 
 def is_notice(event: LogEvent) -> bool:

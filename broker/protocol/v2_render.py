@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from .. import fastjson
 from ..model.events import EventType, LogEvent
-from . import v2_translate
+from . import interactions, v2_translate
 from .jsonrpc import JsonObject, notification
 from .render import (
     UPDATE_AT,
@@ -76,6 +76,8 @@ def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
         return [broker_notice(body)]
     if kind in (EventType.PROMPT_QUEUED, EventType.PROMPT_WITHDRAWN, EventType.CANCEL_IGNORED):
         return [queue_update(body)]
+    if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
+        return [interactions.info_update(body["interaction"])]
     return []
 
 

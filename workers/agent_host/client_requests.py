@@ -6,27 +6,35 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from broker.protocol.interactions import KINDS
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, Request, RpcError, session_not_found
-from broker.store.events import EventType
 
+from .clients import Answered
+from .interactions import HostInteractions
 from .process import AgentProcess
 from .recorder import SessionRecorder
 from .sessions import HeldSessions
-
-USER_ACTIONS = frozenset({"session/request_permission", "elicitation/create"})
-"""Agent requests that block the running prompt on a person: logged as ``state`` events."""
 
 
 class ClientChannel(Protocol):
     """How the host reaches a client connection where a session is active."""
 
+    timeout: float
+    """How long a request waits for its answer (an interaction, before it expires)."""
+
     async def request_client(
         self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
     ) -> Any: ...
 
+    async def answer_client(
+        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
+    ) -> Answered:
+        """As :meth:`request_client`, with who answered."""
+        ...
+
 
 class ClientRequests:
-    """Sends an agent's requests to a client; a person's wait shows in the session's state."""
+    """Sends an agent's requests to a client; a question for a person is an interaction."""
 
     def __init__(
         self, sessions: HeldSessions, recorder: SessionRecorder, clients: ClientChannel
@@ -34,20 +42,26 @@ class ClientRequests:
         self.sessions = sessions
         self.recorder = recorder
         self.clients = clients
+        self.interactions = HostInteractions(recorder, clients.timeout)
 
     async def on_agent_request(self, agent: AgentProcess, request: Request) -> Any:
         held = self.sessions.by_agent_sid.get((id(agent), str(request.params.get("sessionId"))))
         if held is None:
             raise session_not_found(str(request.params.get("sessionId")))
         params = {**request.params, "sessionId": held.session_id}
-        waits = request.method in USER_ACTIONS and held.prompt_task is not None
-        if waits:
-            await self.recorder.append(held, {"type": EventType.STATE, "state": "requires_action"})
-        task = asyncio.ensure_future(
-            self.clients.request_client(
+
+        def ask_clients(asked: JsonObject) -> Any:
+            return self.clients.answer_client(
+                held.tenant, held.session_id, request.method, asked, held.prompt_origin
+            )
+
+        if request.method in KINDS:  # a durable interaction, the person's wait in the state
+            work = self.interactions.ask(held, request.method, params, ask_clients)
+        else:
+            work = self.clients.request_client(
                 held.tenant, held.session_id, request.method, params, held.prompt_origin
             )
-        )
+        task = asyncio.ensure_future(work)
         held.client_requests.add(task)
         try:
             return await task
@@ -57,5 +71,3 @@ class ClientRequests:
             raise RpcError(INTERNAL_ERROR, "the prompt was cancelled") from None
         finally:
             held.client_requests.discard(task)
-            if waits and not task.cancelled() and held.prompt_task is not None:
-                await self.recorder.append(held, {"type": EventType.STATE, "state": "running"})

@@ -45,6 +45,19 @@ a request asked meanwhile once failed with "no connected client where the sessio
 active" where the client was connected all along."""
 
 
+NOBODY = "no connected client where the session is active can answer"
+"""How the failure of a request no connection could answer begins."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A client's answer and who gave it (the answering connection's principal, as its
+    front named it; ``""`` when it did not say)."""
+
+    result: Any
+    by: str = ""
+
+
 class NobodyAnswered(Exception):
     """Every node that heard the request said that none of its connections can answer it."""
 
@@ -53,7 +66,7 @@ class NobodyAnswered(Exception):
 class _Waiter:
     """One request waiting for its answer: which nodes heard it, which declined."""
 
-    future: asyncio.Future[Any]
+    future: asyncio.Future[Answered]
     receivers: int | None = None
     declined: set[str] = field(default_factory=set)
     held: bool = False
@@ -99,6 +112,12 @@ class RemoteClients:
     async def request_client(
         self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
     ) -> Any:
+        """The result of :meth:`answer_client`."""
+        return (await self.answer_client(tenant, session_id, method, params, prefer)).result
+
+    async def answer_client(
+        self, tenant: str, session_id: str, method: str, params: JsonObject, prefer: str | None
+    ) -> Answered:
         """Ask the client (``prefer``: that connection first) and return its answer.
 
         ``prefer`` :data:`~broker.protocol.commands.UNATTENDED_ORIGIN` (a turn a session
@@ -151,9 +170,7 @@ class RemoteClients:
                 wait_until = until
                 targets = [None]  # whoever resumed the session now
             await asyncio.sleep(min(self.reask_interval, max(0.0, wait_until - now)))
-        raise RpcError(
-            INTERNAL_ERROR, f"no connected client where the session is active can answer {method}"
-        )
+        raise RpcError(INTERNAL_ERROR, f"{NOBODY} {method}")
 
     async def _until_answered(
         self,
@@ -163,7 +180,7 @@ class RemoteClients:
         method: str,
         heard: list[bool],
         patience: float,
-    ) -> Any:
+    ) -> Answered:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
@@ -222,7 +239,7 @@ class RemoteClients:
         elif "error" in message:
             waiter.future.set_exception(commands.rpc_error(message["error"]))
         else:
-            waiter.future.set_result(message.get("result"))
+            waiter.future.set_result(Answered(message.get("result"), str(message.get("by") or "")))
 
     def waiting(self) -> int:
         """How many requests wait for an answer now."""

@@ -83,15 +83,25 @@ class SessionRecorder:
         """Log one of the host's own events, after the agent's updates so far. Tried for a
         few seconds while the store is away (:meth:`log_retrying`); ``kept``: until the
         store takes it (:meth:`log_until_back`)."""
+        return await self.append_all(held, [body], kept=kept)
+
+    async def append_all(
+        self, held: HeldSession, bodies: list[JsonObject], *, kept: bool = False
+    ) -> Position:
+        """:meth:`append` of several events, in order, in one round trip (one wait for the
+        agent's updates so far): where the last landed."""
         await self.settle()  # the agent's updates so far go first: the log keeps their order
-        items = [(held.tenant, held.session_id, body, held.fence)]
-        [result] = await (self.log_until_back(items) if kept else self.log_retrying(items))
-        if isinstance(result, Fenced):
-            self.sessions.lose(held.session_id)
-            raise RpcError(INTERNAL_ERROR, "the session moved to another agent host")
-        if isinstance(result, Exception):
-            raise result
-        return result
+        items = [(held.tenant, held.session_id, body, held.fence) for body in bodies]
+        results = await (self.log_until_back(items) if kept else self.log_retrying(items))
+        for result in results:
+            if isinstance(result, Fenced):
+                self.sessions.lose(held.session_id)
+                raise RpcError(INTERNAL_ERROR, "the session moved to another agent host")
+            if isinstance(result, Exception):
+                raise result
+        last = results[-1]
+        assert isinstance(last, Position)
+        return last
 
     async def end_prompt(
         self,

@@ -50,6 +50,8 @@ class HeldSession:
     prompt_id: str | None = None  # the running prompt's (its activity id)
     queue: list[Queued] = field(default_factory=list)  # prompts waiting their turn, in order
     client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
+    interactions: dict[str, Any] = field(default_factory=dict)
+    """Its pending interactions (and the last ended ones) by id: ``interactions.Pending``."""
 
 
 class HeldSessions:

@@ -373,6 +373,12 @@ class HostWorker:
             return await host.forward(tenant, sid, command["method"], command["params"])
         if op == Op.RELEASE:
             return await host.release(tenant, sid)
+        if op == Op.INTERACT:
+            held = host.sessions.by_id.get(sid)
+            held = held if held is not None and held.tenant == tenant else None
+            return await host.requests.interactions.act(
+                held, str(command["action"]), command["params"], str(command["principal"])
+            )
         if op == Op.STOP:
             return await host.stop_session(tenant, sid)
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")

@@ -46,6 +46,9 @@ WRITE_METHODS = frozenset(
         "session/set_title",
         "session/close",
         "session/delete",
+        "interaction/claim",
+        "interaction/release",
+        "interaction/respond",
     }
 )
 LOGINS_PER_SECOND = 1.0

@@ -25,6 +25,7 @@ from ...protocol.jsonrpc import JsonObject
 from ...protocol.render import (
     StoredUpdates,
     client_sees_notices,
+    follows_interactions,
     is_notice,
     origin_of,
     session_update_frames,
@@ -74,6 +75,7 @@ class ActiveSessions:
 
     __slots__ = (
         "_hub",
+        "_interactions",
         "_lifetime",
         "_log",
         "_notices",
@@ -104,6 +106,7 @@ class ActiveSessions:
         self._lifetime = lifetime
         self._notices: bool | None = None  # settled at initialize (see sees_notices)
         self._v2 = False
+        self._interactions = False  # whether it is sent interaction records (see below)
 
     @property
     def _conn(self) -> Negotiated:
@@ -359,6 +362,8 @@ class ActiveSessions:
         notices = self._notices
         if notices is None:
             notices = self.sees_notices
+        if event.type == EventType.INTERACTION and not self._interactions:
+            return []
         if self._v2:
             turn, session.turn = session.turn, v2_render.next_turn(event, session.turn)
             if replay and is_notice(event):
@@ -385,6 +390,7 @@ class ActiveSessions:
             # every event.
             self._v2 = version == v2.V2
             self._notices = client_sees_notices(version, conn.client_capabilities)
+            self._interactions = follows_interactions(conn.client_capabilities)
         return self._notices
 
     @property

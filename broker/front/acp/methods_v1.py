@@ -48,6 +48,7 @@ from .initialize import AGENTS_META as AGENTS_META
 from .initialize import PROTOCOL_VERSION as PROTOCOL_VERSION
 from .initialize import TENANT_META as TENANT_META
 from .initialize import Initializer
+from .interactions import INTERACTION_METHODS
 from .listing import AcpListing
 from .params import MAX_PATH_CHARS as MAX_PATH_CHARS
 from .params import absolute as _absolute
@@ -496,4 +497,5 @@ V1_HANDLERS: Mapping[str, MethodHandler] = {
     "session/close": AcpMethods.session_close,
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
+    **INTERACTION_METHODS,
 }

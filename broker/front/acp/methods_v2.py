@@ -21,6 +21,7 @@ from ...protocol.jsonrpc import REQUEST_CANCELLED, Request, RpcError, invalid_pa
 from ...protocol.turns import WITHDRAWN, client_prompt_id
 from .connection import ClientConnection
 from .dispatch import DEFERRED
+from .interactions import INTERACTION_METHODS
 from .methods_v1 import AcpMethods, MethodHandler, author_of
 
 ACCEPT_TIMEOUT = 10.0
@@ -118,6 +119,7 @@ V2_HANDLERS: Mapping[str, MethodHandler] = {
     "session/close": AcpMethods.session_close,
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
+    **INTERACTION_METHODS,
     "auth/login": AcpMethods.authenticate,
     "auth/logout": AcpMethods.logout,
 }

@@ -13,6 +13,7 @@ A result is text for a model: a session's line (``ID  STATUS  KIND  CREATED``, a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -21,9 +22,11 @@ import mcp_types as types
 
 from ...auth.principal import Scope
 from ...store.events import JsonObject
+from ..approval import API_SCOPE
+from .interaction_tools import InteractionTools
 from .session_tools import SessionTools, SessionView, TurnView
 from .tool_inputs import ToolInput, input_schema
-from .tool_models import CreateSession, SessionPrompt, SessionRef
+from .tool_models import CreateSession, InteractionRespond, SessionPrompt, SessionRef
 
 InputT = TypeVar("InputT", bound=ToolInput)
 LineRenderer = Callable[[list[JsonObject]], list[str]]
@@ -72,6 +75,24 @@ def session_text(view: SessionView, line: LineRenderer) -> str:
     return "\n".join([*line([view.row]), f"live view: {view.live_view_url}"])
 
 
+def interaction_lines(listed: list[JsonObject]) -> list[str]:
+    """Interactions for a model: a line each (id, kind, state, revision, and who claimed or
+    answered it), its question as JSON, its options."""
+    lines: list[str] = []
+    for item in listed:
+        who = item.get("resolvedBy") or item.get("claimedBy")
+        lines.append(
+            f"{item['id']}  {item['kind']}  {item['state']}  revision {item['revision']}"
+            + (f"  by {who}" if who else "")
+        )
+        question = {k: v for k, v in item.get("request", {}).items() if k != "options"}
+        lines.append(f"  question: {json.dumps(question, ensure_ascii=False)}")
+        for option in item.get("options", []):
+            if isinstance(option, dict):
+                lines.append(f"  option {option.get('optionId')}: {option.get('name', '')}")
+    return lines
+
+
 def turn_text(turn: TurnView) -> str:
     return "\n".join(turn.report.text_lines(turn.live_view_url))
 
@@ -99,6 +120,18 @@ CANCEL = (
 STOP = (
     "Releases the session's agent process (STOPPED); nothing is lost, and session_resume "
     "brings it back. Returns the session's line."
+)
+INTERACTIONS = (
+    "Lists what the session's agent is waiting for a person to answer: its open and claimed "
+    "interactions (permission requests and questions), each on a line with its id, kind, "
+    "state and revision, then the question (JSON) and, for a permission, its options "
+    "(optionId: name)."
+)
+RESPOND = (
+    "Answers one of the session's interactions (from interaction_list): optionId for a "
+    "permission, action (accept, decline or cancel; content to accept) for a question. The "
+    "answer is recorded before the agent hears it, and every window shows who answered. "
+    "Refused with revision_conflict when it was answered, withdrawn or claimed meanwhile."
 )
 DELETE = (
     "Deletes the session for everyone, as session/delete does; it then lists as DELETED. "
@@ -134,6 +167,18 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     async def delete(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
         return "\n".join(line([(await tools.delete(tenant, inputs.id, base)).row]))
 
+    async def interactions(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
+        listed = await InteractionTools(tools).pending(tenant, inputs.id)
+        return "\n".join(interaction_lines(listed)) or "nothing is waiting for an answer"
+
+    async def respond(
+        tools: SessionTools, tenant: str, inputs: InteractionRespond, base: str
+    ) -> str:
+        done = await InteractionTools(tools).respond(
+            tenant, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
+        )
+        return "\n".join(interaction_lines([done]))
+
     defined: list[SessionTool[Any]] = [
         SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
                     open_world=True),
@@ -146,5 +191,9 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True),
         SessionTool("session_delete", "Delete a session", DELETE, SessionRef, delete,
                     destructive=True, idempotent=True),
+        SessionTool("interaction_list", "List pending interactions", INTERACTIONS, SessionRef,
+                    interactions, scope=Scope.READ, read_only=True, idempotent=True),
+        SessionTool("interaction_respond", "Answer an interaction", RESPOND,
+                    InteractionRespond, respond, scope=API_SCOPE),
     ]  # fmt: skip
     return {entry.name: entry for entry in defined}

@@ -33,6 +33,7 @@ def openapi_document() -> JsonObject:
         "paths": {
             "/v1/sessions": {"get": _list_operation(), "post": tool_paths.create_operation()},
             **tool_paths.session_paths(),
+            **tool_paths.interaction_paths(),
         },
         "security": [{"bearer": []}],
         "components": {

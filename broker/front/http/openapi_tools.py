@@ -11,7 +11,14 @@ from __future__ import annotations
 from ...store.events import JsonObject
 from .openapi_events import event_stream_content
 from .tool_inputs import input_schema
-from .tool_models import CreateSession, NoInput, PromptInput, SessionRef
+from .tool_models import (
+    CreateSession,
+    InteractionAnswer,
+    InteractionRespond,
+    NoInput,
+    PromptInput,
+    SessionRef,
+)
 
 _REF = "#/components/schemas/"
 
@@ -45,8 +52,8 @@ def _problems(scope: str, *more: str) -> JsonObject:
     }
     described = {
         "404": "`session_not_found`: no such session (or another tenant's).",
-        "409": "`session_busy` (a turn is running) or `session_not_running` (the session is "
-        "STOPPED or ERROR: resume it first).",
+        "409": "`session_busy` (a turn is running), `session_not_running` (the session is "
+        "STOPPED or ERROR: resume it first) or, answering an interaction, `revision_conflict`.",
     }
     for status in more:
         answers[status] = _problem(described[status])
@@ -182,6 +189,45 @@ def session_paths() -> JsonObject:
     }
 
 
+def interaction_paths() -> JsonObject:
+    """``/v1/sessions/{id}/interactions`` and ``…/{iid}/respond``."""
+    one = "/v1/sessions/{id}/interactions"
+    iid = {
+        "name": "iid",
+        "in": "path",
+        "required": True,
+        "schema": input_schema(InteractionRespond)["properties"]["interactionId"],
+    }
+    return {
+        one: {
+            "parameters": [_id_parameter()],
+            "get": {
+                "operationId": "listInteractions",
+                "summary": "List what the agent waits for a person to answer",
+                "responses": {
+                    "200": _json("The open and claimed interactions.", "InteractionList"),
+                    **_problems("read", "404"),
+                },
+            },
+        },
+        one + "/{iid}/respond": {
+            "parameters": [_id_parameter(), iid],
+            "post": {
+                "operationId": "respondInteraction",
+                "summary": "Answer an interaction",
+                "description": "`optionId` for a permission, `action` (and `content`) for an "
+                "elicitation; `expectedRevision`: only at that revision. 409 "
+                "`revision_conflict`: answered, withdrawn, expired or claimed by another.",
+                "requestBody": _body("InteractionAnswer", required=True),
+                "responses": {
+                    "200": _json("The interaction, resolved.", "Interaction"),
+                    **_problems("write", "404", "409"),
+                },
+            },
+        },
+    }
+
+
 def _action(operation_id: str, summary: str, ok: JsonObject) -> JsonObject:
     return {
         "parameters": [_id_parameter()],
@@ -200,4 +246,36 @@ def schemas() -> dict[str, JsonObject]:
         "CreateSession": input_schema(CreateSession),
         "PromptInput": input_schema(PromptInput),
         "NoInput": input_schema(NoInput),
+        "InteractionAnswer": input_schema(InteractionAnswer),
+        "Interaction": INTERACTION_SCHEMA,
+        "InteractionList": {
+            "type": "object",
+            "required": ["sessionId", "interactions"],
+            "properties": {
+                "sessionId": {"type": "string"},
+                "interactions": {"type": "array", "items": _ref("Interaction")},
+            },
+        },
     }
+
+
+INTERACTION_SCHEMA: JsonObject = {
+    "type": "object",
+    "required": ["id", "kind", "state", "revision", "request"],
+    "properties": {
+        "id": {"type": "string"},
+        "kind": {"type": "string", "enum": ["permission", "elicitation"]},
+        "state": {
+            "type": "string",
+            "enum": ["open", "claimed", "resolved", "cancelled", "expired"],
+        },
+        "revision": {"type": "string"},
+        "createdAt": {"type": "string"},
+        "request": {"type": "object"},
+        "options": {"type": "array", "items": {"type": "object"}},
+        "claimedBy": {"type": "string"},
+        "expiresAt": {"type": "string"},
+        "resolvedBy": {"type": "string"},
+        "result": {"type": "object"},
+    },
+}

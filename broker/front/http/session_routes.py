@@ -20,13 +20,22 @@ from ...auth.credentials import Credentials
 from ...auth.principal import Scope
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
+from ..approval import API_SCOPE
 from .event_stream import MEDIA_TYPE, EventStream, resume_after
 from .idempotency import HEADER, IdempotencyKeys, checked_key
+from .interaction_tools import InteractionTools
 from .keyed import KeyedMutations
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
-from .tool_models import CreateSession, NoInput, PromptInput, session_id_of
+from .tool_models import (
+    CreateSession,
+    InteractionAnswer,
+    NoInput,
+    PromptInput,
+    interaction_id_of,
+    session_id_of,
+)
 from .tool_outputs import Cancelled, SessionWithLink, Turn, session_object
 
 InputT = TypeVar("InputT", bound=ToolInput)
@@ -41,6 +50,8 @@ ALLOWED = {
     ONE_SESSION: "GET, DELETE",
     **{ONE_SESSION + f"/{action}": "POST" for action in ("prompt", "cancel", "resume", "stop")},
     ONE_SESSION + "/events": "GET",
+    ONE_SESSION + "/interactions": "GET",
+    ONE_SESSION + "/interactions/{iid}/respond": "POST",
 }
 """What each path answers: any other method is a 405 problem naming these."""
 
@@ -66,6 +77,7 @@ class SessionRoutes:
         self.stream = stream
         self.keys = IdempotencyKeys(tools.redis, wait=tools.settings.request_timeout)
         self.mutations = KeyedMutations(tools.redis, tools.settings, self._caller)
+        self.asks = InteractionTools(tools)
 
     def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
@@ -78,6 +90,12 @@ class SessionRoutes:
             Route(ONE_SESSION + "/resume", self._keyed(self.resume), methods=["POST"]),
             Route(ONE_SESSION + "/stop", self._keyed(self.stop), methods=["POST"]),
             Route(ONE_SESSION + "/events", self._guard(self.events), methods=["GET"]),
+            Route(ONE_SESSION + "/interactions", self._guard(self.interactions), methods=["GET"]),
+            Route(
+                ONE_SESSION + "/interactions/{iid}/respond",
+                self._keyed(self.respond),
+                methods=["POST"],
+            ),
             *(
                 Route(path, _not_allowed(path, allow), methods=ALL_METHODS)
                 for path, allow in ALLOWED.items()
@@ -191,6 +209,24 @@ class SessionRoutes:
         return StreamingResponse(
             self.stream.frames(tenant, session_id, after), media_type=MEDIA_TYPE, headers=headers
         )
+
+    async def interactions(self, request: Request) -> Response:
+        """The session's open and claimed interactions."""
+        tenant = await self._caller(request, Scope.READ)
+        session_id = session_id_of(request.path_params["id"])
+        listed = await self.asks.pending(tenant, session_id)
+        return _response(json_answer(200, {"sessionId": session_id, "interactions": listed}))
+
+    async def respond(self, request: Request) -> Response:
+        """Answer one (``API_SCOPE``: who may answer, as the ACP methods' rule)."""
+        tenant = await self._caller(request, API_SCOPE)
+        session_id = session_id_of(request.path_params["id"])
+        iid = interaction_id_of(request.path_params["iid"])
+        answer = _inputs(InteractionAnswer, await _body(request, required=True))
+        done = await self.asks.respond(
+            tenant, session_id, iid, answer.response(), answer.expectedRevision
+        )
+        return _response(json_answer(200, done))
 
 
 async def _body(request: Request, *, required: bool) -> JsonObject:

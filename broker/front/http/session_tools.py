@@ -23,6 +23,7 @@ from ...auth.credentials import Authenticator, Credentials, bearer_access, open_
 from ...auth.principal import Scope
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
+from ...errors.interactions import interaction_api_error
 from ...protocol.commands import UNATTENDED_ORIGIN, AgentGateway
 from ...protocol.jsonrpc import (
     INVALID_PARAMS,
@@ -108,6 +109,9 @@ def not_found(session_id: str) -> ApiError:
 
 def api_error(exc: RpcError) -> ApiError:
     """An agent host's or the ACP layer's refusal, as the tools name it."""
+    refused = interaction_api_error(exc)
+    if refused is not None:
+        return refused
     if exc.code == RESOURCE_NOT_FOUND:
         return ApiError(ErrorCode.SESSION_NOT_FOUND, exc.message)
     if exc.code == INVALID_PARAMS:

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ...errors import invalid_argument
+from ...protocol.interactions import ELICITATION_ACTIONS, INTERACTION_ID
 from ...protocol.jsonrpc import RpcError
 from ...store.events import JsonObject
 from ...store.names import SESSION_ID_RULE, is_session_id
@@ -262,6 +263,77 @@ class CreateSession(ToolInput):
         default=None, description="A first prompt to run at once (optional)."
     )
     wait: Wait = WAIT_DEFAULT
+
+
+def interaction_id_of(value: Any) -> str:
+    if not isinstance(value, str) or not INTERACTION_ID.fullmatch(value):
+        raise invalid_argument(
+            "interactionId must be an interaction's id (interaction_ and hex digits, as listed)"
+        )
+    return value
+
+
+def _optional_text(name: str) -> InputKind:
+    def check(value: Any) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value):
+            raise invalid_argument(f"{name} must be a non-empty string")
+        return value
+
+    return InputKind(check, _TEXT)
+
+
+def _action(value: Any) -> str | None:
+    if value is not None and value not in ELICITATION_ACTIONS:
+        raise invalid_argument("action must be accept, decline or cancel")
+    return value
+
+
+def _content(value: Any) -> JsonObject | None:
+    if value is not None and not isinstance(value, dict):
+        raise invalid_argument("content must be an object")
+    return value
+
+
+InteractionId = Annotated[
+    str, InputKind(interaction_id_of, _TEXT | {"pattern": INTERACTION_ID.pattern})
+]
+
+
+class InteractionAnswer(ToolInput):
+    """``POST /v1/sessions/{id}/interactions/{iid}/respond``'s body: ``optionId`` for a
+    permission, ``action`` (and ``content`` to accept) for an elicitation."""
+
+    optionId: Annotated[str | None, _optional_text("optionId")] = Field(  # the wire's name
+        default=None, description="A permission: the option chosen, one the agent sent."
+    )
+    action: Annotated[
+        str | None,
+        InputKind(_action, {"type": "string", "enum": sorted(ELICITATION_ACTIONS)}),
+    ] = Field(default=None, description="An elicitation: accept, decline or cancel.")
+    content: Annotated[JsonObject | None, InputKind(_content, {"type": "object"})] = Field(
+        default=None, description="An elicitation accepted: the answers, by field."
+    )
+    expectedRevision: Annotated[str | None, _optional_text("expectedRevision")] = Field(
+        default=None,
+        description="Answer only if the interaction is still at this revision (as listed).",
+    )
+
+    def response(self) -> JsonObject:
+        """The answer as the host checks it against the question."""
+        if self.optionId is not None:
+            return {"optionId": self.optionId}
+        if self.action is None:
+            raise invalid_argument("give optionId (a permission) or action (an elicitation)")
+        answer: JsonObject = {"action": self.action}
+        if self.content is not None:
+            answer["content"] = self.content
+        return answer
+
+
+class InteractionRespond(InteractionAnswer, SessionRef):
+    """``interaction_respond``: a session, one of its interactions and the answer."""
+
+    interactionId: InteractionId = Field(description="The interaction (from interaction_list).")
 
 
 class NoInput(ToolInput):
