@@ -181,10 +181,27 @@ class AgentHost(AgentEvents):
     ) -> PromptOutcome:
         """Run one prompt turn; the log records the prompt, every update and the outcome.
         Sent while a turn runs, it waits its turn (:mod:`.queue`); ``author`` alone may
-        withdraw it then."""
+        withdraw it then. A copy of a prompt this session took already (the same
+        ``prompt_id``) is not run again: it gets the first's outcome (:mod:`.copies`)."""
         held = await self.restorer.require(tenant, session_id, params)
         capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
+        first = held.prompts.first(prompt_id)
+        if first is not None:  # a copy of a prompt taken already (see .copies)
+            log.info("prompt %s was taken already: its copy gets its outcome", prompt_id)
+            return await asyncio.shield(first)
+        try:
+            outcome = await self._prompt(held, params, origin, prompt_id, author)
+        except BaseException as exc:
+            held.prompts.settle(prompt_id, exc)
+            raise
+        held.prompts.settle(prompt_id, outcome)
+        return outcome
+
+    async def _prompt(
+        self, held: HeldSession, params: JsonObject, origin: str, prompt_id: str, author: str
+    ) -> PromptOutcome:
+        """The first copy of a prompt: run now, or once its turn comes."""
         queued_seq = None
         if queue.busy(held):  # a turn runs: this one waits its turn (see .queue)
             entry = await queue.enter(held, self.recorder, prompt_id, origin, params, author)

@@ -10,6 +10,7 @@ from typing import Any
 from broker.protocol.jsonrpc import JsonObject
 from broker.store.events import Position
 
+from .copies import PromptCopies
 from .process import AgentProcess
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class HeldSession:
     prompt_task: asyncio.Task[Any] | None = None
     prompt_id: str | None = None  # the running prompt's (its activity id)
     queue: list[Queued] = field(default_factory=list)  # prompts waiting their turn, in order
+    prompts: PromptCopies = field(default_factory=PromptCopies)
+    """The outcomes of the prompts it took, by prompt id: a copy of one is not run again."""
     client_requests: set[asyncio.Task[Any]] = field(default_factory=set)
     interactions: dict[str, Any] = field(default_factory=dict)
     """Its pending interactions (and the last ended ones) by id: ``interactions.Pending``."""
