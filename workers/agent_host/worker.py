@@ -306,6 +306,7 @@ class HostWorker:
             log.info("command %s was answered already: its reply sent again", rid)
             await self._send(reply_to, json.loads(kept))
         elif self.marks.mine(mark):
+            log.info("command %s is run here already: its copy acknowledged again", rid)
             await self._send(reply_to, commands.ack(rid, self.host_id))
         else:
             log.info("command %s is run by another host (%s): not run here", rid, mark)
