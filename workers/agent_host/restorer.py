@@ -32,6 +32,10 @@ _ABANDONED_PROMPT: JsonObject = {
 }
 
 
+_REQUIRE_TRIES = 3
+"""Times :meth:`SessionRestorer.require` brings back a session let go meanwhile."""
+
+
 class SessionRestorer:
     """Makes sure this host holds a session, taking it over (from its log) when it does not."""
 
@@ -62,11 +66,21 @@ class SessionRestorer:
             return await self._restore(tenant, session_id, params)
 
     async def require(self, tenant: str, session_id: str, params: JsonObject) -> HeldSession:
-        await self.attach(tenant, session_id, params)
-        held = self.sessions.by_id.get(session_id)
-        if held is None or held.tenant != tenant:
-            raise session_not_found(session_id)
-        return held
+        """The session, held here (brought back first if need be). One let go again while
+        it was brought back is brought back again: its agent's first updates refused by a
+        full store (the stopper drops it), or its lease lost. It exists all the same, so
+        it is never "not found" for that: the next try meets the store's refusal itself
+        (``store_full`` when its lease cannot be written), or holds it."""
+        for _ in range(_REQUIRE_TRIES):
+            await self.attach(tenant, session_id, params)
+            held = self.sessions.by_id.get(session_id)
+            if held is not None:
+                if held.tenant != tenant:
+                    raise session_not_found(session_id)  # another tenant's: none of this one's
+                return held
+        raise RpcError(
+            INTERNAL_ERROR, f"session {session_id} stopped each time it was brought back; try again"
+        )
 
     async def _restore(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
         try:
