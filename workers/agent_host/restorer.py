@@ -4,6 +4,7 @@ or started afresh (with a notice in the log), an abandoned prompt ended."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from broker.protocol import capabilities
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
@@ -15,6 +16,8 @@ from broker.store.log import SessionLog, SessionMissing
 from .agents import AgentPool, ask
 from .recorder import SessionRecorder
 from .sessions import HeldSession, HeldSessions
+
+log = logging.getLogger(__name__)
 
 _NO_RESTORE_NOTICE: JsonObject = {
     "type": EventType.NOTICE,
@@ -78,6 +81,7 @@ class SessionRestorer:
                 if held.tenant != tenant:
                     raise session_not_found(session_id)  # another tenant's: none of this one's
                 return held
+            log.info("session %s was let go as it was brought back: brought back again", session_id)
         raise RpcError(
             INTERNAL_ERROR, f"session {session_id} stopped each time it was brought back; try again"
         )
