@@ -4,6 +4,7 @@ or started afresh (with a notice in the log), an abandoned prompt ended."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from broker.protocol import capabilities
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
@@ -15,6 +16,8 @@ from broker.store.log import SessionLog, SessionMissing
 from .agents import AgentPool, ask
 from .recorder import SessionRecorder
 from .sessions import HeldSession, HeldSessions
+
+log = logging.getLogger(__name__)
 
 _NO_RESTORE_NOTICE: JsonObject = {
     "type": EventType.NOTICE,
@@ -30,6 +33,10 @@ _ABANDONED_PROMPT: JsonObject = {
     "code": INTERNAL_ERROR,
     "message": "the agent host running this prompt stopped; the session was taken over",
 }
+
+
+_REQUIRE_TRIES = 3
+"""Times :meth:`SessionRestorer.require` brings back a session let go meanwhile."""
 
 
 class SessionRestorer:
@@ -62,11 +69,22 @@ class SessionRestorer:
             return await self._restore(tenant, session_id, params)
 
     async def require(self, tenant: str, session_id: str, params: JsonObject) -> HeldSession:
-        await self.attach(tenant, session_id, params)
-        held = self.sessions.by_id.get(session_id)
-        if held is None or held.tenant != tenant:
-            raise session_not_found(session_id)
-        return held
+        """The session, held here (brought back first if need be). One let go again while
+        it was brought back is brought back again: its agent's first updates refused by a
+        full store (the stopper drops it), or its lease lost. It exists all the same, so
+        it is never "not found" for that: the next try meets the store's refusal itself
+        (``store_full`` when its lease cannot be written), or holds it."""
+        for _ in range(_REQUIRE_TRIES):
+            await self.attach(tenant, session_id, params)
+            held = self.sessions.by_id.get(session_id)
+            if held is not None:
+                if held.tenant != tenant:
+                    raise session_not_found(session_id)  # another tenant's: none of this one's
+                return held
+            log.info("session %s was let go as it was brought back: brought back again", session_id)
+        raise RpcError(
+            INTERNAL_ERROR, f"session {session_id} stopped each time it was brought back; try again"
+        )
 
     async def _restore(self, tenant: str, session_id: str, params: JsonObject) -> JsonObject:
         try:
