@@ -23,7 +23,7 @@ from workers.agent_host.recorder import APPEND_RETRY_PAUSES
 from workers.agent_host.worker import HostWorker
 
 from .conftest import demo_agent, make_settings, plain_agent
-from .support.client import RawClient, text, wait_for
+from .support.client import LOADED_WAIT, RawClient, text, wait_for
 from .support.redis_server import RestartableRedis, restartable_redis
 
 
@@ -33,10 +33,14 @@ async def touchy_broker(store: Any) -> AsyncIterator[Broker]:
 
     Their requests keep the default timeout: starting the demo agent (its ``initialize``)
     takes several seconds on a loaded 2-core machine, and none of these tests waits for a
-    request's timeout."""
-    node = Broker(
-        make_settings(agents=[demo_agent(), plain_agent()], cancel_grace=0.5), redis=store
+    request's timeout. The first ``session/new`` starts the tenant's agent process (the
+    ACP SDK's imports: 1 s idle, 17-30 s and more under the full suite), so a client's
+    requests get :data:`LOADED_WAIT` rather than the default 30 s (past it the broker
+    answers "try again shortly", as it should)."""
+    settings = make_settings(
+        agents=[demo_agent(), plain_agent()], cancel_grace=0.5, request_timeout=LOADED_WAIT
     )
+    node = Broker(settings, redis=store)
     await node.start()
     yield node
     await node.stop()
@@ -44,8 +48,11 @@ async def touchy_broker(store: Any) -> AsyncIterator[Broker]:
 
 async def _session(client: RawClient, agent: str = "demo") -> str:
     reply = await client.call(
-        "session/new", {"cwd": "/tmp/f", "mcpServers": [], "_meta": {"acpBroker/agent": agent}}
+        "session/new",
+        {"cwd": "/tmp/f", "mcpServers": [], "_meta": {"acpBroker/agent": agent}},
+        timeout=LOADED_WAIT + 5,  # the fixture's request deadline, and its error reply
     )
+    assert "result" in reply, reply
     return str(reply["result"]["sessionId"])
 
 

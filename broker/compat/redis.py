@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, RedisCluster
 from redis.asyncio.cluster import ClusterPipeline
@@ -123,7 +123,6 @@ class GatedConnection(AbstractConnection):
         return super().pack_command(*args)
 
 
-@runtime_checkable
 class PoolGate(Gate, Protocol):
     """What a :class:`GatedPool` (and a cluster's :class:`ReleasedOpening` connections) ask
     before they hand out a connection."""
@@ -159,6 +158,14 @@ class ReleasedOpening(GatedConnection):
         except BaseException:
             await self.disconnect(nowait=True)
             raise
+
+
+def releases_opening(gate: Gate) -> TypeGuard[PoolGate]:
+    """Whether ``gate`` is a :class:`PoolGate`, found on its class alone. (Not
+    ``isinstance`` with a runtime-checkable protocol: on Python 3.11 that reads each of the
+    protocol's members on the gate, in an order that varies from run to run, ``away``
+    included, which may be a property whose every read counts.)"""
+    return callable(getattr(type(gate), "unless_away", None))
 
 
 def gated(connection_class: type[AbstractConnection], gate: Gate) -> type[AbstractConnection]:
@@ -209,7 +216,7 @@ class GatedCluster(RedisCluster):
         nodes) keeping a ``connection_class`` they open connections of."""
         kwargs = self.connection_kwargs
         plain = kwargs["connection_class"]
-        kind = gated_opening(plain, gate) if isinstance(gate, PoolGate) else gated(plain, gate)
+        kind = gated_opening(plain, gate) if releases_opening(gate) else gated(plain, gate)
         kwargs["connection_class"] = kind
         for node in [*self.nodes_manager.startup_nodes.values(), *self.get_nodes()]:
             node.connection_class = kind  # type: ignore[assignment]  # typed as Connection
