@@ -32,24 +32,12 @@ from ...protocol.jsonrpc import (
     RpcError,
     invalid_params,
 )
+from ...protocol.operations import MUTATIONS
 from .flow import Pace, TokenRates
 
 READ_METHODS = frozenset({"session/list", "session/load", "session/resume"})
-WRITE_METHODS = frozenset(
-    {
-        "session/new",
-        "session/fork",
-        "session/prompt",
-        "session/cancel",
-        "session/set_mode",
-        "session/set_config_option",
-        "session/set_title",
-        "session/close",
-        "session/delete",
-        "interaction/claim",
-        "interaction/release",
-        "interaction/respond",
-    }
+WRITE_METHODS = MUTATIONS | frozenset(
+    {"interaction/claim", "interaction/release", "interaction/respond"}
 )
 LOGINS_PER_SECOND = 1.0
 """In-band logins a connection may try per second (bursts of two): a guesser is slow."""
