@@ -32,7 +32,15 @@ from websockets.frames import Frame, Opcode
 
 from bench.common import run_server
 from broker.store.cursors import CursorCodec, fingerprint
-from broker.store.index import ACP_LISTING, cwd_listing, page_command, page_of
+from broker.store.index import (
+    ACP_LISTING,
+    Page,
+    cwd_listing,
+    page_command,
+    page_of,
+    page_with_rows,
+    rows_command,
+)
 from broker.store.raw import command
 
 TENANT = "default"
@@ -91,7 +99,15 @@ class Lister:
 
         def answer(members: Any) -> None:
             page = page_of(members, PAGE)
-            assert page is not None, "members without their SessionInfo"
+            if page is not None:
+                reply(page)
+                return
+            # A cwd's listing holds bare positions: the rows give their SessionInfo.
+            split, rows = rows_command(TENANT, members, PAGE)
+            more = len(members) > PAGE
+            self.redis.ask(command(*rows), lambda got: reply(page_with_rows(split, got, more)))
+
+        def reply(page: Page) -> None:
             parts = [head, b'{"sessions":[', page.infos]
             if page.has_more and page.last is not None:
                 next_cursor = orjson.dumps(self.codec.encode(page.last, mark))

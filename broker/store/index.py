@@ -123,6 +123,34 @@ def page_command(tenant: str, listing: str, after: str | None, limit: int) -> tu
     return ("ZRANGE", TenantKeys(tenant).index(listing), low, "+", "BYLEX", "LIMIT", 0, limit + 1)
 
 
+Split = list[tuple[bytes, bytes, bytes]]
+"""A page's members, each as (position, the info mark or b"", its ``SessionInfo`` or b"")."""
+
+
+def rows_command(tenant: str, members: list[bytes], limit: int) -> tuple[Split, tuple[Any, ...]]:
+    """The page's members split at their info mark, and the ``HMGET`` of the rows of those
+    that are bare positions (a cwd's listing holds only those)."""
+    split = [m.partition(_INFO_MARK_BYTES) for m in members[:limit]]
+    bare = [at.partition(b":")[2].decode() for at, mark, _ in split if not mark]
+    return split, ("HMGET", TenantKeys(tenant).rows, *bare)
+
+
+def page_with_rows(split: Split, rows: list[Any], more: bool) -> Page:
+    """The page of ``split`` (see :func:`rows_command`), each bare member's ``SessionInfo``
+    taken from its row in ``rows`` (the ``HMGET``'s reply); a gone row is left out."""
+    replies = iter(rows)
+    infos = []
+    for _, mark, info in split:
+        if not mark:
+            row = next(replies)
+            if not row:
+                continue
+            text = row.decode() if isinstance(row, bytes) else row
+            info = session_info_json(text).encode()
+        infos.append(info)
+    return Page(b",".join(infos), split[-1][0].decode(), more)
+
+
 def page_of(members: list[bytes], limit: int) -> Page | None:
     """The page a listing's members make (each carries its ``SessionInfo`` after the
     position); None when some are bare positions, written before members carried it."""
@@ -787,21 +815,10 @@ class SessionIndex:
         return await self._calls.call(*command)
 
     async def _bare_page(self, tenant: str, members: list[bytes], limit: int) -> Page:
-        """A page where some members are bare positions (written before members carried
-        their ``SessionInfo``): those come from the rows, and a gone row is left out."""
-        split = [m.partition(_INFO_MARK_BYTES) for m in members[:limit]]
-        bare = [at.partition(b":")[2].decode() for at, mark, _ in split if not mark]
-        rows = iter(await self._read("HMGET", TenantKeys(tenant).rows, *bare))
-        infos = []
-        for _, mark, info in split:
-            if not mark:
-                row = next(rows)
-                if not row:
-                    continue
-                text = row.decode() if isinstance(row, bytes) else row
-                info = session_info_json(text).encode()
-            infos.append(info)
-        return Page(b",".join(infos), split[-1][0].decode(), len(members) > limit)
+        """A page where some members are bare positions (a cwd's listing): those come from
+        the rows (:func:`rows_command`, :func:`page_with_rows`)."""
+        split, command = rows_command(tenant, members, limit)
+        return page_with_rows(split, await self._read(*command), len(members) > limit)
 
     def close(self) -> None:
         """Close the connection pages are read on, if one was opened (the next page opens
