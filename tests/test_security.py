@@ -23,6 +23,7 @@ import pytest
 import websockets
 
 from broker.auth.tokens import TokenStore
+from broker.front.acp.flow import waiting_bound
 from broker.store.client import connect
 
 from .conftest import run_cli
@@ -674,11 +675,13 @@ async def test_a_client_that_waits_for_replies_is_slowed_never_refused(
         for _ in range(40):
             reply = await conn.call("session/new", {"cwd": "/f", "mcpServers": []})
             assert "result" in reply, reply
-        # Sent without waiting: read as fast as the rate and max_requests_in_flight let them
-        # be, all answered.
-        for n in range(30):
+        # Sent without waiting, as many as the pace lets in within max_pace (past that a
+        # pipelined request is refused at once: tests/test_pipelining.py): read as fast as
+        # the rate and max_requests_in_flight let them be, all answered.
+        pipelined = waiting_bound(10, 0.5)
+        for n in range(pipelined):
             await conn.send({"jsonrpc": "2.0", "id": n, "method": "session/list", "params": {}})
-        answers = await replies(conn, range(30))
+        answers = await replies(conn, range(pipelined))
         assert all("result" in a for a in answers), [a for a in answers if "error" in a]
         # What is refused: a request that finds no room in flight within max_pace.
         sids = [s["sessionId"] for s in answers[0]["result"]["sessions"][:2]]
