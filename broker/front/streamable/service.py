@@ -72,6 +72,8 @@ class StreamableHttp:
         self.stopping = True
         for link in list(self.here.values()):
             link.end()
+            # Stopping: a lease not released lapses within http_lease, then any front takes
+            # the connection over; nothing of the client's is held only here.
             with contextlib.suppress(Exception):
                 await self.links.release(link.id, self.node)
         for task in list(self._tasks):
