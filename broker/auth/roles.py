@@ -80,3 +80,16 @@ def parse_roles(names: Iterable[str]) -> frozenset[Role]:
             known = ", ".join(r.value for r in Role)
             raise ValueError(f"unknown role {name!r} (known: {known})") from None
     return frozenset(roles)
+
+
+def default_roles(principal: Principal) -> frozenset[Role]:
+    """The roles a credential holds on every session of its tenant when nothing else says:
+    a plain client is a controller (and approver) where its token allows writing, an
+    observer where it only reads, an owner with the admin scope."""
+    if principal.may(Scope.ADMIN) and Scope.ADMIN in principal.scopes:
+        return frozenset(Role)
+    if principal.may(Scope.WRITE):
+        return frozenset({Role.CONTROLLER, Role.APPROVER})
+    if principal.may(Scope.READ):
+        return frozenset({Role.OBSERVER})
+    return frozenset()
