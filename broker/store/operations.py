@@ -5,12 +5,16 @@ carries an operation id; the ledger keeps one record per operation key: who sent
 principal, client instance), under which id. The first request *claims* the key with a
 fingerprint of its input (:meth:`OperationLedger.begin`: ``SET NX``), runs, and *settles* it
 with its outcome; a retry reads that outcome instead of running again, and a retry with
-another input is a conflict. A claim carries a lease (a wall-clock deadline): a claim whose
-request died without settling it lapses, and the caller decides what a lapsed claim means
-for its operation (run it again when that is safe, else say the outcome is unknown).
+another input is a conflict. A claim carries a lease (a wall-clock deadline) its request
+renews while it runs: a claim whose request died without settling it lapses, and the caller
+decides what a lapsed claim means for its operation (run it again when that is safe, else
+say the outcome is unknown). A claim is fenced: it holds a token of its own, and a renewal,
+a held settle or a release changes the record only while it is still that claim, so a
+request that stalled past its lease while a retry took the key over never overwrites it.
 
 Records live :data:`RETENTION_SECONDS` from their claim; after that an id is unknown again.
-This module is the store's side only: no protocol here (see :mod:`broker.protocol.operations`).
+This module is the store's side only: no protocol here (see :mod:`broker.protocol.operations`;
+the fronts' one use of it is :mod:`broker.front.operation_claims`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -161,17 +166,30 @@ class OperationLedger:
             return Entry(Claim.NEW, raw=mine)
         return None
 
-    async def settle(self, key: OperationKey, fingerprint: str, outcome: Any) -> None:
-        """``key`` came to ``outcome`` (JSON): every retry gets it, for the record's life."""
+    async def renew(self, key: OperationKey, entry: Entry, lease: float) -> Entry | None:
+        """Extend this request's claim ``entry`` to ``lease`` seconds from now (None: it is
+        no longer this request's: lapsed and taken over, or ended)."""
+        record = json.loads(entry.raw)
+        mine = _pending(record["fp"], lease, record.get("by"))
+        return Entry(Claim.NEW, raw=mine) if await self._swap(key, entry, mine) else None
+
+    async def settle(
+        self, key: OperationKey, fingerprint: str, outcome: Any, held: Entry | None = None
+    ) -> bool:
+        """``key`` came to ``outcome`` (JSON): every retry gets it, for the record's life.
+        ``held``: only while the record is still this claim (fenced); whether it was written."""
         record = {"fp": fingerprint, "state": "done", "outcome": outcome}
         text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+        if held is not None:
+            return await self._swap(key, held, text)
         await self.redis.set(key.name, text, keepttl=True)
+        return True
 
     async def lapse(self, key: OperationKey, entry: Entry) -> None:
         """End this request's claim now, unsettled (its outcome is not known here): a
         retry decides at once rather than after the lease."""
-        fingerprint = json.loads(entry.raw)["fp"]
-        await self._swap(key, entry, _pending(fingerprint, 0))
+        record = json.loads(entry.raw)
+        await self._swap(key, entry, _pending(record["fp"], 0, record.get("by")))
 
     async def forget(self, key: OperationKey, entry: Entry) -> None:
         """Let this request's claim go (nothing was done): a retry runs as a first request."""
@@ -181,6 +199,13 @@ class OperationLedger:
         return bool(await self.redis.eval(_SWAP, 1, key.name, entry.raw, new))
 
 
-def _pending(fingerprint: str, lease: float) -> str:
-    record = {"fp": fingerprint, "state": "pending", "until": round(time.time() + lease, 3)}
+def _pending(fingerprint: str, lease: float, token: str | None = None) -> str:
+    """A claim's record: its fencing token (the claim's own, kept by its renewals) makes it
+    differ from any other claim's, whatever the clock."""
+    record = {
+        "fp": fingerprint,
+        "state": "pending",
+        "until": round(time.time() + lease, 3),
+        "by": token or secrets.token_hex(8),
+    }
     return json.dumps(record, separators=(",", ":"))

@@ -22,9 +22,8 @@ from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .event_stream import MEDIA_TYPE, EventStream, resume_after
-from .idempotency import HEADER, IdempotencyKeys, checked_key
 from .interaction_tools import InteractionTools
-from .keyed import KeyedMutations
+from .keyed import REPLAYED, KeyedMutations
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
@@ -75,14 +74,13 @@ class SessionRoutes:
     def __init__(self, tools: SessionTools, stream: EventStream) -> None:
         self.tools = tools
         self.stream = stream
-        self.keys = IdempotencyKeys(tools.redis, wait=tools.settings.request_timeout)
         self.mutations = KeyedMutations(tools.redis, tools.settings, self._caller)
         self.asks = InteractionTools(tools)
 
     def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
         return [
-            Route(SESSIONS_PATH, self._guard(self.create), methods=["POST"]),
+            Route(SESSIONS_PATH, self._guard(self.create), methods=["POST"]),  # keyed within
             Route(ONE_SESSION, self._guard(self.get), methods=["GET"]),
             Route(ONE_SESSION, self._keyed(self.delete), methods=["DELETE"]),
             Route(ONE_SESSION + "/prompt", self._keyed(self.prompt, False), methods=["POST"]),
@@ -117,7 +115,7 @@ class SessionRoutes:
     def _keyed(self, endpoint: Endpoint, repeatable: bool = True) -> Endpoint:
         """A mutation: guarded, and run once per ``Idempotency-Key`` (:mod:`.keyed`)."""
         guarded = self._guard(endpoint)
-        return self.mutations.keyed(guarded, repeatable=repeatable, long=not repeatable)
+        return self.mutations.keyed(guarded, repeatable=repeatable)
 
     async def _caller(self, request: Request, scope: Scope) -> str:
         credentials = Credentials("http", request.headers.get("authorization"))
@@ -129,27 +127,23 @@ class SessionRoutes:
     # -- endpoints ----------------------------------------------------------------------------
 
     async def create(self, request: Request) -> Response:
+        """Create (once per ``Idempotency-Key``: the key settles with the session made,
+        before the first prompt runs, so a retry meanwhile gets the session), then run the
+        first prompt, if any, for the first request only."""
         tenant = await self._caller(request, Scope.WRITE)
-        body = await _body(request, required=True)
-        inputs = _inputs(CreateSession, body)
+        inputs = _inputs(CreateSession, await _body(request, required=True))
         base = self._base(request)
-        key = request.headers.get(HEADER)
-        if key is None:
-            view = await self.tools.create(tenant, inputs, base)
-        else:
-            key = checked_key(key)
-            claim = await self.keys.claim(tenant, key, body)
-            if isinstance(claim, str):  # a retry: the first request's session, nothing run again
-                view = await self.tools.view(tenant, claim, base, project=False)
-                return self._created(session_document(view))
-            async with self.keys.creating(claim):
-                view = await self.tools.create(tenant, inputs, base)
-            # Settled before the first prompt runs: a retry meanwhile gets the session.
-            await self.keys.settle(claim, view.row["sessionId"])
-        document = session_document(view)
-        if inputs.prompt is not None:
-            turn = await self.tools.prompt(tenant, document["id"], inputs.prompt, inputs.wait, base)
-            document["turn"] = turn_document(document["id"], turn)
+
+        async def made() -> Response:
+            view = await self.tools.guarded(self.tools.create(tenant, inputs, base))
+            return self._created(session_document(view))
+
+        response = await self.mutations.once(request, made, repeatable=True)
+        if inputs.prompt is None or response.status_code != 201 or REPLAYED in response.headers:
+            return response
+        document: SessionWithLink = json.loads(bytes(response.body))
+        turn = await self.tools.prompt(tenant, document["id"], inputs.prompt, inputs.wait, base)
+        document["turn"] = turn_document(document["id"], turn)
         return self._created(document)
 
     def _created(self, document: SessionWithLink) -> Response:
