@@ -31,6 +31,7 @@ from .session_tools import SessionTools, stdio_base
 from .sessions import TOOL_DESCRIPTION, SessionsService, sessions_service
 from .tool_inputs import input_schema
 from .tool_models import SessionListInput
+from .tool_operations import once
 
 log = logging.getLogger(__name__)
 
@@ -147,15 +148,34 @@ async def _call_session_tool(
     params: types.CallToolRequestParams,
     base: Callable[[ServerRequestContext], str] | None,
 ) -> types.CallToolResult:
-    """One session tool's call: authorized for its scope, inputs checked, run."""
+    """One session tool's call: authorized for its scope, inputs checked, run (a mutation
+    once per ``operationId``: :mod:`.tool_operations`)."""
     arguments = params.arguments or {}
     try:
-        tenant = await tools.authorize(_credentials(ctx), entry.scope)
+        caller = await tools.caller(_credentials(ctx), entry.scope)
+        inputs = entry.inputs.parse(arguments)
         where = base(ctx) if base is not None else stdio_base(tools.settings)
-        text = await tools.guarded(entry.run(tools, tenant, arguments, where))
+
+        async def call() -> str:
+            return await tools.guarded(entry.run(tools, caller.tenant, inputs, where))
+
+        if not entry.mutation:
+            text, failed = await call(), False
+        else:
+            text, failed = await tools.guarded(
+                once(
+                    tools.redis,
+                    caller,
+                    entry.name,
+                    arguments,
+                    call,
+                    repeatable=entry.repeatable,
+                    wait=tools.settings.request_timeout,
+                )
+            )
     except ApiError as error:
         return error_result(error)
-    return types.CallToolResult(content=[types.TextContent(text=text)])
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=failed)
 
 
 def http_base(ctx: ServerRequestContext) -> str:

@@ -26,7 +26,14 @@ from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
 from .session_tools import SessionTools, SessionView, TurnView
 from .tool_inputs import ToolInput, input_schema
-from .tool_models import CreateSession, InteractionRespond, SessionPrompt, SessionRef
+from .tool_models import (
+    CreateSessionTool,
+    InteractionRespond,
+    OperationInput,
+    SessionChange,
+    SessionPrompt,
+    SessionRef,
+)
 
 InputT = TypeVar("InputT", bound=ToolInput)
 LineRenderer = Callable[[list[JsonObject]], list[str]]
@@ -47,6 +54,14 @@ class SessionTool(Generic[InputT]):
     destructive: bool = False
     idempotent: bool = False
     open_world: bool = False
+    repeatable: bool = True
+    """A mutation whose first call died mid-way is run again by a retry with its
+    ``operationId`` (False: the retry hears its outcome is unknown)."""
+
+    @property
+    def mutation(self) -> bool:
+        """Whether the tool changes something (its inputs take an ``operationId``)."""
+        return issubclass(self.inputs, OperationInput)
 
     @property
     def tool(self) -> types.Tool:
@@ -65,9 +80,9 @@ class SessionTool(Generic[InputT]):
             ),
         )
 
-    async def run(self, tools: SessionTools, tenant: str, arguments: JsonObject, base: str) -> str:
-        """The call: its inputs checked (``invalid_argument``), then handled."""
-        return await self.handler(tools, tenant, self.inputs.parse(arguments), base)
+    async def run(self, tools: SessionTools, tenant: str, inputs: InputT, base: str) -> str:
+        """The call, its inputs checked (:meth:`ToolInput.parse`)."""
+        return await self.handler(tools, tenant, inputs, base)
 
 
 def session_text(view: SessionView, line: LineRenderer) -> str:
@@ -142,7 +157,7 @@ DELETE = (
 def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     """Every session tool but ``session_list``, by name; ``line`` writes session lines."""
 
-    async def create(tools: SessionTools, tenant: str, inputs: CreateSession, base: str) -> str:
+    async def create(tools: SessionTools, tenant: str, inputs: CreateSessionTool, base: str) -> str:
         view = await tools.create(tenant, inputs, base)
         result = session_text(view, line)
         if inputs.prompt is None:
@@ -151,20 +166,20 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         turn = await tools.prompt(tenant, session_id, inputs.prompt, inputs.wait, base)
         return f"{result}\n{turn_text(turn)}"
 
-    async def resume(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
+    async def resume(tools: SessionTools, tenant: str, inputs: SessionChange, base: str) -> str:
         return session_text(await tools.resume(tenant, inputs.id, base), line)
 
     async def prompt(tools: SessionTools, tenant: str, inputs: SessionPrompt, base: str) -> str:
         return turn_text(await tools.prompt(tenant, inputs.id, inputs.text, inputs.wait, base))
 
-    async def cancel(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
+    async def cancel(tools: SessionTools, tenant: str, inputs: SessionChange, base: str) -> str:
         reason = await tools.cancel(tenant, inputs.id)
         return "no turn was running" if reason is None else f"stop reason: {reason}"
 
-    async def stop(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
+    async def stop(tools: SessionTools, tenant: str, inputs: SessionChange, base: str) -> str:
         return "\n".join(line([(await tools.stop(tenant, inputs.id, base)).row]))
 
-    async def delete(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
+    async def delete(tools: SessionTools, tenant: str, inputs: SessionChange, base: str) -> str:
         return "\n".join(line([(await tools.delete(tenant, inputs.id, base)).row]))
 
     async def interactions(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
@@ -180,16 +195,16 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         return "\n".join(interaction_lines([done]))
 
     defined: list[SessionTool[Any]] = [
-        SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
+        SessionTool("session_create", "Create a session", CREATE, CreateSessionTool, create,
                     open_world=True),
-        SessionTool("session_resume", "Resume a session", RESUME, SessionRef, resume,
+        SessionTool("session_resume", "Resume a session", RESUME, SessionChange, resume,
                     idempotent=True, open_world=True),
         SessionTool("session_prompt", "Prompt a session", PROMPT, SessionPrompt, prompt,
-                    open_world=True),
-        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionRef, cancel,
+                    open_world=True, repeatable=False),
+        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionChange, cancel,
                     idempotent=True),
-        SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True),
-        SessionTool("session_delete", "Delete a session", DELETE, SessionRef, delete,
+        SessionTool("session_stop", "Stop a session", STOP, SessionChange, stop, idempotent=True),
+        SessionTool("session_delete", "Delete a session", DELETE, SessionChange, delete,
                     destructive=True, idempotent=True),
         SessionTool("interaction_list", "List pending interactions", INTERACTIONS, SessionRef,
                     interactions, scope=Scope.READ, read_only=True, idempotent=True),

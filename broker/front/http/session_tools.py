@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
-from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
+from ...auth.credentials import Caller, Credentials, Identify, bearer_identity, open_identity
 from ...auth.principal import Scope
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
@@ -94,13 +94,13 @@ def request_base(settings: Settings, url_base: str) -> str:
 
 def tool_access(
     settings: Settings, authenticator: BrokerAuthenticator | None
-) -> dict[Scope, Authenticator]:
+) -> dict[Scope, Identify]:
     """Who may read and who may change, per scope: bearer credentials with that scope where
     authentication is on; everyone, as the settings' tenant, where it is off (or over stdio:
     whoever runs ``acp-broker mcp`` holds the Redis URL)."""
     if authenticator is None or not authenticator.enabled:
-        return {scope: open_access(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
-    return {scope: bearer_access(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
+        return {scope: open_identity(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
+    return {scope: bearer_identity(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
 
 
 def not_found(session_id: str) -> ApiError:
@@ -131,7 +131,7 @@ class SessionTools:
         index: SessionIndex,
         hub: FanoutHub,
         agents: AgentGateway,
-        access: Mapping[Scope, Authenticator],
+        access: Mapping[Scope, Identify],
     ) -> None:
         self.settings = settings
         self.log = log
@@ -148,6 +148,10 @@ class SessionTools:
     async def authorize(self, credentials: Credentials, scope: Scope) -> str:
         """The caller's tenant, if its credential has ``scope`` (``unauthorized``,
         ``forbidden`` otherwise)."""
+        return (await self.access[scope](credentials)).tenant
+
+    async def caller(self, credentials: Credentials, scope: Scope) -> Caller:
+        """The caller (tenant and principal subject), if its credential has ``scope``."""
         return await self.access[scope](credentials)
 
     async def guarded(self, call: Awaitable[T]) -> T:
