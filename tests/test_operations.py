@@ -425,7 +425,7 @@ async def test_an_mcp_prompt_whose_first_call_died_is_not_run_again(
         session_id = made.split()[0]
         asked = {"id": session_id, "text": "/notool lost", "operationId": "mcp-orphan"}
         ledger = OperationLedger(a.redis)
-        key = OperationKey(a.settings.tenant, "", MCP_CLIENT, "mcp-orphan")
+        key = OperationKey(a.settings.tenant, "anonymous", MCP_CLIENT, "mcp-orphan")
         entry = await ledger.begin(key, fingerprint("tools/call session_prompt", asked), lease=60)
         await ledger.lapse(key, entry)
         error, unknown = await _tool(client, "session_prompt", asked)

@@ -11,7 +11,8 @@ mcp`` over stdio, :func:`open_access` gives every caller the configured tenant.
 :func:`bearer_identity` and :func:`open_identity` answer the same with the caller's
 principal subject beside the tenant (what the session tools record as a prompt's author
 or an interaction's answerer, and key operation ids by): the subject an ACP connection
-with the same credential has, ``""`` where authentication is off, as on ACP.
+with the same credential has (where authentication is off, everyone's, as on ACP:
+:func:`~.principal.anonymous`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from ..errors import ApiError, ErrorCode
 from .authenticator import Authenticator as BrokerAuthenticator
 from .authenticator import bearer
-from .principal import AuthError, Scope
+from .principal import AuthError, Scope, anonymous
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +43,10 @@ Authenticator = Callable[[Credentials], Awaitable[str]]
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who a caller is: its tenant and its principal's subject (a token id, a JWT subject;
-    ``""`` where authentication is off)."""
+    ``anonymous`` where authentication is off)."""
 
     tenant: str
-    subject: str = ""
+    subject: str
 
 
 Identify = Callable[[Credentials], Awaitable[Caller]]
@@ -98,8 +99,9 @@ def open_access(tenant: str) -> Authenticator:
 
 
 def open_identity(tenant: str) -> Identify:
-    """:func:`open_access`, answering the :class:`Caller` (no subject: no credential)."""
-    caller = Caller(tenant)
+    """:func:`open_access`, answering the :class:`Caller` (the subject every ACP
+    connection has where authentication is off)."""
+    caller = Caller(tenant, anonymous(tenant).subject)
 
     async def identify(credentials: Credentials) -> Caller:
         return caller

@@ -157,7 +157,7 @@ async def _call_session_tool(
         where = base(ctx) if base is not None else stdio_base(tools.settings)
 
         async def call() -> str:
-            return await tools.guarded(entry.run(tools, caller.tenant, inputs, where))
+            return await tools.guarded(entry.run(tools, caller, inputs, where))
 
         if not entry.mutation:
             text, failed = await call(), False

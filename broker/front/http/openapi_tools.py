@@ -14,6 +14,7 @@ from ...store.events import JsonObject
 from .openapi_events import event_stream_content
 from .tool_inputs import input_schema
 from .tool_models import (
+    CancelInput,
     CreateSession,
     InteractionAnswer,
     InteractionRespond,
@@ -179,8 +180,13 @@ def session_paths() -> JsonObject:
         },
         one + "/cancel": _action(
             "cancelTurn",
-            "Cancel the running turn",
-            _json("The cancelled turn's stop reason (null: none was running).", "Cancelled"),
+            "Cancel the running turn (or, with `activityId`, that turn: withdraw it when queued)",
+            _json(
+                "The cancelled turn's stop reason (null: none was running, or the activity "
+                "was not running nor queued by the caller).",
+                "Cancelled",
+            ),
+            body="CancelInput",
         ),
         one + "/resume": _action(
             "resumeSession",
@@ -269,14 +275,14 @@ def interaction_paths() -> JsonObject:
     }
 
 
-def _action(operation_id: str, summary: str, ok: JsonObject) -> JsonObject:
+def _action(operation_id: str, summary: str, ok: JsonObject, body: str = "NoInput") -> JsonObject:
     return {
         "parameters": [_id_parameter()],
         "post": keyed(
             {
                 "operationId": operation_id,
                 "summary": summary,
-                "requestBody": _body("NoInput", required=False),
+                "requestBody": _body(body, required=False),
                 "responses": {"200": ok, **_problems("write", "404")},
             }
         ),
@@ -289,6 +295,7 @@ def schemas() -> dict[str, JsonObject]:
         "CreateSession": input_schema(CreateSession),
         "PromptInput": input_schema(PromptInput),
         "NoInput": input_schema(NoInput),
+        "CancelInput": input_schema(CancelInput),
         "InteractionAnswer": input_schema(InteractionAnswer),
         "Interaction": INTERACTION_SCHEMA,
         "InteractionList": {

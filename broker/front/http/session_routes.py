@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ...auth.credentials import Credentials
+from ...auth.credentials import Caller, Credentials
 from ...auth.principal import Scope
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
@@ -28,6 +28,7 @@ from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
 from .tool_models import (
+    CancelInput,
     CreateSession,
     InteractionAnswer,
     NoInput,
@@ -118,8 +119,12 @@ class SessionRoutes:
         return self.mutations.keyed(guarded, repeatable=repeatable)
 
     async def _caller(self, request: Request, scope: Scope) -> str:
+        return (await self._who(request, scope)).tenant
+
+    async def _who(self, request: Request, scope: Scope) -> Caller:
+        """The caller (tenant and principal subject: a prompt's author, an answerer)."""
         credentials = Credentials("http", request.headers.get("authorization"))
-        return await self.tools.authorize(credentials, scope)
+        return await self.tools.caller(credentials, scope)
 
     def _base(self, request: Request) -> str:
         return request_base(self.tools.settings, str(request.base_url).rstrip("/"))
@@ -130,7 +135,8 @@ class SessionRoutes:
         """Create (once per ``Idempotency-Key``: the key settles with the session made,
         before the first prompt runs, so a retry meanwhile gets the session), then run the
         first prompt, if any, for the first request only."""
-        tenant = await self._caller(request, Scope.WRITE)
+        caller = await self._who(request, Scope.WRITE)
+        tenant = caller.tenant
         inputs = _inputs(CreateSession, await _body(request, required=True))
         base = self._base(request)
 
@@ -142,7 +148,9 @@ class SessionRoutes:
         if inputs.prompt is None or response.status_code != 201 or REPLAYED in response.headers:
             return response
         document: SessionWithLink = json.loads(bytes(response.body))
-        turn = await self.tools.prompt(tenant, document["id"], inputs.prompt, inputs.wait, base)
+        turn = await self.tools.prompt(
+            tenant, document["id"], inputs.prompt, inputs.wait, base, caller.subject
+        )
         document["turn"] = turn_document(document["id"], turn)
         return self._created(document)
 
@@ -163,19 +171,25 @@ class SessionRoutes:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def prompt(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
+        caller = await self._who(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
         inputs = _inputs(PromptInput, await _body(request, required=True))
         base = self._base(request)
-        turn = await self.tools.prompt(tenant, session_id, inputs.text, inputs.wait, base)
+        turn = await self.tools.prompt(
+            caller.tenant, session_id, inputs.text, inputs.wait, base, caller.subject
+        )
         status = 200 if turn.report.ended else 202
         return _response(json_answer(status, turn_document(session_id, turn)))
 
     async def cancel(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
+        """The running turn's, or with ``activityId`` that turn's (a queued one withdrawn
+        when the caller is its author; ``stopReason`` null when it was not)."""
+        caller = await self._who(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
-        _inputs(NoInput, await _body(request, required=False))
-        reason = await self.tools.cancel(tenant, session_id)
+        inputs = _inputs(CancelInput, await _body(request, required=False))
+        reason = await self.tools.cancel(
+            caller.tenant, session_id, inputs.activityId, caller.subject
+        )
         cancelled: Cancelled = {"sessionId": session_id, "stopReason": reason}
         return _response(json_answer(200, cancelled))
 
@@ -206,19 +220,19 @@ class SessionRoutes:
 
     async def interactions(self, request: Request) -> Response:
         """The session's open and claimed interactions."""
-        tenant = await self._caller(request, Scope.READ)
+        caller = await self._who(request, Scope.READ)
         session_id = session_id_of(request.path_params["id"])
-        listed = await self.asks.pending(tenant, session_id)
+        listed = await self.asks.pending(caller, session_id)
         return _response(json_answer(200, {"sessionId": session_id, "interactions": listed}))
 
     async def respond(self, request: Request) -> Response:
         """Answer one (``API_SCOPE``: who may answer, as the ACP methods' rule)."""
-        tenant = await self._caller(request, API_SCOPE)
+        caller = await self._who(request, API_SCOPE)
         session_id = session_id_of(request.path_params["id"])
         iid = interaction_id_of(request.path_params["iid"])
         answer = _inputs(InteractionAnswer, await _body(request, required=True))
         done = await self.asks.respond(
-            tenant, session_id, iid, answer.response(), answer.expectedRevision
+            caller, session_id, iid, answer.response(), answer.expectedRevision
         )
         return _response(json_answer(200, done))
 

@@ -372,6 +372,22 @@ class InteractionRespond(OperationInput, InteractionAnswer, SessionRef):
     interactionId: InteractionId = Field(description="The interaction (from interaction_list).")
 
 
+class CancelInput(ToolInput):
+    """``POST /v1/sessions/{id}/cancel``'s body (optional: the session is in the path)."""
+
+    activityId: Annotated[str | None, _optional_text("activityId")] = Field(  # the wire's name
+        default=None,
+        description=(
+            "Only this prompt's turn (a turn's activityId): a queued one is withdrawn when "
+            "you are its author. Default: the running turn."
+        ),
+    )
+
+
+class SessionCancel(OperationInput, CancelInput, SessionRef):
+    """``session_cancel``: a session, and optionally the activity to cancel."""
+
+
 class NoInput(ToolInput):
     """A REST action that takes no body (or an empty object)."""
 
