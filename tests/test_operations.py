@@ -431,3 +431,31 @@ async def test_an_mcp_prompt_whose_first_call_died_is_not_run_again(
         error, unknown = await _tool(client, "session_prompt", asked)
         assert error and unknown.startswith(f"{OPERATION_OUTCOME_UNKNOWN}: "), unknown
         assert await _prompts_logged(a, session_id) == []
+
+
+async def test_a_key_retried_past_the_window_is_outcome_unknown(redis_url: str) -> None:
+    """A short window (1 s): a retry within it is answered; one past it finds the key's
+    tombstone and is ``operation_outcome_unknown``; nothing runs twice."""
+    node = Broker(
+        make_settings(operation_retention=1.0, operation_tombstone=60.0), redis=connect(redis_url)
+    )
+    await node.start()
+    try:
+        async with httpx.AsyncClient(base_url=_base(node), timeout=30) as http:
+            session_id = (await http.post("/v1/sessions", json={"cwd": CWD})).json()["id"]
+            path = f"/v1/sessions/{session_id}/prompt"
+            key = {"Idempotency-Key": "short-window"}
+            first = await http.post(path, json={"text": "/notool once"}, headers=key)
+            assert first.status_code == 200, first.text
+            record = OperationKey(node.settings.tenant, "", REST_CLIENT, "short-window")
+
+            async def expired() -> bool:
+                return not await node.redis.exists(record.name)
+
+            await wait_for(expired, 15, what="the window passed")  # 1 s, on busy cores
+            late = await http.post(path, json={"text": "/notool once"}, headers=key)
+            assert (late.status_code, late.json()["code"]) == (409, OPERATION_OUTCOME_UNKNOWN)
+            assert len(await _prompts_logged(node, session_id)) == 1
+    finally:
+        await node.stop()
+        await node.redis.aclose()

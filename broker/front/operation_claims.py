@@ -23,13 +23,22 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
+from ..config import Settings
 from ..errors.failures import describe
+from ..store.client import Store
 from ..store.operations import Claim, Entry, OperationKey, OperationLedger
 
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS: Final = 10.0
 """How long a claim outlives its front's last renewal (renewed every third of it)."""
+
+
+def ledger(redis: Store, settings: Settings) -> OperationLedger:
+    """The operation ledger, with the settings' retention window and tombstone period."""
+    return OperationLedger(
+        redis, retention=settings.operation_retention, tombstone=settings.operation_tombstone
+    )
 
 
 class OperationClaim:
@@ -52,7 +61,8 @@ class OperationClaim:
 
     async def decide(self, wait: float) -> Entry:
         """Claim the key (``NEW``: run the request within :meth:`running`), or what holds
-        it: ``DONE`` (the first outcome), ``CONFLICT``, or ``PENDING`` (lapsed and not
+        it: ``DONE`` (the first outcome), ``CONFLICT``, ``FORGOTTEN`` (used before the
+        retention window: its outcome is unknown) or ``PENDING`` (lapsed and not
         ``repeatable``: its outcome is unknown; or still running after ``wait`` seconds)."""
         entry = await self.ledger.decide(
             self.key, self.fingerprint, self.lease, repeatable=self.repeatable, wait=wait

@@ -37,9 +37,9 @@ from ...protocol.operations import (
     without_operation,
 )
 from ...protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME, client_prompt_id
-from ...store.operations import Claim, OperationKey, OperationLedger
+from ...store.operations import Claim, OperationKey
 from ..deadlines import deadline_for
-from ..operation_claims import OperationClaim
+from ..operation_claims import OperationClaim, ledger
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .methods_v1 import AcpMethods, MethodHandler
@@ -76,7 +76,7 @@ class Operation:
         self, methods: AcpMethods, conn: ClientConnection, request: Request, key: OperationKey
     ) -> None:
         self.methods, self.conn, self.key = methods, conn, key
-        self.ledger = OperationLedger(methods.index.redis)
+        self.ledger = ledger(methods.index.redis, methods.settings)
         self.fingerprint = fingerprint(request.method, request.params)
         self.claim = OperationClaim(
             self.ledger, key, self.fingerprint, repeatable=request.method in REPEATABLE
@@ -98,6 +98,8 @@ class Operation:
         entry = await self.claim.decide(wait=0 if prompt else self.wait)
         if entry.claim is Claim.CONFLICT:
             raise operation_conflict()
+        if entry.claim is Claim.FORGOTTEN:
+            raise operation_outcome_unknown()
         if entry.claim is Claim.DONE:
             return await self._replay(entry.outcome)
         if entry.claim is Claim.NEW:

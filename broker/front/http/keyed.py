@@ -31,8 +31,8 @@ from ...errors import ApiError, invalid_argument
 from ...errors.operations import rest_conflict, rest_outcome_unknown, rest_pending
 from ...protocol.operations import digest
 from ...store.client import Store
-from ...store.operations import Claim, OperationKey, OperationLedger
-from ..operation_claims import OperationClaim
+from ...store.operations import Claim, OperationKey
+from ..operation_claims import OperationClaim, ledger
 from .rest import problem
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -58,7 +58,7 @@ class KeyedMutations:
     """Wraps mutation endpoints with the ledger (see the module)."""
 
     def __init__(self, redis: Store, settings: Settings, caller: Caller) -> None:
-        self.ledger = OperationLedger(redis)
+        self.ledger = ledger(redis, settings)
         self.settings = settings
         self.caller = caller
 
@@ -100,6 +100,8 @@ async def _run(
         raise rest_conflict()
     if entry.claim is Claim.DONE:
         return _replayed(entry.outcome)
+    if entry.claim is Claim.FORGOTTEN:
+        raise rest_outcome_unknown()
     if entry.claim is Claim.PENDING:
         raise rest_outcome_unknown() if entry.lapsed else rest_pending()
     async with claim.running():

@@ -26,6 +26,7 @@ from ...errors import ApiError
 from ...store.client import connect
 from ...store.events import JsonObject
 from ...store.query import SessionPage
+from ..operation_claims import ledger
 from .mcp_tools import SessionTool, tool_set
 from .session_tools import SessionTools, stdio_base
 from .sessions import TOOL_DESCRIPTION, SessionsService, sessions_service
@@ -164,7 +165,7 @@ async def _call_session_tool(
         else:
             text, failed = await tools.guarded(
                 once(
-                    tools.redis,
+                    ledger(tools.redis, tools.settings),
                     caller,
                     entry.name,
                     arguments,

@@ -23,7 +23,6 @@ from ...auth.credentials import Caller
 from ...errors import ApiError, ErrorCode
 from ...errors.operations import rest_conflict, rest_outcome_unknown, rest_pending
 from ...protocol.operations import OPERATION_ID, fingerprint
-from ...store.client import Store
 from ...store.operations import Claim, OperationKey, OperationLedger
 from ..operation_claims import OperationClaim
 
@@ -37,7 +36,7 @@ Outcome = tuple[str, bool]
 
 
 async def once(
-    store: Store,
+    ledger: OperationLedger,
     caller: Caller,
     tool: str,
     arguments: dict[str, Any],
@@ -53,7 +52,7 @@ async def once(
         return await _plain(call)
     key = OperationKey(caller.tenant, caller.subject, MCP_CLIENT, op)
     claim = OperationClaim(
-        OperationLedger(store),
+        ledger,
         key,
         fingerprint(f"tools/call {tool}", arguments),
         repeatable=repeatable,
@@ -64,8 +63,8 @@ async def once(
     if entry.claim is Claim.DONE:
         record = entry.outcome if isinstance(entry.outcome, dict) else {}
         return str(record.get("text", "")), bool(record.get("isError"))
-    if entry.claim is Claim.PENDING:
-        unknown = entry.lapsed
+    if entry.claim in (Claim.PENDING, Claim.FORGOTTEN):
+        unknown = entry.claim is Claim.FORGOTTEN or entry.lapsed
         return _error(rest_outcome_unknown(OPERATION_ID) if unknown else rest_pending(OPERATION_ID))
     async with claim.running():
         text, failed = outcome = await _plain(call)
