@@ -41,6 +41,17 @@ def _subject(credential: str) -> str:
 
 
 @contextlib.asynccontextmanager
+async def _two_principals(
+    redis_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[BrokerProcess, str, str]]:
+    """A broker with authentication on, and two write tokens of one tenant: Alice's, Bob's."""
+    async with secured(redis_url, tmp_path) as node:
+        alice = await token(redis_url, TENANT, ["read", "write"])
+        bob = await token(redis_url, TENANT, ["read", "write"])
+        yield node, alice, bob
+
+
+@contextlib.asynccontextmanager
 async def _mcp(node: BrokerProcess, credential: str) -> AsyncIterator[Client]:
     async with (
         httpx.AsyncClient(headers=_auth(credential), timeout=60) as http,
@@ -56,13 +67,13 @@ async def _tool(mcp: Client, name: str, arguments: dict[str, Any]) -> str:
 
 
 async def _facts(redis_url: str, session_id: str) -> list[tuple[str, str, str]]:
-    """The log's withdrawals and ignored cancels: (type, activity, reason)."""
+    """The log's queue facts: (type, activity, reason)."""
     store = connect(redis_url)
     try:
         events = await SessionLog(store).read(TENANT, session_id)
     finally:
         await store.aclose()
-    kinds = (EventType.PROMPT_WITHDRAWN, EventType.CANCEL_IGNORED)
+    kinds = (EventType.PROMPT_QUEUED, EventType.PROMPT_WITHDRAWN, EventType.CANCEL_IGNORED)
     return [
         (
             str(e.type),
@@ -97,107 +108,89 @@ async def _cancel(ws: RawClient, session_id: str, activity: str) -> None:
 async def test_a_queued_prompt_is_withdrawn_by_its_author_only_from_every_surface(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with secured(redis_url, tmp_path) as node:
-        alice = await token(redis_url, TENANT, ["read", "write"])
-        bob = await token(redis_url, TENANT, ["read", "write"])
-        async with (
-            httpx.AsyncClient(base_url=http_base(node), timeout=60) as http,
-            _mcp(node, alice) as alice_mcp,
-            _mcp(node, bob) as bob_mcp,
-        ):
-            made = await http.post("/v1/sessions", json={"cwd": CWD}, headers=_auth(alice))
-            assert made.status_code == 201, made.text
-            session_id = made.json()["id"]
-            path = f"/v1/sessions/{session_id}"
-            running = await http.post(
-                f"{path}/prompt", json={"text": "/slow 300", "wait": 0.5}, headers=_auth(alice)
-            )
-            assert running.json()["state"] == "running", running.text
-            queued = await http.post(
-                f"{path}/prompt", json={"text": "/notool one", "wait": 0.2}, headers=_auth(alice)
-            )
-            assert queued.status_code == 202 and queued.json()["state"] == "queued", queued.text
-            rest_activity = queued.json()["activityId"]
-            shown = await _tool(
-                alice_mcp, "session_prompt", {"id": session_id, "text": "/notool two", "wait": 0.2}
-            )
-            [mcp_activity] = [
-                line.removeprefix("activity: ")
-                for line in shown.split("\n")
-                if line.startswith("activity: ")
-            ]
-            bob_window = await _window(node, bob, session_id)
-            alice_window = await _window(node, alice, session_id)
-
-            # Bob, on every surface: not the author; each cancel a logged no-op.
-            await _cancel(bob_window, session_id, rest_activity)
-            ignored = (EventType.CANCEL_IGNORED, rest_activity, "not_author")
-            await _logged(redis_url, session_id, ignored)
-            refused = await http.post(
-                f"{path}/cancel", json={"activityId": mcp_activity}, headers=_auth(bob)
-            )
-            assert refused.status_code == 200 and refused.json()["stopReason"] is None
-            said = await _tool(
-                bob_mcp, "session_cancel", {"id": session_id, "activityId": rest_activity}
-            )
-            assert said.startswith("not cancelled: "), said
-            facts = await _facts(redis_url, session_id)
-            assert (EventType.CANCEL_IGNORED, mcp_activity, "not_author") in facts
-            assert not [f for f in facts if f[0] == EventType.PROMPT_WITHDRAWN]
-
-            # Alice withdraws the REST prompt over MCP, the MCP prompt over ACP.
-            withdrawn = await _tool(
-                alice_mcp, "session_cancel", {"id": session_id, "activityId": rest_activity}
-            )
-            assert withdrawn == "stop reason: cancelled"
-            await _cancel(alice_window, session_id, mcp_activity)
-            await _logged(redis_url, session_id, (EventType.PROMPT_WITHDRAWN, mcp_activity, ""))
-            assert (EventType.PROMPT_WITHDRAWN, rest_activity, "") in await _facts(
-                redis_url, session_id
-            )
-            # And an ACP prompt queued by Alice is hers to withdraw over REST.
-            queued_acp = {
-                "sessionId": session_id,
-                "prompt": text("/notool three"),
-                "_meta": {"acpBroker/promptId": "alice-acp-1"},
-            }
-            await alice_window.send(
-                {"jsonrpc": "2.0", "id": 9, "method": "session/prompt", "params": queued_acp}
-            )
-            await _logged_queued(redis_url, session_id, "alice-acp-1")
-            mine = await http.post(
-                f"{path}/cancel", json={"activityId": "alice-acp-1"}, headers=_auth(alice)
-            )
-            assert mine.json()["stopReason"] == "cancelled", mine.text
-            answered = await alice_window.reply_to(9, LOGGED_WITHIN)
-            assert answered["result"]["stopReason"] == "cancelled", answered
-            # The running turn, cancelled: the session is quiet again.
-            ended = await http.post(f"{path}/cancel", headers=_auth(alice))
-            assert ended.json()["stopReason"] == "cancelled", ended.text
-            await bob_window.close()
-            await alice_window.close()
-
-
-async def _logged_queued(redis_url: str, session_id: str, activity: str) -> None:
-    async def seen() -> bool:
-        store = connect(redis_url)
-        try:
-            events = await SessionLog(store).read(TENANT, session_id)
-        finally:
-            await store.aclose()
-        return any(
-            e.type == EventType.PROMPT_QUEUED and e.body.get("promptId") == activity for e in events
+    async with (
+        _two_principals(redis_url, tmp_path) as (node, alice, bob),
+        httpx.AsyncClient(base_url=http_base(node), timeout=60) as http,
+        _mcp(node, alice) as alice_mcp,
+        _mcp(node, bob) as bob_mcp,
+    ):
+        made = await http.post("/v1/sessions", json={"cwd": CWD}, headers=_auth(alice))
+        assert made.status_code == 201, made.text
+        session_id = made.json()["id"]
+        path = f"/v1/sessions/{session_id}"
+        running = await http.post(
+            f"{path}/prompt", json={"text": "/slow 300", "wait": 0.5}, headers=_auth(alice)
         )
+        assert running.json()["state"] == "running", running.text
+        queued = await http.post(
+            f"{path}/prompt", json={"text": "/notool one", "wait": 0.2}, headers=_auth(alice)
+        )
+        assert queued.status_code == 202 and queued.json()["state"] == "queued", queued.text
+        rest_activity = queued.json()["activityId"]
+        shown = await _tool(
+            alice_mcp, "session_prompt", {"id": session_id, "text": "/notool two", "wait": 0.2}
+        )
+        [mcp_activity] = [
+            line.removeprefix("activity: ")
+            for line in shown.split("\n")
+            if line.startswith("activity: ")
+        ]
+        bob_window = await _window(node, bob, session_id)
+        alice_window = await _window(node, alice, session_id)
 
-    await wait_for(seen, LOGGED_WITHIN, what=f"{activity} queued")
+        # Bob, on every surface: not the author; each cancel a logged no-op.
+        await _cancel(bob_window, session_id, rest_activity)
+        ignored = (EventType.CANCEL_IGNORED, rest_activity, "not_author")
+        await _logged(redis_url, session_id, ignored)
+        refused = await http.post(
+            f"{path}/cancel", json={"activityId": mcp_activity}, headers=_auth(bob)
+        )
+        assert refused.status_code == 200 and refused.json()["stopReason"] is None
+        said = await _tool(
+            bob_mcp, "session_cancel", {"id": session_id, "activityId": rest_activity}
+        )
+        assert said.startswith("not cancelled: "), said
+        facts = await _facts(redis_url, session_id)
+        assert (EventType.CANCEL_IGNORED, mcp_activity, "not_author") in facts
+        assert not [f for f in facts if f[0] == EventType.PROMPT_WITHDRAWN]
+
+        # Alice withdraws the REST prompt over MCP, the MCP prompt over ACP.
+        withdrawn = await _tool(
+            alice_mcp, "session_cancel", {"id": session_id, "activityId": rest_activity}
+        )
+        assert withdrawn == "stop reason: cancelled"
+        await _cancel(alice_window, session_id, mcp_activity)
+        await _logged(redis_url, session_id, (EventType.PROMPT_WITHDRAWN, mcp_activity, ""))
+        assert (EventType.PROMPT_WITHDRAWN, rest_activity, "") in await _facts(
+            redis_url, session_id
+        )
+        # And an ACP prompt queued by Alice is hers to withdraw over REST.
+        queued_acp = {
+            "sessionId": session_id,
+            "prompt": text("/notool three"),
+            "_meta": {"acpBroker/promptId": "alice-acp-1"},
+        }
+        await alice_window.send(
+            {"jsonrpc": "2.0", "id": 9, "method": "session/prompt", "params": queued_acp}
+        )
+        await _logged(redis_url, session_id, (EventType.PROMPT_QUEUED, "alice-acp-1", ""))
+        mine = await http.post(
+            f"{path}/cancel", json={"activityId": "alice-acp-1"}, headers=_auth(alice)
+        )
+        assert mine.json()["stopReason"] == "cancelled", mine.text
+        answered = await alice_window.reply_to(9, LOGGED_WITHIN)
+        assert answered["result"]["stopReason"] == "cancelled", answered
+        # The running turn, cancelled: the session is quiet again.
+        ended = await http.post(f"{path}/cancel", headers=_auth(alice))
+        assert ended.json()["stopReason"] == "cancelled", ended.text
+        await bob_window.close()
+        await alice_window.close()
 
 
 async def test_an_answer_over_rest_or_mcp_names_the_answering_principal(
     redis_url: str, tmp_path: Path
 ) -> None:
-    async with secured(redis_url, tmp_path) as node:
-        alice = await token(redis_url, TENANT, ["read", "write"])
-        bob = await token(redis_url, TENANT, ["read", "write"])
+    async with _two_principals(redis_url, tmp_path) as (node, alice, bob):
         window = await client(node, alice)
         session_id = await window.new_session(CWD)
         resolvers = []
