@@ -78,7 +78,8 @@ def keyed(operation: JsonObject) -> JsonObject:
         "in": "header",
         "required": False,
         "description": "Any unique text (a UUID), kept for the request's retries: a retry with "
-        "the same key, path and body gets the first answer (24 hours) and runs nothing again.",
+        "the same key, path and body gets the first answer and runs nothing again (within "
+        "the retention window: 24 hours unless configured otherwise).",
         "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
     }
     replayed = {
