@@ -17,6 +17,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from broker.config import AgentSpec
 from broker.front.http.turns import QUEUED
 from broker.serve import Broker
 from broker.store.client import connect
@@ -220,6 +221,31 @@ async def test_bad_calls_are_error_results_naming_the_code(node: Broker) -> None
             error, text = await call(client, name, arguments)
             assert error and text.startswith(f"{code}: "), (name, arguments, text)
             assert "\n" not in text
+
+
+async def test_a_tool_call_an_agent_never_answers_is_failed_within_its_deadline(
+    redis_url: str,
+) -> None:
+    """An agent that starts and never speaks: the host takes the command and goes quiet
+    (its own bound on the agent is a minute); the MCP caller is told ``unavailable`` once
+    the request deadline (2 s) has passed, not left waiting."""
+    mute = AgentSpec(name="mute", command=[sys.executable, "-c", "import time; time.sleep(300)"])
+    store = connect(redis_url)
+    broker = Broker(make_settings(agents=[mute], request_timeout=2.0), redis=store)
+    await broker.start()
+    try:
+        async with Client(mcp_url(broker)) as client:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            error, text = await asyncio.wait_for(
+                call(client, "session_create", {"cwd": "/tmp/mute"}), 60
+            )
+            assert error and text.startswith("unavailable: "), text
+            # The deadline and a loaded machine's scheduling: well under the agent's minute.
+            assert loop.time() - started < 30
+    finally:
+        await broker.stop()
+        await store.aclose()
 
 
 def stdio_server(redis_url: str, tmp_path: Path) -> StdioServerParameters:
