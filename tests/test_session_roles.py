@@ -1,0 +1,283 @@
+"""Session roles over real connections: tenant roles from tokens and JWT claims, owners'
+per-session grants and revokes (``session_access/*``, REST ``/access``), and every operation
+authorized against the caller's effective roles, on two front nodes of one real Redis.
+
+Four principals of one tenant: the owner (a plain read-write token: it makes the session,
+so it owns it), an observer, an approver and a controller (tokens made with those roles).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2 as httpx
+import jwt
+import pytest
+from mcp import Client
+
+from broker.auth.tokens import TokenStore
+from broker.protocol.jsonrpc import INVALID_REQUEST
+from broker.serve import Broker
+from broker.store.client import connect
+
+from .conftest import make_settings, run_cli
+from .support.client import RawClient, text, tool_result_text
+
+TENANT = "team"
+CWD = "/work/roles"
+JWT_SECRET = "a-test-secret-that-is-long-enough-for-hs256"
+
+
+@dataclass
+class Team:
+    """Two front nodes and the tenant's tokens, by role."""
+
+    nodes: list[Broker]
+    tokens: dict[str, str]
+    subjects: dict[str, str]
+
+
+@pytest.fixture
+async def team(redis_url: str) -> AsyncIterator[Team]:
+    nodes = []
+    for _ in range(2):
+        node = Broker(
+            make_settings(
+                auth="on", jwt_secret=JWT_SECRET, rate_per_connection=1000, tenant=TENANT
+            ),
+            redis=connect(redis_url),
+        )
+        await node.start()
+        nodes.append(node)
+    store = TokenStore(nodes[0].redis)
+    tokens, subjects = {}, {}
+    for name, roles in (
+        ("owner", None),
+        ("observer", ["observer"]),
+        ("approver", ["approver"]),
+        ("controller", ["controller"]),
+    ):
+        token, info = await store.create(TENANT, ["read", "write"], name, roles)
+        tokens[name], subjects[name] = token, f"token:{info.id}"
+    yield Team(nodes, tokens, subjects)
+    for node in nodes:
+        await node.stop()
+        await node.redis.aclose()
+
+
+def _url(node: Broker) -> str:
+    return f"ws://127.0.0.1:{node.port}/acp"
+
+
+async def _client(node: Broker, token: str, remote: bool = False) -> RawClient:
+    headers = {"Authorization": f"Bearer {token}"}
+    client = await RawClient.connect(_url(node), additional_headers=headers)
+    caps: dict[str, Any] = {"remote": {"core": {}}} if remote else {}
+    reply = await client.call("initialize", {"protocolVersion": 1, "clientCapabilities": caps})
+    assert "result" in reply, reply
+    return client
+
+
+async def _session(team: Team) -> tuple[RawClient, str]:
+    """The owner's client on node 0, and the session it made."""
+    owner = await _client(team.nodes[0], team.tokens["owner"])
+    return owner, await owner.new_session(CWD)
+
+
+async def _loaded(node: Broker, token: str, session_id: str, remote: bool = False) -> RawClient:
+    client = await _client(node, token, remote)
+    reply = await client.call("session/load", {"sessionId": session_id, "cwd": CWD, "mcpServers": []})
+    assert "result" in reply, reply
+    return client
+
+
+def _forbidden(reply: dict[str, Any], permission: str) -> None:
+    assert reply.get("error", {}).get("code") == INVALID_REQUEST, reply
+    data = reply["error"]["data"]
+    assert data == {"condition": "forbidden", "retryable": False, "requiredPermission": permission}
+
+
+def _allowed(reply: dict[str, Any]) -> None:
+    error = reply.get("error") or {}
+    assert (error.get("data") or {}).get("condition") != "forbidden", reply
+
+
+async def _prompt(client: RawClient, session_id: str, words: str = "hi") -> dict[str, Any]:
+    return await client.call("session/prompt", {"sessionId": session_id, "prompt": text("/notool " + words)})
+
+
+async def _grant(client: RawClient, session_id: str, subject: str, roles: list[str]) -> Any:
+    params = {
+        "sessionId": session_id,
+        "subject": {"type": "principal", "principalId": subject},
+        "roles": roles,
+    }
+    return await client.call("session_access/grant", params)
+
+
+async def test_each_role_may_do_what_its_permissions_allow(team: Team) -> None:
+    owner, sid = await _session(team)
+    node = team.nodes[0]
+    observer = await _loaded(node, team.tokens["observer"], sid, remote=True)
+    approver = await _loaded(node, team.tokens["approver"], sid, remote=True)
+    controller = await _loaded(node, team.tokens["controller"], sid, remote=True)
+    title = {"sessionId": sid, "title": "t"}
+    mode = {"sessionId": sid, "modeId": "default"}
+    claim = {"sessionId": sid, "interactionId": "nope", "expectedRevision": "1"}
+    # session.write: prompt, set_title, fork
+    reply = await _prompt(observer, sid)
+    _forbidden(reply, "session.write")
+    assert "session.write" in reply["error"]["message"]
+    _forbidden(await _prompt(approver, sid), "session.write")
+    _forbidden(await observer.call("session/set_title", title), "session.write")
+    fork = {"sessionId": sid, "cwd": CWD, "mcpServers": []}
+    _forbidden(await observer.call("session/fork", fork), "session.write")
+    assert "result" in await _prompt(controller, sid), "a controller prompts"
+    assert "result" in await controller.call("session/set_title", title)
+    # session.control: modes, config options, a cancel of the running turn
+    _forbidden(await observer.call("session/set_mode", mode), "session.control")
+    _forbidden(await approver.call("session/set_mode", mode), "session.control")
+    _allowed(await controller.call("session/set_mode", mode))
+    # session.approve: claims (a claim of nothing passes the check, then finds nothing)
+    _forbidden(await controller.call("interaction/claim", claim), "session.approve")
+    _forbidden(await observer.call("interaction/claim", claim), "session.approve")
+    refused = await approver.call("interaction/claim", claim)
+    assert refused["error"]["data"]["condition"] == "revision_conflict", refused
+    # session.admin: the ACL, close, delete; only the owner
+    for client in (observer, approver, controller):
+        listing = await client.call("session_access/list", {"sessionId": sid})
+        _forbidden(listing, "session.admin")
+        _forbidden(await client.call("session/delete", {"sessionId": sid}), "session.admin")
+    _forbidden(await controller.call("session/close", {"sessionId": sid}), "session.admin")
+    listed = await owner.call("session_access/list", {"sessionId": sid})
+    assert listed["result"]["entries"] == [
+        {
+            "entryId": listed["result"]["entries"][0]["entryId"],
+            "subject": {"type": "principal", "principalId": team.subjects["owner"]},
+            "roles": ["owner"],
+        }
+    ]
+    # session.read: every role loads and reads (done above); the session is unchanged by
+    # what was refused: the controller's title stands, and it is still there
+    assert "result" in await owner.call("session/set_title", title)
+    assert "result" in await owner.call("session/delete", {"sessionId": sid})
+    for client in (owner, observer, approver, controller):
+        await client.close()
+
+
+async def test_a_grant_takes_effect_and_a_revoke_refuses_at_once_on_another_front(
+    team: Team,
+) -> None:
+    owner, sid = await _session(team)
+    other = await _loaded(team.nodes[1], team.tokens["observer"], sid)
+    _forbidden(await _prompt(other, sid), "session.write")
+    granted = await _grant(owner, sid, team.subjects["observer"], ["controller"])
+    entry = granted["result"]["entry"]
+    assert entry["roles"] == ["controller"] and granted["result"]["aclRevision"] == "2"
+    assert "result" in await _prompt(other, sid, "now I may"), "granted: it prompts"
+    revoked = await owner.call("session_access/revoke", {"sessionId": sid, "entryId": entry["entryId"]})
+    assert revoked["result"]["aclRevision"] == "3", revoked
+    _forbidden(await _prompt(other, sid, "no more"), "session.write")
+    # Every attachment hears of each change (a generic access-changed update), in the log.
+    await other.read_until(
+        lambda: any(
+            "acpBroker/sessionAccess" in (u["update"].get("_meta") or {})
+            and u["update"]["_meta"]["acpBroker/sessionAccess"]["change"] == "revoke"
+            for u in other.updates(sid)
+        )
+    )
+    await owner.close()
+    await other.close()
+
+
+async def test_the_last_owner_cannot_be_revoked_nor_demoted(team: Team) -> None:
+    owner, sid = await _session(team)
+    listed = await owner.call("session_access/list", {"sessionId": sid})
+    entry_id = listed["result"]["entries"][0]["entryId"]
+    refused = await owner.call("session_access/revoke", {"sessionId": sid, "entryId": entry_id})
+    assert refused["error"]["data"]["condition"] == "last_owner", refused
+    demoted = await _grant(owner, sid, team.subjects["owner"], ["observer"])
+    assert demoted["error"]["data"]["condition"] == "last_owner", demoted
+    unknown = await owner.call("session_access/revoke", {"sessionId": sid, "entryId": "x"})
+    assert unknown["error"]["code"] == -32002, unknown
+    bad = await _grant(owner, sid, team.subjects["observer"], ["boss"])
+    assert bad["error"]["code"] == -32602 and "boss" in bad["error"]["message"], bad
+    # With a second owner, the first may go; then it administers nothing more.
+    assert "result" in await _grant(owner, sid, team.subjects["controller"], ["owner"])
+    gone = await owner.call("session_access/revoke", {"sessionId": sid, "entryId": entry_id})
+    assert "result" in gone, gone
+    again = await owner.call("session_access/list", {"sessionId": sid})
+    _forbidden(again, "session.admin")
+    await owner.close()
+
+
+async def test_jwt_roles_claim(team: Team, caplog: pytest.LogCaptureFixture) -> None:
+    owner, sid = await _session(team)
+    base = {"tenant": TENANT, "exp": int(time.time()) + 600}
+    watcher = jwt.encode({**base, "sub": "w", "roles": ["observer"]}, JWT_SECRET, "HS256")
+    client = await _loaded(team.nodes[1], watcher, sid)
+    _forbidden(await _prompt(client, sid), "session.write")
+    assert "result" in await _grant(owner, sid, "jwt:w", ["controller"])
+    assert "result" in await _prompt(client, sid), "granted by its subject: jwt:w"
+    await client.close()
+    bogus = jwt.encode({**base, "sub": "x", "roles": ["boss"]}, JWT_SECRET, "HS256")
+    with caplog.at_level(logging.INFO, logger="broker.auth.authenticator"):
+        with pytest.raises(Exception, match="401"):
+            await _client(team.nodes[0], bogus)
+    assert any("unknown role 'boss'" in r.getMessage() for r in caplog.records)
+    await owner.close()
+
+
+async def test_token_roles_are_checked_where_tokens_are_made(team: Team) -> None:
+    with pytest.raises(ValueError, match="unknown role 'boss'"):
+        await TokenStore(team.nodes[0].redis).create(TENANT, ["read"], "x", ["boss"])
+    url = team.nodes[0].settings.redis_url or ""
+    code, out, err = await run_cli("token", "create", "--redis-url", url, "--roles", "boss")
+    assert code == 2 and "unknown role 'boss'" in err and not out.strip()
+    code, out, err = await run_cli(
+        "token", "create", "--redis-url", url, "--roles", "observer,approver"
+    )
+    assert code == 0 and "roles approver,observer" in err
+
+
+async def test_rest_and_mcp_refuse_what_the_roles_do_not_allow(team: Team) -> None:
+    owner, sid = await _session(team)
+    node = team.nodes[1]
+    base = f"http://127.0.0.1:{node.http_port}"
+    watch = {"Authorization": f"Bearer {team.tokens['observer']}"}
+    own = {"Authorization": f"Bearer {team.tokens['owner']}"}
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        refused = await http.post(f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch)
+        assert refused.status_code == 403, refused.text
+        assert "session.write" in refused.json()["detail"]
+        assert (await http.delete(f"/v1/sessions/{sid}", headers=watch)).status_code == 403
+        assert (await http.get(f"/v1/sessions/{sid}/access", headers=watch)).status_code == 403
+        listed = await http.get(f"/v1/sessions/{sid}/access", headers=own)
+        assert listed.status_code == 200 and len(listed.json()["entries"]) == 1
+        body = {
+            "subject": {"type": "principal", "principalId": team.subjects["observer"]},
+            "roles": ["controller"],
+        }
+        granted = await http.post(f"/v1/sessions/{sid}/access", json=body, headers=own)
+        assert granted.status_code == 200, granted.text
+        entry_id = granted.json()["entry"]["entryId"]
+        allowed = await http.post(
+            f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch
+        )
+        assert allowed.status_code in (200, 202), allowed.text
+        gone = await http.delete(f"/v1/sessions/{sid}/access/{entry_id}", headers=own)
+        assert gone.status_code == 200, gone.text
+        refused = await http.post(f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch)
+        assert refused.status_code == 403
+        spec = (await http.get("/openapi.json")).json()
+        assert {"get", "post"} <= set(spec["paths"]["/v1/sessions/{id}/access"])
+    async with Client(f"{base}/mcp", auth=team.tokens["observer"]) as mcp:
+        result = await mcp.call_tool(
+            "session_prompt", {"session_id": sid, "text": "hi"}, raise_on_error=False
+        )
+        assert result.is_error and tool_result_text(result).startswith("forbidden:")
+    await owner.close()
