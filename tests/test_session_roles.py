@@ -18,6 +18,7 @@ import httpx2 as httpx
 import jwt
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from broker.auth.tokens import TokenStore
 from broker.protocol.jsonrpc import INVALID_REQUEST
@@ -39,6 +40,7 @@ class Team:
     nodes: list[Broker]
     tokens: dict[str, str]
     subjects: dict[str, str]
+    redis_url: str
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ async def team(redis_url: str) -> AsyncIterator[Team]:
     ):
         token, info = await store.create(TENANT, ["read", "write"], name, roles)
         tokens[name], subjects[name] = token, f"token:{info.id}"
-    yield Team(nodes, tokens, subjects)
+    yield Team(nodes, tokens, subjects, redis_url)
     for node in nodes:
         await node.stop()
         await node.redis.aclose()
@@ -90,7 +92,9 @@ async def _session(team: Team) -> tuple[RawClient, str]:
 
 async def _loaded(node: Broker, token: str, session_id: str, remote: bool = False) -> RawClient:
     client = await _client(node, token, remote)
-    reply = await client.call("session/load", {"sessionId": session_id, "cwd": CWD, "mcpServers": []})
+    reply = await client.call(
+        "session/load", {"sessionId": session_id, "cwd": CWD, "mcpServers": []}
+    )
     assert "result" in reply, reply
     return client
 
@@ -107,7 +111,9 @@ def _allowed(reply: dict[str, Any]) -> None:
 
 
 async def _prompt(client: RawClient, session_id: str, words: str = "hi") -> dict[str, Any]:
-    return await client.call("session/prompt", {"sessionId": session_id, "prompt": text("/notool " + words)})
+    return await client.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/notool " + words)}
+    )
 
 
 async def _grant(client: RawClient, session_id: str, subject: str, roles: list[str]) -> Any:
@@ -179,7 +185,9 @@ async def test_a_grant_takes_effect_and_a_revoke_refuses_at_once_on_another_fron
     entry = granted["result"]["entry"]
     assert entry["roles"] == ["controller"] and granted["result"]["aclRevision"] == "2"
     assert "result" in await _prompt(other, sid, "now I may"), "granted: it prompts"
-    revoked = await owner.call("session_access/revoke", {"sessionId": sid, "entryId": entry["entryId"]})
+    revoked = await owner.call(
+        "session_access/revoke", {"sessionId": sid, "entryId": entry["entryId"]}
+    )
     assert revoked["result"]["aclRevision"] == "3", revoked
     _forbidden(await _prompt(other, sid, "no more"), "session.write")
     # Every attachment hears of each change (a generic access-changed update), in the log.
@@ -235,7 +243,7 @@ async def test_jwt_roles_claim(team: Team, caplog: pytest.LogCaptureFixture) -> 
 async def test_token_roles_are_checked_where_tokens_are_made(team: Team) -> None:
     with pytest.raises(ValueError, match="unknown role 'boss'"):
         await TokenStore(team.nodes[0].redis).create(TENANT, ["read"], "x", ["boss"])
-    url = team.nodes[0].settings.redis_url or ""
+    url = team.redis_url
     code, out, err = await run_cli("token", "create", "--redis-url", url, "--roles", "boss")
     assert code == 2 and "unknown role 'boss'" in err and not out.strip()
     code, out, err = await run_cli(
@@ -265,19 +273,19 @@ async def test_rest_and_mcp_refuse_what_the_roles_do_not_allow(team: Team) -> No
         granted = await http.post(f"/v1/sessions/{sid}/access", json=body, headers=own)
         assert granted.status_code == 200, granted.text
         entry_id = granted.json()["entry"]["entryId"]
-        allowed = await http.post(
-            f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch
-        )
+        allowed = await http.post(f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch)
         assert allowed.status_code in (200, 202), allowed.text
         gone = await http.delete(f"/v1/sessions/{sid}/access/{entry_id}", headers=own)
         assert gone.status_code == 200, gone.text
         refused = await http.post(f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch)
         assert refused.status_code == 403
-        spec = (await http.get("/openapi.json")).json()
+        spec = (await http.get("/v1/openapi.json")).json()
         assert {"get", "post"} <= set(spec["paths"]["/v1/sessions/{id}/access"])
-    async with Client(f"{base}/mcp", auth=team.tokens["observer"]) as mcp:
-        result = await mcp.call_tool(
-            "session_prompt", {"session_id": sid, "text": "hi"}, raise_on_error=False
-        )
-        assert result.is_error and tool_result_text(result).startswith("forbidden:")
+    async with (
+        httpx.AsyncClient(headers=watch, timeout=30) as http,
+        Client(streamable_http_client(f"{base}/mcp", http_client=http)) as mcp,
+    ):
+        result = await mcp.call_tool("session_prompt", {"id": sid, "text": "hi"})
+        assert result.is_error and tool_result_text(result).startswith("forbidden:"), result
+        assert "session.write" in tool_result_text(result)
     await owner.close()

@@ -150,9 +150,9 @@ async def _call_session_tool(
     """One session tool's call: authorized for its scope, inputs checked, run."""
     arguments = params.arguments or {}
     try:
-        tenant = await tools.authorize(_credentials(ctx), entry.scope)
+        caller = await tools.caller(_credentials(ctx), entry.scope)
         where = base(ctx) if base is not None else stdio_base(tools.settings)
-        text = await tools.guarded(entry.run(tools, tenant, arguments, where))
+        text = await tools.guarded(entry.run(tools, caller, arguments, where))
     except ApiError as error:
         return error_result(error)
     return types.CallToolResult(content=[types.TextContent(text=text)])

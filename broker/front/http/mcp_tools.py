@@ -20,7 +20,8 @@ from typing import Any, Generic, TypeVar
 
 import mcp_types as types
 
-from ...auth.principal import Scope
+from ...auth.principal import Principal, Scope
+from ...auth.roles import Permission
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
@@ -34,15 +35,17 @@ LineRenderer = Callable[[list[JsonObject]], list[str]]
 
 @dataclass(frozen=True, slots=True)
 class SessionTool(Generic[InputT]):
-    """One tool: its definition, its input model, its handler ``(tools, tenant, inputs,
-    live view base) -> the result's text`` and the scope a caller needs."""
+    """One tool: its definition, its input model, its handler ``(tools, caller, inputs,
+    live view base) -> the result's text``, the scope a caller needs and the permission it
+    needs on the session it names (``id``; None: it names none)."""
 
     name: str
     title: str
     description: str
     inputs: type[InputT]
-    handler: Callable[[SessionTools, str, InputT, str], Awaitable[str]]
+    handler: Callable[[SessionTools, Principal, InputT, str], Awaitable[str]]
     scope: Scope = Scope.WRITE
+    permission: Permission | None = None
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
@@ -65,9 +68,16 @@ class SessionTool(Generic[InputT]):
             ),
         )
 
-    async def run(self, tools: SessionTools, tenant: str, arguments: JsonObject, base: str) -> str:
-        """The call: its inputs checked (``invalid_argument``), then handled."""
-        return await self.handler(tools, tenant, self.inputs.parse(arguments), base)
+    async def run(
+        self, tools: SessionTools, caller: Principal, arguments: JsonObject, base: str
+    ) -> str:
+        """The call: its inputs checked (``invalid_argument``), the caller's roles on the
+        session (``forbidden``), then handled."""
+        inputs = self.inputs.parse(arguments)
+        session_id = getattr(inputs, "id", None)
+        if self.permission is not None and isinstance(session_id, str):
+            await tools.require(caller, session_id, self.permission, self.name)
+        return await self.handler(tools, caller, inputs, base)
 
 
 def session_text(view: SessionView, line: LineRenderer) -> str:
@@ -142,40 +152,52 @@ DELETE = (
 def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     """Every session tool but ``session_list``, by name; ``line`` writes session lines."""
 
-    async def create(tools: SessionTools, tenant: str, inputs: CreateSession, base: str) -> str:
-        view = await tools.create(tenant, inputs, base)
+    async def create(
+        tools: SessionTools, caller: Principal, inputs: CreateSession, base: str
+    ) -> str:
+        view = await tools.create(caller.tenant, inputs, base, owner=caller)
         result = session_text(view, line)
         if inputs.prompt is None:
             return result
         session_id = view.row["sessionId"]
-        turn = await tools.prompt(tenant, session_id, inputs.prompt, inputs.wait, base)
+        turn = await tools.prompt(caller.tenant, session_id, inputs.prompt, inputs.wait, base)
         return f"{result}\n{turn_text(turn)}"
 
-    async def resume(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return session_text(await tools.resume(tenant, inputs.id, base), line)
+    async def resume(tools: SessionTools, caller: Principal, inputs: SessionRef, base: str) -> str:
+        return session_text(await tools.resume(caller.tenant, inputs.id, base), line)
 
-    async def prompt(tools: SessionTools, tenant: str, inputs: SessionPrompt, base: str) -> str:
-        return turn_text(await tools.prompt(tenant, inputs.id, inputs.text, inputs.wait, base))
+    async def prompt(
+        tools: SessionTools, caller: Principal, inputs: SessionPrompt, base: str
+    ) -> str:
+        return turn_text(
+            await tools.prompt(caller.tenant, inputs.id, inputs.text, inputs.wait, base)
+        )
 
-    async def cancel(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        reason = await tools.cancel(tenant, inputs.id)
+    async def cancel(tools: SessionTools, caller: Principal, inputs: SessionRef, base: str) -> str:
+        reason = await tools.cancel(caller.tenant, inputs.id)
         return "no turn was running" if reason is None else f"stop reason: {reason}"
 
-    async def stop(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(line([(await tools.stop(tenant, inputs.id, base)).row]))
+    async def stop(tools: SessionTools, caller: Principal, inputs: SessionRef, base: str) -> str:
+        return "\n".join(line([(await tools.stop(caller.tenant, inputs.id, base)).row]))
 
-    async def delete(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(line([(await tools.delete(tenant, inputs.id, base)).row]))
+    async def delete(tools: SessionTools, caller: Principal, inputs: SessionRef, base: str) -> str:
+        return "\n".join(line([(await tools.delete(caller.tenant, inputs.id, base)).row]))
 
-    async def interactions(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        listed = await InteractionTools(tools).pending(tenant, inputs.id)
+    async def interactions(
+        tools: SessionTools, caller: Principal, inputs: SessionRef, base: str
+    ) -> str:
+        listed = await InteractionTools(tools).pending(caller.tenant, inputs.id)
         return "\n".join(interaction_lines(listed)) or "nothing is waiting for an answer"
 
     async def respond(
-        tools: SessionTools, tenant: str, inputs: InteractionRespond, base: str
+        tools: SessionTools, caller: Principal, inputs: InteractionRespond, base: str
     ) -> str:
         done = await InteractionTools(tools).respond(
-            tenant, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
+            caller.tenant,
+            inputs.id,
+            inputs.interactionId,
+            inputs.response(),
+            inputs.expectedRevision,
         )
         return "\n".join(interaction_lines([done]))
 
@@ -183,17 +205,20 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
                     open_world=True),
         SessionTool("session_resume", "Resume a session", RESUME, SessionRef, resume,
-                    idempotent=True, open_world=True),
+                    idempotent=True, open_world=True, permission=Permission.READ),
         SessionTool("session_prompt", "Prompt a session", PROMPT, SessionPrompt, prompt,
-                    open_world=True),
+                    open_world=True, permission=Permission.WRITE),
         SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionRef, cancel,
-                    idempotent=True),
-        SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True),
+                    idempotent=True, permission=Permission.CONTROL),
+        SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True,
+                    permission=Permission.ADMIN),
         SessionTool("session_delete", "Delete a session", DELETE, SessionRef, delete,
-                    destructive=True, idempotent=True),
+                    destructive=True, idempotent=True, permission=Permission.ADMIN),
         SessionTool("interaction_list", "List pending interactions", INTERACTIONS, SessionRef,
-                    interactions, scope=Scope.READ, read_only=True, idempotent=True),
+                    interactions, scope=Scope.READ, read_only=True, idempotent=True,
+                    permission=Permission.READ),
         SessionTool("interaction_respond", "Answer an interaction", RESPOND,
-                    InteractionRespond, respond, scope=API_SCOPE),
+                    InteractionRespond, respond, scope=API_SCOPE,
+                    permission=Permission.APPROVE),
     ]  # fmt: skip
     return {entry.name: entry for entry in defined}
