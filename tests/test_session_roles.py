@@ -17,6 +17,7 @@ from typing import Any
 import httpx2 as httpx
 import jwt
 import pytest
+import websockets
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -233,9 +234,11 @@ async def test_jwt_roles_claim(team: Team, caplog: pytest.LogCaptureFixture) -> 
     assert "result" in await _prompt(client, sid), "granted by its subject: jwt:w"
     await client.close()
     bogus = jwt.encode({**base, "sub": "x", "roles": ["boss"]}, JWT_SECRET, "HS256")
-    with caplog.at_level(logging.INFO, logger="broker.auth.authenticator"):
-        with pytest.raises(Exception, match="401"):
-            await _client(team.nodes[0], bogus)
+    with (
+        caplog.at_level(logging.INFO, logger="broker.auth.authenticator"),
+        pytest.raises(websockets.InvalidStatus, match="401"),
+    ):
+        await _client(team.nodes[0], bogus)
     assert any("unknown role 'boss'" in r.getMessage() for r in caplog.records)
     await owner.close()
 

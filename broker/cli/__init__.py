@@ -405,10 +405,10 @@ def _cmd_token(args: argparse.Namespace) -> int:
             elif args.action == "list":
                 for info in await store.list(args.tenant):
                     state = "revoked" if info.revoked else "active"
-                    held = "-" if info.roles is None else ",".join(info.roles)
+                    held = "" if info.roles is None else f"  roles {','.join(info.roles)}"
                     print(
-                        f"{info.id}  {info.tenant}  {','.join(info.scopes)}  {held}  {state}  "
-                        f"{info.name}"
+                        f"{info.id}  {info.tenant}  {','.join(info.scopes)}  {state}  "
+                        f"{info.name}{held}"
                     )
             elif not await store.revoke(args.id):
                 print(f"acp-broker token revoke: no token {args.id}", file=sys.stderr)

@@ -42,6 +42,7 @@ from ..errors.access import forbidden, last_owner, unknown_entry
 from ..model.events import EventType, JsonObject
 from ..protocol.jsonrpc import invalid_params
 from ..protocol.operations import activity_id
+from ..store.events import SessionSnapshot
 from ..store.log import SessionLog, SessionMissing
 
 OPERATION_PERMISSIONS: Mapping[str, Permission] = {
@@ -99,10 +100,7 @@ class SessionAcl:
 
     async def view(self, tenant: str, session_id: str) -> AclView:
         """The session's ACL (``SessionMissing`` if there is no such session)."""
-        snapshot = await self.log.snapshot(tenant, session_id)
-        entries = [AclEntry.from_json(fastjson.loads(raw)) for raw in snapshot.acl.values()]
-        entries.sort(key=lambda e: e.entry_id)
-        return AclView(entries, snapshot.acl_revision)
+        return acl_of(await self.log.snapshot(tenant, session_id))
 
     async def effective_roles(self, principal: Principal, session_id: str) -> frozenset[Role]:
         """``principal``'s roles on ``session_id`` (in its tenant): its live ACL entries' and
@@ -114,10 +112,19 @@ class SessionAcl:
         return effective(acl.entries, principal, time.time())
 
     async def allows(self, principal: Principal, session_id: str, permission: Permission) -> bool:
-        """Whether ``principal`` holds ``permission`` on ``session_id`` now."""
+        """Whether ``principal`` holds ``permission`` on ``session_id`` now. A session that
+        does not exist (or is deleted) is not refused here: its operation then answers
+        ``session_not_found``, exactly as for another tenant's session, so that a refusal
+        never tells that a session exists."""
         if permission in permissions_of(tenant_roles(principal), principal):
             return True  # the credential alone allows it: no read
-        roles = await self.effective_roles(principal, session_id)
+        try:
+            snapshot = await self.log.snapshot(principal.tenant, session_id)
+        except SessionMissing:
+            return True
+        if snapshot.deleted:
+            return True
+        roles = effective(acl_of(snapshot).entries, principal, time.time())
         return permission in permissions_of(roles, principal)
 
     async def require(
@@ -177,6 +184,13 @@ class SessionAcl:
         if change == "grant":
             body["entry"] = entry.to_json()
         await self.log.append(tenant, session_id, body)
+
+
+def acl_of(snapshot: SessionSnapshot) -> AclView:
+    """The ACL a session's snapshot holds."""
+    entries = [AclEntry.from_json(fastjson.loads(raw)) for raw in snapshot.acl.values()]
+    entries.sort(key=lambda e: e.entry_id)
+    return AclView(entries, snapshot.acl_revision)
 
 
 def grant_params(params: Mapping[str, Any]) -> AclEntry:
