@@ -292,3 +292,22 @@ async def test_rest_and_mcp_refuse_what_the_roles_do_not_allow(team: Team) -> No
         assert result.is_error and tool_result_text(result).startswith("forbidden:"), result
         assert "session.write" in tool_result_text(result)
     await owner.close()
+
+
+async def test_the_agents_question_goes_to_who_may_approve(team: Team) -> None:
+    owner, sid = await _session(team)
+    controller = await _loaded(team.nodes[0], team.tokens["controller"], sid)
+    await controller.send_prompt(1, sid, "read it")  # the demo agent asks to read a file
+    await owner.read_until(lambda: _asks(owner), 20)
+    [ask] = _asks(owner)
+    answer = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
+    await owner.send({"jsonrpc": "2.0", "id": ask["id"], "result": answer})
+    reply = await controller.reply_to(1, 20)
+    assert reply["result"]["stopReason"] == "end_turn", reply
+    assert not _asks(controller), "a controller is never asked what only approvers answer"
+    await owner.close()
+    await controller.close()
+
+
+def _asks(client: RawClient) -> list[dict[str, Any]]:
+    return [m for m in client.inbox if m.get("method") == "session/request_permission"]
