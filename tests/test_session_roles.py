@@ -21,6 +21,17 @@ import websockets
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from broker.auth.principal import Principal
+from broker.auth.roles import (
+    AclEntry,
+    Permission,
+    Role,
+    effective,
+    entry_id_for,
+    grant_entry,
+    owners_left,
+    permissions_of,
+)
 from broker.auth.tokens import TokenStore
 from broker.protocol.jsonrpc import INVALID_REQUEST
 from broker.serve import Broker
@@ -311,3 +322,47 @@ async def test_the_agents_question_goes_to_who_may_approve(team: Team) -> None:
 
 def _asks(client: RawClient) -> list[dict[str, Any]]:
     return [m for m in client.inbox if m.get("method") == "session/request_permission"]
+
+
+async def test_v2_clients_are_held_to_the_same_roles(team: Team) -> None:
+    owner, sid = await _session(team)
+    clients = {}
+    for name in ("observer", "owner"):
+        headers = {"Authorization": f"Bearer {team.tokens[name]}"}
+        client = await RawClient.connect(_url(team.nodes[1]), additional_headers=headers)
+        reply = await client.call("initialize", {"protocolVersion": 2, "capabilities": {}})
+        assert reply["result"]["protocolVersion"] == 2, reply
+        clients[name] = client
+    watcher = clients["observer"]
+    _forbidden(await _prompt(watcher, sid), "session.write")
+    config = {"sessionId": sid, "configId": "style", "value": "plain"}
+    _forbidden(await watcher.call("session/set_config_option", config), "session.control")
+    _forbidden(await watcher.call("session/delete", {"sessionId": sid}), "session.admin")
+    listed = await clients["owner"].call("session_access/list", {"sessionId": sid})
+    assert listed["result"]["aclRevision"] == "1", listed
+    for client in (owner, *clients.values()):
+        await client.close()
+
+
+def test_effective_roles_are_the_live_entries_and_the_credentials_own() -> None:
+    now = float(int(time.time()))  # whole seconds: an entry's expiresAt keeps microseconds
+    reader = Principal("team", frozenset({"read", "write"}), "token:r", roles=frozenset())
+    granted = grant_entry("token:r", ["controller"], expires_at=now + 60)
+    lapsed = grant_entry("token:r", ["approver"], expires_at=now - 1)
+    other = grant_entry("token:o", ["owner"])
+    assert effective([granted, lapsed, other], reader, now) == {Role.CONTROLLER}
+    assert effective([granted], reader, now + 61) == frozenset()
+    plain = Principal("team", frozenset({"read", "write"}), "token:p")
+    assert effective([], plain, now) == {Role.CONTROLLER, Role.APPROVER}
+    viewer = Principal("team", frozenset({"read"}), "token:v")
+    assert permissions_of(effective([other], viewer, now), viewer) == {
+        Permission.READ,
+        Permission.PRESENCE,
+    }, "a read-only credential stays read-only, whatever it is granted"
+    assert owners_left([other, granted], granted.entry_id, now)
+    assert not owners_left([other], other.entry_id, now)
+    assert entry_id_for("token:r") == granted.entry_id == lapsed.entry_id
+    assert AclEntry.from_json(granted.to_json()) == granted
+    for bad in ([], ["owner", "owner"], ["boss"]):
+        with pytest.raises(ValueError):
+            grant_entry("token:r", bad)
