@@ -38,6 +38,7 @@ from broker.serve import Broker
 from broker.store.client import connect
 
 from .conftest import make_settings, run_cli
+from .support.acp_http import HttpAcp, is_response
 from .support.client import RawClient, text, tool_result_text
 
 TENANT = "team"
@@ -366,3 +367,21 @@ def test_effective_roles_are_the_live_entries_and_the_credentials_own() -> None:
     for bad in ([], ["owner", "owner"], ["boss"]):
         with pytest.raises(ValueError):
             grant_entry("token:r", bad)
+
+
+async def test_streamable_http_runs_the_same_checks_on_either_front(team: Team) -> None:
+    owner, sid = await _session(team)
+    bases = [f"http://127.0.0.1:{node.http_port}" for node in team.nodes]
+    acp = HttpAcp(bases, team.tokens["observer"])  # its requests go to each front in turn
+    try:
+        await acp.initialize()
+        stream = await acp.open(sid)  # the session's stream: its requests' responses
+        for _ in range(2):
+            msg_id = await acp.request(
+                "session/prompt", {"sessionId": sid, "prompt": text("/notool x")}, sid
+            )
+            events = await stream.until(is_response(msg_id), timeout=30)
+            _forbidden(events[-1][1], "session.write")
+    finally:
+        await acp.aclose()
+        await owner.close()
