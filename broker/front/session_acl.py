@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import fastjson
-from ..auth.principal import Principal
+from ..auth.principal import Principal, anonymous
 from ..auth.roles import (
     AclEntry,
     Permission,
@@ -44,6 +44,8 @@ from ..protocol.jsonrpc import invalid_params
 from ..protocol.operations import activity_id
 from ..store.events import SessionSnapshot
 from ..store.log import SessionLog, SessionMissing
+
+ANONYMOUS = anonymous("").subject
 
 OPERATION_PERMISSIONS: Mapping[str, Permission] = {
     "session/load": Permission.READ,
@@ -138,7 +140,11 @@ class SessionAcl:
     # -- changes --------------------------------------------------------------------------
 
     async def record_owner(self, principal: Principal, session_id: str) -> None:
-        """``principal`` made ``session_id``: it is the session's first owner."""
+        """``principal`` made ``session_id``: it is the session's first owner. Not with
+        authentication off: everyone is then the one anonymous principal, holding every role
+        on every session (an entry would name nobody)."""
+        if principal.subject == ANONYMOUS:
+            return
         entry = grant_entry(principal.subject, [Role.OWNER])
         await self._append(principal.tenant, session_id, "grant", entry, revision=1)
 
