@@ -8,6 +8,7 @@ so it owns it), an observer, an approver and a controller (tokens made with thos
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -288,6 +289,18 @@ async def test_rest_and_mcp_refuse_what_the_roles_do_not_allow(team: Team) -> No
         granted = await http.post(f"/v1/sessions/{sid}/access", json=body, headers=own)
         assert granted.status_code == 200, granted.text
         entry_id = granted.json()["entry"]["entryId"]
+        # A reader's event stream tells of the change, never whom it names.
+        async with (
+            asyncio.timeout(30),
+            http.stream("GET", f"/v1/sessions/{sid}/events", headers=watch) as events,
+        ):
+            changes, lines = [], events.aiter_lines()
+            async for line in lines:
+                if line == "event: session_access":
+                    changes.append(await anext(lines))
+                    if entry_id in changes[-1]:
+                        break
+        assert not [c for c in changes if "token:" in c], changes
         allowed = await http.post(f"/v1/sessions/{sid}/prompt", json={"text": "hi"}, headers=watch)
         assert allowed.status_code in (200, 202), allowed.text
         gone = await http.delete(f"/v1/sessions/{sid}/access/{entry_id}", headers=own)

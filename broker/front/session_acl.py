@@ -95,7 +95,8 @@ class AclView:
 
 
 class SessionAcl:
-    """Reads and changes sessions' ACLs, and decides from them (one per front)."""
+    """Reads and changes sessions' ACLs, and decides from them (no state of its own: each
+    part of a front that decides holds one)."""
 
     def __init__(self, log: SessionLog) -> None:
         self.log = log
