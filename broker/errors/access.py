@@ -46,13 +46,15 @@ def unknown_entry(entry_id: str) -> RpcError:
     )
 
 
+_API_CODES = {
+    FORBIDDEN: ErrorCode.FORBIDDEN,
+    LAST_OWNER: ErrorCode.LAST_OWNER,
+    ENTRY_NOT_FOUND: ErrorCode.NOT_FOUND,
+}
+
+
 def access_api_error(exc: RpcError) -> ApiError | None:
     """REST's and the tools' error for a refusal of this module (None: not one)."""
     condition = exc.data.get("condition") if isinstance(exc.data, dict) else None
-    if condition == FORBIDDEN:
-        return ApiError(ErrorCode.FORBIDDEN, exc.message)
-    if condition == LAST_OWNER:
-        return ApiError(ErrorCode.LAST_OWNER, exc.message)
-    if condition == ENTRY_NOT_FOUND:
-        return ApiError(ErrorCode.NOT_FOUND, exc.message)
-    return None
+    code = _API_CODES.get(condition) if isinstance(condition, str) else None
+    return None if code is None else ApiError(code, exc.message)
