@@ -398,3 +398,19 @@ async def test_streamable_http_runs_the_same_checks_on_either_front(team: Team) 
     finally:
         await acp.aclose()
         await owner.close()
+
+
+async def test_an_observers_cancel_changes_nothing(team: Team) -> None:
+    owner, sid = await _session(team)
+    observer = await _loaded(team.nodes[1], team.tokens["observer"], sid)
+    params = {"sessionId": sid, "prompt": text("/slow 2")}
+    await owner.send({"jsonrpc": "2.0", "id": "run", "method": "session/prompt", "params": params})
+    await owner.read_chunks(sid, 1, timeout=20)  # the turn runs
+    # A v1 cancel is a notification: refused, it is dropped, and the turn runs on.
+    await observer.send(
+        {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}
+    )
+    reply = await owner.reply_to("run", 30)
+    assert reply["result"]["stopReason"] == "end_turn", reply
+    await owner.close()
+    await observer.close()
