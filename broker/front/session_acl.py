@@ -56,7 +56,9 @@ OPERATION_PERMISSIONS: Mapping[str, Permission] = {
     "session/set_mode": Permission.CONTROL,
     "session/set_config_option": Permission.CONTROL,
     "session/cancel": Permission.CONTROL,
-    "session/close": Permission.ADMIN,
+    # The broker's close is a detach (the session stops being active on the connection;
+    # it lives on for everyone else: docs/protocol.md), not the draft's close of the session.
+    "session/close": Permission.READ,
     "session/delete": Permission.ADMIN,
     "interaction/list": Permission.READ,
     "interaction/claim": Permission.APPROVE,
