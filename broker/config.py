@@ -157,6 +157,8 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "tenant"
+    jwt_roles_claim: str = "roles"
+    """The JWT claim naming the session roles a token holds on its tenant's sessions."""
     jwt_leeway: float = Field(default=30.0, ge=0)
     """Seconds of clock skew allowed on a JWT's ``exp`` and ``nbf``."""
     jwt_default_scopes: list[Literal["read", "write", "admin"]] = ["read", "write"]

@@ -36,6 +36,8 @@ MUTATIONS: Final = frozenset(
         "session/set_title",
         "session/close",
         "session/delete",
+        "session_access/grant",
+        "session_access/revoke",
     }
 )
 """The ACP methods an operation id makes safe to send again (the ones that change state)."""
@@ -47,6 +49,7 @@ REPEATABLE: Final = frozenset(
         "session/set_title",
         "session/close",
         "session/delete",
+        "session_access/grant",
     }
 )
 """Mutations whose second run comes out as the first did (they set a value or end a state):

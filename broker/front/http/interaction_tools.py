@@ -4,14 +4,14 @@ The host holding the session keeps them (``workers.agent_host.interactions``); a
 from here claims and resolves the interaction in one compare-and-set (with
 ``expectedRevision``, only at that revision), logged before the agent hears it. Who may
 answer: :func:`~broker.front.approval.may_answer`'s rule, checked as the caller's scope.
-The caller answers as its principal (:class:`~broker.auth.credentials.Caller`): the
+The caller answers as its principal (:class:`~broker.auth.principal.Principal`): the
 interaction's ``resolvedBy`` is that principal's participant, as for an ACP connection with
 the same credential.
 """
 
 from __future__ import annotations
 
-from ...auth.credentials import Caller
+from ...auth.principal import Principal
 from ...errors.interactions import unknown_interaction
 from ...protocol.interactions import summary
 from ...store.events import JsonObject
@@ -24,7 +24,7 @@ class InteractionTools:
     def __init__(self, tools: SessionTools) -> None:
         self.tools = tools
 
-    async def pending(self, caller: Caller, session_id: str) -> list[JsonObject]:
+    async def pending(self, caller: Principal, session_id: str) -> list[JsonObject]:
         """The session's open and claimed interactions (none when no host holds it)."""
         tenant = caller.tenant
         await self.tools.live(tenant, session_id)
@@ -33,7 +33,7 @@ class InteractionTools:
 
     async def respond(
         self,
-        caller: Caller,
+        caller: Principal,
         session_id: str,
         interaction_id: str,
         response: JsonObject,

@@ -20,8 +20,8 @@ from typing import Any, Generic, TypeVar
 
 import mcp_types as types
 
-from ...auth.credentials import Caller
-from ...auth.principal import Scope
+from ...auth.principal import Principal, Scope
+from ...auth.roles import Permission
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
@@ -44,14 +44,16 @@ LineRenderer = Callable[[list[JsonObject]], list[str]]
 @dataclass(frozen=True, slots=True)
 class SessionTool(Generic[InputT]):
     """One tool: its definition, its input model, its handler ``(tools, caller, inputs,
-    live view base) -> the result's text`` and the scope a caller needs."""
+    live view base) -> the result's text``, the scope a caller needs and the permission it
+    needs on the session it names (``id``; None: it names none)."""
 
     name: str
     title: str
     description: str
     inputs: type[InputT]
-    handler: Callable[[SessionTools, Caller, InputT, str], Awaitable[str]]
+    handler: Callable[[SessionTools, Principal, InputT, str], Awaitable[str]]
     scope: Scope = Scope.WRITE
+    permission: Permission | None = None
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
@@ -82,8 +84,12 @@ class SessionTool(Generic[InputT]):
             ),
         )
 
-    async def run(self, tools: SessionTools, caller: Caller, inputs: InputT, base: str) -> str:
-        """The call, its inputs checked (:meth:`ToolInput.parse`)."""
+    async def run(self, tools: SessionTools, caller: Principal, inputs: InputT, base: str) -> str:
+        """The call (its inputs checked already: :meth:`ToolInput.parse`): the caller's roles
+        on the session it names (``forbidden``), then handled."""
+        session_id = getattr(inputs, "id", None)
+        if self.permission is not None and isinstance(session_id, str):
+            await tools.require(caller, session_id, self.permission, self.name)
         return await self.handler(tools, caller, inputs, base)
 
 
@@ -162,9 +168,9 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     """Every session tool but ``session_list``, by name; ``line`` writes session lines."""
 
     async def create(
-        tools: SessionTools, caller: Caller, inputs: CreateSessionTool, base: str
+        tools: SessionTools, caller: Principal, inputs: CreateSessionTool, base: str
     ) -> str:
-        view = await tools.create(caller.tenant, inputs, base)
+        view = await tools.create(caller.tenant, inputs, base, owner=caller)
         result = session_text(view, line)
         if inputs.prompt is None:
             return result
@@ -174,16 +180,25 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         )
         return f"{result}\n{turn_text(turn)}"
 
-    async def resume(tools: SessionTools, caller: Caller, inputs: SessionChange, base: str) -> str:
+    async def resume(
+        tools: SessionTools, caller: Principal, inputs: SessionChange, base: str
+    ) -> str:
         return session_text(await tools.resume(caller.tenant, inputs.id, base), line)
 
-    async def prompt(tools: SessionTools, caller: Caller, inputs: SessionPrompt, base: str) -> str:
+    async def prompt(
+        tools: SessionTools, caller: Principal, inputs: SessionPrompt, base: str
+    ) -> str:
         turn = await tools.prompt(
             caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller.subject
         )
         return turn_text(turn)
 
-    async def cancel(tools: SessionTools, caller: Caller, inputs: SessionCancel, base: str) -> str:
+    async def cancel(
+        tools: SessionTools, caller: Principal, inputs: SessionCancel, base: str
+    ) -> str:
+        # A queued prompt's author withdraws it with session.write; stopping a turn is control.
+        needed = Permission.WRITE if inputs.activityId is not None else Permission.CONTROL
+        await tools.require(caller, inputs.id, needed, "session_cancel")
         reason = await tools.cancel(caller.tenant, inputs.id, inputs.activityId, caller.subject)
         if reason is not None:
             return f"stop reason: {reason}"
@@ -191,20 +206,22 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
             return "no turn was running"
         return f"not cancelled: {inputs.activityId} is not running, nor queued by you"
 
-    async def stop(tools: SessionTools, caller: Caller, inputs: SessionChange, base: str) -> str:
+    async def stop(tools: SessionTools, caller: Principal, inputs: SessionChange, base: str) -> str:
         return "\n".join(line([(await tools.stop(caller.tenant, inputs.id, base)).row]))
 
-    async def delete(tools: SessionTools, caller: Caller, inputs: SessionChange, base: str) -> str:
+    async def delete(
+        tools: SessionTools, caller: Principal, inputs: SessionChange, base: str
+    ) -> str:
         return "\n".join(line([(await tools.delete(caller.tenant, inputs.id, base)).row]))
 
     async def interactions(
-        tools: SessionTools, caller: Caller, inputs: SessionRef, base: str
+        tools: SessionTools, caller: Principal, inputs: SessionRef, base: str
     ) -> str:
         listed = await InteractionTools(tools).pending(caller, inputs.id)
         return "\n".join(interaction_lines(listed)) or "nothing is waiting for an answer"
 
     async def respond(
-        tools: SessionTools, caller: Caller, inputs: InteractionRespond, base: str
+        tools: SessionTools, caller: Principal, inputs: InteractionRespond, base: str
     ) -> str:
         done = await InteractionTools(tools).respond(
             caller, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
@@ -215,17 +232,20 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         SessionTool("session_create", "Create a session", CREATE, CreateSessionTool, create,
                     open_world=True),
         SessionTool("session_resume", "Resume a session", RESUME, SessionChange, resume,
-                    idempotent=True, open_world=True),
+                    idempotent=True, open_world=True, permission=Permission.READ),
         SessionTool("session_prompt", "Prompt a session", PROMPT, SessionPrompt, prompt,
-                    open_world=True, repeatable=False),
+                    open_world=True, repeatable=False, permission=Permission.WRITE),
         SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionCancel, cancel,
-                    idempotent=True),
-        SessionTool("session_stop", "Stop a session", STOP, SessionChange, stop, idempotent=True),
+                    idempotent=True),  # its permission depends on its inputs: see cancel
+        SessionTool("session_stop", "Stop a session", STOP, SessionChange, stop, idempotent=True,
+                    permission=Permission.ADMIN),
         SessionTool("session_delete", "Delete a session", DELETE, SessionChange, delete,
-                    destructive=True, idempotent=True),
+                    destructive=True, idempotent=True, permission=Permission.ADMIN),
         SessionTool("interaction_list", "List pending interactions", INTERACTIONS, SessionRef,
-                    interactions, scope=Scope.READ, read_only=True, idempotent=True),
+                    interactions, scope=Scope.READ, read_only=True, idempotent=True,
+                    permission=Permission.READ),
         SessionTool("interaction_respond", "Answer an interaction", RESPOND,
-                    InteractionRespond, respond, scope=API_SCOPE),
+                    InteractionRespond, respond, scope=API_SCOPE,
+                    permission=Permission.APPROVE),
     ]  # fmt: skip
     return {entry.name: entry for entry in defined}

@@ -276,6 +276,107 @@ def interaction_paths() -> JsonObject:
     }
 
 
+def access_paths() -> JsonObject:
+    """``/v1/sessions/{id}/access`` and ``…/{entry}``: the session's ACL (its owners')."""
+    one = "/v1/sessions/{id}/access"
+    entry = {"name": "entry", "in": "path", "required": True, "schema": {"type": "string"}}
+    admin = "403 `forbidden` also when the caller's roles lack `session.admin` (an owner's)."
+    return {
+        one: {
+            "parameters": [_id_parameter()],
+            "get": {
+                "operationId": "listSessionAccess",
+                "summary": "List the session's ACL",
+                "description": admin,
+                "responses": {
+                    "200": _json("The ACL and its revision.", "SessionAccess"),
+                    **_problems("read", "404"),
+                },
+            },
+            "post": {
+                "operationId": "grantSessionAccess",
+                "summary": "Grant a principal roles on the session",
+                "description": "Makes or replaces the subject's entry. `principalId` is the "
+                "principal's subject as the broker knows it (`token:<id>`, `jwt:<sub>`). "
+                + admin
+                + " 409 `last_owner`: the grant would leave the session without an owner.",
+                "requestBody": _body("AccessGrant", required=True),
+                "responses": {
+                    "200": _json("The entry and the new ACL revision.", "AccessGranted"),
+                    **_problems("write", "404", "409"),
+                },
+            },
+        },
+        one + "/{entry}": {
+            "parameters": [_id_parameter(), entry],
+            "delete": {
+                "operationId": "revokeSessionAccess",
+                "summary": "Revoke an ACL entry",
+                "description": admin + " 409 `last_owner`: it is the last owner's entry.",
+                "responses": {
+                    "200": _json("The entry's id and the new ACL revision.", "AccessRevoked"),
+                    **_problems("write", "404", "409"),
+                },
+            },
+        },
+    }
+
+
+ACCESS_ENTRY_SCHEMA: JsonObject = {
+    "type": "object",
+    "required": ["entryId", "subject", "roles"],
+    "properties": {
+        "entryId": {"type": "string"},
+        "subject": {
+            "type": "object",
+            "required": ["type", "principalId"],
+            "properties": {
+                "type": {"type": "string", "enum": ["principal"]},
+                "principalId": {"type": "string", "minLength": 1},
+            },
+        },
+        "roles": {
+            "type": "array",
+            "minItems": 1,
+            "uniqueItems": True,
+            "items": {"type": "string", "enum": ["observer", "controller", "approver", "owner"]},
+        },
+        "expiresAt": {"type": "string", "format": "date-time"},
+    },
+}
+
+
+def access_schemas() -> dict[str, JsonObject]:
+    grant = ACCESS_ENTRY_SCHEMA["properties"]
+    return {
+        "AccessEntry": ACCESS_ENTRY_SCHEMA,
+        "AccessGrant": {
+            "type": "object",
+            "required": ["subject", "roles"],
+            "properties": {k: grant[k] for k in ("subject", "roles", "expiresAt")},
+        },
+        "SessionAccess": {
+            "type": "object",
+            "required": ["sessionId", "aclRevision", "entries"],
+            "properties": {
+                "sessionId": {"type": "string"},
+                "aclRevision": {"type": "string"},
+                "entries": {"type": "array", "items": _ref("AccessEntry")},
+            },
+        },
+        "AccessGranted": {
+            "type": "object",
+            "required": ["entry", "aclRevision"],
+            "properties": {"entry": _ref("AccessEntry"), "aclRevision": {"type": "string"}},
+        },
+        "AccessRevoked": {
+            "type": "object",
+            "required": ["entryId", "aclRevision"],
+            "properties": {"entryId": {"type": "string"}, "aclRevision": {"type": "string"}},
+        },
+    }
+
+
 def _action(operation_id: str, summary: str, ok: JsonObject, body: str = "NoInput") -> JsonObject:
     return {
         "parameters": [_id_parameter()],
@@ -299,6 +400,7 @@ def schemas() -> dict[str, JsonObject]:
         "CancelInput": input_schema(CancelInput),
         "InteractionAnswer": input_schema(InteractionAnswer),
         "Interaction": INTERACTION_SCHEMA,
+        **access_schemas(),
         "InteractionList": {
             "type": "object",
             "required": ["sessionId", "interactions"],

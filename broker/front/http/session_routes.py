@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ...auth.credentials import Caller, Credentials
-from ...auth.principal import Scope
+from ...auth.credentials import Credentials
+from ...auth.principal import Principal, Scope
+from ...auth.roles import Permission
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
@@ -52,6 +53,8 @@ ALLOWED = {
     ONE_SESSION + "/events": "GET",
     ONE_SESSION + "/interactions": "GET",
     ONE_SESSION + "/interactions/{iid}/respond": "POST",
+    ONE_SESSION + "/access": "GET, POST",
+    ONE_SESSION + "/access/{entry}": "DELETE",
 }
 """What each path answers: any other method is a 405 problem naming these."""
 
@@ -95,6 +98,11 @@ class SessionRoutes:
                 self._keyed(self.respond),
                 methods=["POST"],
             ),
+            Route(ONE_SESSION + "/access", self._guard(self.access_list), methods=["GET"]),
+            Route(ONE_SESSION + "/access", self._keyed(self.access_grant), methods=["POST"]),
+            Route(
+                ONE_SESSION + "/access/{entry}", self._keyed(self.access_revoke), methods=["DELETE"]
+            ),
             *(
                 Route(path, _not_allowed(path, allow), methods=ALL_METHODS)
                 for path, allow in ALLOWED.items()
@@ -119,12 +127,48 @@ class SessionRoutes:
         return self.mutations.keyed(guarded, repeatable=repeatable)
 
     async def _caller(self, request: Request, scope: Scope) -> str:
-        return (await self._who(request, scope)).tenant
+        return await self.tools.authorize(_credentials(request), scope)
 
-    async def _who(self, request: Request, scope: Scope) -> Caller:
-        """The caller (tenant and principal subject: a prompt's author, an answerer)."""
-        credentials = Credentials("http", request.headers.get("authorization"))
-        return await self.tools.caller(credentials, scope)
+    async def _on_session(
+        self, request: Request, scope: Scope, permission: Permission
+    ) -> tuple[Principal, str]:
+        """The caller and the session of the path, if the caller's credential has
+        ``scope`` and its roles on the session ``permission`` (``forbidden`` otherwise)."""
+        caller = await self.tools.caller(_credentials(request), scope)
+        session_id = session_id_of(request.path_params["id"])
+        operation = f"{request.method} {request.url.path}"
+        await self.tools.require(caller, session_id, permission, operation)
+        return caller, session_id
+
+    # -- the session's ACL --------------------------------------------------------------------
+
+    async def access_list(self, request: Request) -> Response:
+        """``GET …/access``: the ACL (``session.admin``)."""
+        caller, session_id = await self._on_session(request, Scope.READ, Permission.ADMIN)
+        tenant = caller.tenant
+        await self.tools.live(tenant, session_id)
+        view = await self.tools.acl.view(tenant, session_id)
+        return _response(json_answer(200, {"sessionId": session_id, **view.to_json()}))
+
+    async def access_grant(self, request: Request) -> Response:
+        """``POST …/access``: grant (or replace) a principal's roles (``session.admin``)."""
+        caller = await self.tools.caller(_credentials(request), Scope.WRITE)
+        session_id = session_id_of(request.path_params["id"])
+        await self.tools.require(caller, session_id, Permission.ADMIN, "session_access/grant")
+        body = await _body(request, required=True)
+        await self.tools.live(caller.tenant, session_id)
+        done = await self.tools.acl.grant(caller, {**body, "sessionId": session_id})
+        return _response(json_answer(200, done))
+
+    async def access_revoke(self, request: Request) -> Response:
+        """``DELETE …/access/{entryId}``: revoke one entry (never the last owner's)."""
+        caller = await self.tools.caller(_credentials(request), Scope.WRITE)
+        session_id = session_id_of(request.path_params["id"])
+        await self.tools.require(caller, session_id, Permission.ADMIN, "session_access/revoke")
+        await self.tools.live(caller.tenant, session_id)
+        params = {"sessionId": session_id, "entryId": request.path_params["entry"]}
+        done = await self.tools.acl.revoke(caller, params)
+        return _response(json_answer(200, done))
 
     def _base(self, request: Request) -> str:
         return request_base(self.tools.settings, str(request.base_url).rstrip("/"))
@@ -135,13 +179,13 @@ class SessionRoutes:
         """Create (once per ``Idempotency-Key``: the key settles with the session made,
         before the first prompt runs, so a retry meanwhile gets the session), then run the
         first prompt, if any, for the first request only."""
-        caller = await self._who(request, Scope.WRITE)
+        caller = await self.tools.caller(_credentials(request), Scope.WRITE)
         tenant = caller.tenant
         inputs = _inputs(CreateSession, await _body(request, required=True))
         base = self._base(request)
 
         async def made() -> Response:
-            view = await self.tools.guarded(self.tools.create(tenant, inputs, base))
+            view = await self.tools.guarded(self.tools.create(tenant, inputs, base, owner=caller))
             return self._created(session_document(view))
 
         response = await self.mutations.once(request, made, repeatable=True)
@@ -160,19 +204,19 @@ class SessionRoutes:
         return _response(answer)
 
     async def get(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.READ)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, Scope.READ, Permission.READ)
+        tenant = caller.tenant
         view = await self.tools.view(tenant, session_id, self._base(request), project=False)
         return _response(json_answer(200, session_document(view)))
 
     async def delete(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
-        await self.tools.delete(tenant, session_id_of(request.path_params["id"]), "")
+        caller, session_id = await self._on_session(request, Scope.WRITE, Permission.ADMIN)
+        tenant = caller.tenant
+        await self.tools.delete(tenant, session_id, "")
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def prompt(self, request: Request) -> Response:
-        caller = await self._who(request, Scope.WRITE)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, Scope.WRITE, Permission.WRITE)
         inputs = _inputs(PromptInput, await _body(request, required=True))
         base = self._base(request)
         turn = await self.tools.prompt(
@@ -184,9 +228,12 @@ class SessionRoutes:
     async def cancel(self, request: Request) -> Response:
         """The running turn's, or with ``activityId`` that turn's (a queued one withdrawn
         when the caller is its author; ``stopReason`` null when it was not)."""
-        caller = await self._who(request, Scope.WRITE)
+        caller = await self.tools.caller(_credentials(request), Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
         inputs = _inputs(CancelInput, await _body(request, required=False))
+        # A queued prompt's author withdraws it with session.write; stopping a turn is control.
+        needed = Permission.WRITE if inputs.activityId is not None else Permission.CONTROL
+        await self.tools.require(caller, session_id, needed, f"POST {request.url.path}")
         reason = await self.tools.cancel(
             caller.tenant, session_id, inputs.activityId, caller.subject
         )
@@ -194,22 +241,22 @@ class SessionRoutes:
         return _response(json_answer(200, cancelled))
 
     async def resume(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, Scope.WRITE, Permission.READ)
+        tenant = caller.tenant
         _inputs(NoInput, await _body(request, required=False))
         view = await self.tools.resume(tenant, session_id, self._base(request))
         return _response(json_answer(200, session_document(view)))
 
     async def stop(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, Scope.WRITE, Permission.ADMIN)
+        tenant = caller.tenant
         _inputs(NoInput, await _body(request, required=False))
         view = await self.tools.stop(tenant, session_id, self._base(request))
         return _response(json_answer(200, session_document(view)))
 
     async def events(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.READ)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, Scope.READ, Permission.READ)
+        tenant = caller.tenant
         last_id = request.headers.get("last-event-id")
         after = resume_after(last_id, request.query_params.get("after"))
         await self.tools.snapshot(tenant, session_id)
@@ -220,21 +267,23 @@ class SessionRoutes:
 
     async def interactions(self, request: Request) -> Response:
         """The session's open and claimed interactions."""
-        caller = await self._who(request, Scope.READ)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, Scope.READ, Permission.READ)
         listed = await self.asks.pending(caller, session_id)
         return _response(json_answer(200, {"sessionId": session_id, "interactions": listed}))
 
     async def respond(self, request: Request) -> Response:
         """Answer one (``API_SCOPE``: who may answer, as the ACP methods' rule)."""
-        caller = await self._who(request, API_SCOPE)
-        session_id = session_id_of(request.path_params["id"])
+        caller, session_id = await self._on_session(request, API_SCOPE, Permission.APPROVE)
         iid = interaction_id_of(request.path_params["iid"])
         answer = _inputs(InteractionAnswer, await _body(request, required=True))
         done = await self.asks.respond(
             caller, session_id, iid, answer.response(), answer.expectedRevision
         )
         return _response(json_answer(200, done))
+
+
+def _credentials(request: Request) -> Credentials:
+    return Credentials("http", request.headers.get("authorization"))
 
 
 async def _body(request: Request, *, required: bool) -> JsonObject:

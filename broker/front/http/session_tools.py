@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
-from ...auth.credentials import Caller, Credentials, Identify, bearer_identity, open_identity
-from ...auth.principal import Scope
+from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
+from ...auth.principal import Principal, Scope
+from ...auth.roles import Permission
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
+from ...errors.access import access_api_error, forbidden
 from ...errors.interactions import interaction_api_error
 from ...protocol.commands import UNATTENDED_ORIGIN, AgentGateway
 from ...protocol.jsonrpc import (
@@ -42,6 +44,7 @@ from ...store.quotas import TenantFull, check_session_quota
 from ...store.retry import STORE_AWAY, retrying
 from ..acp.methods_v1 import _agent_params, title_update
 from ..fanout import FanoutHub
+from ..session_acl import SessionAcl
 from .console import LIVE_VIEW_PATH
 from .follow import Follower, following
 from .tool_models import CreateSession
@@ -94,13 +97,13 @@ def request_base(settings: Settings, url_base: str) -> str:
 
 def tool_access(
     settings: Settings, authenticator: BrokerAuthenticator | None
-) -> dict[Scope, Identify]:
+) -> dict[Scope, Authenticator]:
     """Who may read and who may change, per scope: bearer credentials with that scope where
     authentication is on; everyone, as the settings' tenant, where it is off (or over stdio:
     whoever runs ``acp-broker mcp`` holds the Redis URL)."""
     if authenticator is None or not authenticator.enabled:
-        return {scope: open_identity(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
-    return {scope: bearer_identity(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
+        return {scope: open_access(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
+    return {scope: bearer_access(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
 
 
 def not_found(session_id: str) -> ApiError:
@@ -109,7 +112,7 @@ def not_found(session_id: str) -> ApiError:
 
 def api_error(exc: RpcError) -> ApiError:
     """An agent host's or the ACP layer's refusal, as the tools name it."""
-    refused = interaction_api_error(exc)
+    refused = interaction_api_error(exc) or access_api_error(exc)
     if refused is not None:
         return refused
     if exc.code == RESOURCE_NOT_FOUND:
@@ -131,7 +134,7 @@ class SessionTools:
         index: SessionIndex,
         hub: FanoutHub,
         agents: AgentGateway,
-        access: Mapping[Scope, Identify],
+        access: Mapping[Scope, Authenticator],
     ) -> None:
         self.settings = settings
         self.log = log
@@ -139,6 +142,7 @@ class SessionTools:
         self.hub = hub
         self.agents = agents
         self.access = access
+        self.acl = SessionAcl(log)
         self.redis: Store = index.redis
         self.cancel_wait = settings.request_timeout
         self.unreachable: str | None = None
@@ -148,11 +152,19 @@ class SessionTools:
     async def authorize(self, credentials: Credentials, scope: Scope) -> str:
         """The caller's tenant, if its credential has ``scope`` (``unauthorized``,
         ``forbidden`` otherwise)."""
-        return (await self.access[scope](credentials)).tenant
+        return (await self.caller(credentials, scope)).tenant
 
-    async def caller(self, credentials: Credentials, scope: Scope) -> Caller:
-        """The caller (tenant and principal subject), if its credential has ``scope``."""
+    async def caller(self, credentials: Credentials, scope: Scope) -> Principal:
+        """The caller, if its credential has ``scope`` (``unauthorized``, ``forbidden``)."""
         return await self.access[scope](credentials)
+
+    async def require(
+        self, caller: Principal, session_id: str, permission: Permission, operation: str
+    ) -> None:
+        """Refuse (``forbidden``, REST 403) an operation on ``session_id`` that ``caller``'s
+        effective roles there do not allow (:class:`~..session_acl.SessionAcl`)."""
+        if not await self.acl.allows(caller, session_id, permission):
+            raise ApiError(ErrorCode.FORBIDDEN, forbidden(permission, operation).message)
 
     async def guarded(self, call: Awaitable[T]) -> T:
         """``call``, its store and agent failures named as the tools name them."""
@@ -202,9 +214,11 @@ class SessionTools:
 
     # -- changing -----------------------------------------------------------------------------
 
-    async def create(self, tenant: str, inputs: CreateSession, base: str) -> SessionView:
+    async def create(
+        self, tenant: str, inputs: CreateSession, base: str, owner: Principal | None = None
+    ) -> SessionView:
         """A session as ``session/new`` makes it (``cwd``, ``agent``, ``title``,
-        ``userMetadata``); its first prompt is :meth:`prompt`'s."""
+        ``userMetadata``), ``owner`` its first owner; its first prompt is :meth:`prompt`'s."""
         params = _agent_params({}, inputs.cwd, [], inputs.userMetadata)
         agent = inputs.agent or self.agents.default_agent
         kind = self.agents.kind_of(agent)
@@ -214,6 +228,10 @@ class SessionTools:
         session_id, _ = await self.agents.new_session(
             tenant, params, agent=agent, kind=kind, meta=meta, origin=TOOL_ORIGIN
         )
+        if owner is not None:
+            await retrying(
+                lambda: self.acl.record_owner(owner, session_id), self.settings.request_timeout
+            )
         if inputs.title is not None:
             update = title_update({"title": inputs.title})
             body = {"type": EventType.UPDATE, "update": update, "origin": TOOL_ORIGIN}

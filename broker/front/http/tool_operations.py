@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from ...auth.credentials import Caller
+from ...auth.principal import Principal
 from ...errors import ApiError, ErrorCode
 from ...errors.operations import rest_conflict, rest_outcome_unknown, rest_pending
 from ...protocol.operations import OPERATION_ID, fingerprint
@@ -37,7 +37,7 @@ Outcome = tuple[str, bool]
 
 async def once(
     ledger: OperationLedger,
-    caller: Caller,
+    caller: Principal,
     tool: str,
     arguments: dict[str, Any],
     call: Callable[[], Awaitable[str]],
