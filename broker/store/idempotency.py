@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from .boundary import port
 from .client import Store, commands
 from .keys import PREFIX
 
@@ -28,6 +29,7 @@ def idempotency_key(tenant: str, key: str) -> str:
     return f"{PREFIX}:idem:{tenant}:{digest}"
 
 
+@port
 class IdempotencyRecords:
     """Claim, read, renew, settle and let go of a tenant's ``Idempotency-Key`` records."""
 

@@ -44,6 +44,7 @@ from typing import Any, TypedDict
 from redis.exceptions import NoScriptError
 
 from .. import fastjson
+from .boundary import port
 from .catalog import catalog_entries
 from .client import Store, commands, is_cluster
 from .direct import reconnecting, store_calls
@@ -465,6 +466,7 @@ class IndexDump(TypedDict):
     listings: dict[str, list[str]]
 
 
+@port
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 

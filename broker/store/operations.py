@@ -21,8 +21,10 @@ import json
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
+from ..model.events import JsonObject
+from .boundary import port
 from .client import Store, commands
 from .keys import PREFIX
 
@@ -84,7 +86,7 @@ class Entry:
     """A ledger record as :meth:`OperationLedger.begin` found or made it."""
 
     claim: Claim
-    outcome: Any = None
+    outcome: JsonObject | None = None
     """``DONE``: the outcome the first request settled (JSON, as the caller gave it)."""
     lapsed: bool = False
     """``PENDING``: the claim's lease ran out (its request died, or gave it up)."""
@@ -92,6 +94,7 @@ class Entry:
     """The record as read (what :meth:`OperationLedger.take_over` compares against)."""
 
 
+@port
 class OperationLedger:
     """Claims, settles and reads operation records (one Redis string each)."""
 
@@ -161,7 +164,7 @@ class OperationLedger:
             return Entry(Claim.NEW, raw=mine)
         return None
 
-    async def settle(self, key: OperationKey, fingerprint: str, outcome: Any) -> None:
+    async def settle(self, key: OperationKey, fingerprint: str, outcome: JsonObject) -> None:
         """``key`` came to ``outcome`` (JSON): every retry gets it, for the record's life."""
         record = {"fp": fingerprint, "state": "done", "outcome": outcome}
         text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
