@@ -407,16 +407,19 @@ def _receiver(node: ast.expr) -> str:
     return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
 
 
+def _absolute_imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, list[str]]]:
+    """Each absolute import statement of ``tree``, and the modules it names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield node, [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node, [node.module]
+
+
 def test_only_the_store_imports_its_client_libraries() -> None:
     found = []
     for name, tree in _outside_the_store():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
+        for _, modules in _absolute_imports(tree):
             found += [(name, m) for m in modules if m.split(".")[0] in STORE_CLIENTS]
     assert found == []
 
@@ -470,19 +473,11 @@ def _client_error_imports(root: Path) -> Iterator[tuple[str, int, str]]:
         name = _module_name(path)
         if name.startswith(("broker.store", "broker.compat")):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
+        for node, modules in _absolute_imports(ast.parse(path.read_text(), str(path))):
             found = [m for m in modules if m.startswith(CLIENT_ERRORS)]
-            found += [  # ``from redis import ConnectionError``: the same classes
-                f"redis.{alias.name}"
-                for alias in getattr(node, "names", [])
-                if getattr(node, "module", None) == "redis" and alias.name.endswith("Error")
-            ]
+            if modules == ["redis"] and isinstance(node, ast.ImportFrom):
+                # ``from redis import ConnectionError``: the same classes
+                found += [f"redis.{a.name}" for a in node.names if a.name.endswith("Error")]
             yield from ((name, node.lineno, m) for m in found)
 
 
