@@ -53,6 +53,9 @@ class SessionSnapshot:
     window: JsonObject = field(default_factory=dict)  # modes, configOptions, models: window.py
     archived: bool = False  # the log is in the archive store (and the window left out)
     floor: int = 0  # a seq handed out that a failover lost: the next one is past it (floors.py)
+    interactions: list[JsonObject] = field(default_factory=list)
+    """The pending interactions (``open`` or ``claimed``) the log leaves, each its last
+    logged record: what a host taking the session over ends (their agent is gone)."""
 
     @classmethod
     def from_hashes(
@@ -87,6 +90,11 @@ class SessionSnapshot:
             window=window_of(snap),
             archived="archived" in snap,
             floor=int(snap.get("floor", 0)),
+            interactions=[
+                json.loads(value)
+                for key, value in snap.items()
+                if key.startswith(INTERACTION_FIELD_PREFIX)
+            ],
         )
 
     @property
@@ -111,6 +119,11 @@ def is_activity(body: Mapping[str, Any]) -> bool:
     return body.get("type") in _ACTIVITY
 
 
+INTERACTION_FIELD_PREFIX = "i:"
+"""Snapshot fields ``i:<interactionId>``: a pending interaction's last record (JSON),
+removed when it ends."""
+_PENDING_INTERACTION_STATES = frozenset({"open", "claimed"})
+
 _UNLISTED_FIELDS = frozenset({"prompt", "agentSid", *WINDOW_SNAPSHOT_FIELDS})
 """Snapshot fields no listing shows (see ``index.row_of``)."""
 
@@ -124,7 +137,11 @@ def is_index_neutral(body: Mapping[str, Any], ops: Iterable[SnapshotOp] | None =
     if body.get("type") in (EventType.CREATED, EventType.DELETED, EventType.STATUS):
         return False
     found = snapshot_ops(body) if ops is None else ops
-    return all(op in ("set", "del") and name in _UNLISTED_FIELDS for op, name, _ in found)
+    return all(op in ("set", "del") and _unlisted(name) for op, name, _ in found)
+
+
+def _unlisted(name: str) -> bool:
+    return name in _UNLISTED_FIELDS or name.startswith(INTERACTION_FIELD_PREFIX)
 
 
 def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
@@ -149,7 +166,19 @@ def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
         return [("set", "agentSid", str(body["agentSessionId"]))]
     if kind == EventType.DELETED:
         return [("set", "status", Status.DELETED), ("del", "prompt", "")]
+    if kind == EventType.INTERACTION:
+        return _interaction_ops(body.get("interaction") or {})
     return []
+
+
+def _interaction_ops(record: Mapping[str, Any]) -> list[SnapshotOp]:
+    """A pending interaction is kept in the snapshot until it ends, so that a host taking
+    the session over finds what the lost one left waiting without reading the log."""
+    name = f"{INTERACTION_FIELD_PREFIX}{record.get('interactionId', '')}"
+    state = (record.get("state") or {}).get("type")
+    if state in _PENDING_INTERACTION_STATES:
+        return [("set", name, dumps(record))]
+    return [("del", name, "")]
 
 
 def _created_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
