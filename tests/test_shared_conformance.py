@@ -172,6 +172,17 @@ async def _seen_by(
             raise AssertionError(f"{what}: not seen; saw {_records(client)}") from None
 
 
+def _response(base: dict[str, Any], claim: dict[str, Any], revision: int) -> dict[str, Any]:
+    """``interaction/respond`` params: allow, by the claim in ``claim`` (a claimed state)."""
+    return {
+        **base,
+        "claimId": claim["claimId"],
+        "fencingToken": claim["fencingToken"],
+        "expectedRevision": str(revision),
+        "response": ALLOW,
+    }
+
+
 def _condition(reply: dict[str, Any]) -> str:
     return str(((reply.get("error") or {}).get("data") or {}).get("condition"))
 
@@ -223,13 +234,7 @@ async def _claims_after_the_fault(
     # the claim answers nothing either.
     taken = await claimer.call("interaction/claim", {**base, "expectedRevision": str(revision)})
     state = taken["result"]["interaction"]["state"]
-    answer = {
-        **base,
-        "claimId": state["claimId"],
-        "fencingToken": state["fencingToken"],
-        "expectedRevision": str(revision + 1),
-        "response": ALLOW,
-    }
+    answer = _response(base, state, revision + 1)
     assert _condition(await peer.call("interaction/respond", answer)) == "revision_conflict"
     release = {k: v for k, v in answer.items() if k != "response"}
     released = await claimer.call("interaction/release", release)
@@ -251,13 +256,7 @@ async def _claims_after_the_fault(
     # The claim expires: the interaction reopens, and every follower sees so.
     reopened = (iid, str(now + 2), "open")
     await _seen_by([claimer, peer, observer], lambda c: reopened in _records(c), "the reopening")
-    expired = {
-        **base,
-        "claimId": held["claimId"],
-        "fencingToken": held["fencingToken"],
-        "expectedRevision": str(now + 2),
-        "response": ALLOW,
-    }
+    expired = _response(base, held, now + 2)
     assert _condition(await winner.call("interaction/respond", expired)) == "revision_conflict"
     return {**pending, "revision": str(now + 2)}
 
@@ -270,13 +269,9 @@ async def _answer(m: Matrix, pending: dict[str, Any], peer: RawClient) -> None:
         "interaction/claim",
         {**base, "expectedRevision": pending["revision"], "operationId": "op-claim"},
     )
-    state = taken["result"]["interaction"]["state"]
+    claimed = taken["result"]["interaction"]
     answer = {
-        **base,
-        "claimId": state["claimId"],
-        "fencingToken": state["fencingToken"],
-        "expectedRevision": taken["result"]["interaction"]["revision"],
-        "response": ALLOW,
+        **_response(base, claimed["state"], int(claimed["revision"])),
         "operationId": "op-answer",
     }
     first = await peer.call("interaction/respond", answer)
