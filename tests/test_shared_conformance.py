@@ -359,6 +359,9 @@ async def _after_host_loss(
     [last] = [u for u in interaction_updates(followers[0]) if u["state"]["type"] == "cancelled"]
     assert last["state"]["_meta"] == {"acpBroker/reason": "host_lost"}
     assert "cancelledAt" in last["state"]
+    late = {"sessionId": m.session_id, "interactionId": lost["interactionId"]}
+    late["expectedRevision"] = ended[1]
+    assert _condition(await followers[0].call("interaction/claim", late)) == "revision_conflict"
     assert (await asker.reply_to("ask", WAIT))["error"]["code"] == -32603
     await _send(asker, "ask-again", "session/prompt", _prompt(m.session_id, "read it", "act-ask2"))
     await asker.read_until(lambda: len(asks(asker)) >= 2, WAIT)
