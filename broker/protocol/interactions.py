@@ -373,7 +373,8 @@ def cancelled_for_host_loss(view: JsonObject, now: float) -> JsonObject:
     died while it was pending: ``cancelled`` (the draft's state for a question its asker
     no longer needs), one revision on, with ``_meta["acpBroker/reason"]`` ``host_lost``
     (the draft has no reason field). Its claim, if any, ends with it."""
-    revision = int(str(view.get("revision") or "0")) + 1
+    given = str(view.get("revision") or "0")
+    revision = (int(given) if given.isdigit() else 0) + 1
     state: JsonObject = {
         "type": State.CANCELLED.value,
         "cancelledAt": iso(now),

@@ -149,12 +149,17 @@ class SessionRestorer:
     async def _cancel_stranded(self, held: HeldSession, snapshot: SessionSnapshot) -> None:
         """The interactions the lost host left pending end ``cancelled``: the agent that
         asked died with it, so no answer can reach it; logged (before the abandoned turn's
-        end) so every attachment sees the question end rather than wait on it forever."""
+        end) so every attachment sees the question end rather than wait on it forever.
+        Read again now that this host's lease fences the lost one out: what it wrote before
+        (an answer) counts, nothing after does."""
         now = time.time()
+        current = await self.recorder.log.snapshot(snapshot.tenant, snapshot.session_id)
         ended = [
             {"type": EventType.INTERACTION, "interaction": cancelled_for_host_loss(view, now)}
-            for view in snapshot.interactions
+            for view in current.interactions
         ]
+        if not ended:
+            return
         await self.recorder.append_all(held, ended)
         log.info(
             "session %s: %d interaction(s) its lost host left pending cancelled",
