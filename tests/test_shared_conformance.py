@@ -165,11 +165,11 @@ async def _seen_by(
     clients: list[RawClient], condition: Callable[[RawClient], Any], what: str
 ) -> None:
     """Each client reads until ``condition(client)`` holds (bounded)."""
-    for client in clients:
+    for n, client in enumerate(clients):
         try:
             await client.read_until(functools.partial(condition, client), WAIT)
-        except AssertionError:
-            raise AssertionError(f"{what}: not seen; saw {_records(client)}") from None
+        except (AssertionError, TimeoutError):
+            raise AssertionError(f"{what}: not seen by #{n}; saw {_records(client)}") from None
 
 
 def _response(base: dict[str, Any], claim: dict[str, Any], revision: int) -> dict[str, Any]:
