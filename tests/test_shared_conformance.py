@@ -73,7 +73,7 @@ REMOTE: dict[str, Any] = {"remote": {"core": {}}}
 
 @dataclass
 class Matrix:
-    """The deployment, its store and the session's attachments."""
+    """The deployment, its store, its two credentials (read-write, read-only), the session."""
 
     redis: RestartableRedis
     deployment: Deployment
@@ -125,7 +125,7 @@ async def matrix(tmp_path: Path, hosts: int) -> AsyncIterator[Matrix]:
         writer, _ = await tokens.create(TENANT, ["read", "write"])
         reader, _ = await tokens.create(TENANT, ["read"])
         await store.aclose()
-        auth = {"ACP_BROKER_AUTH": "on", "ACP_BROKER_CLIENT_RECONNECT_GRACE": "0.5"}
+        auth = {"ACP_BROKER_AUTH": "on"}
         async with cluster_of(
             redis.url, tmp_path, fronts=2, hosts=hosts, front_env=auth
         ) as deployment:
