@@ -18,6 +18,8 @@ from broker.store.client import connect
 from broker.store.events import LogEvent
 from broker.store.idempotency import idempotency_key
 
+from .support.client import LOADED_WAIT, wait_for
+
 
 def event(seq: int, body: dict[str, Any]) -> LogEvent:
     return LogEvent(seq, "e", 0, body)
@@ -127,8 +129,17 @@ async def test_idempotency_keys_in_redis(redis_url: str) -> None:
         claim = await keys.claim("t1", "k", {"cwd": "/a"})
         assert isinstance(claim, Claim)
         # A retry while the first runs waits for it, then gets its session.
+        looked: list[Any] = []  # what the retry read of the key
+        get = keys.records.get
+
+        async def watched(*args: Any) -> Any:
+            looked.append(await get(*args))
+            return looked[-1]
+
+        keys.records.get = watched  # type: ignore[method-assign]
         waiting = asyncio.ensure_future(keys.claim("t1", "k", {"cwd": "/a"}))
-        await asyncio.sleep(0)
+        await wait_for(lambda: looked, what="the retry to find the first's claim")
+        keys.records.get = get  # type: ignore[method-assign]
         await keys.settle(claim, "sess_1")
         assert await waiting == "sess_1"
         assert await keys.claim("t1", "k", {"cwd": "/a"}) == "sess_1"
@@ -154,13 +165,13 @@ async def test_a_claim_is_a_lease_renewed_while_creating_and_fenced(redis_url: s
         claim = await keys.claim("t1", "lease", {"cwd": "/a"})
         assert isinstance(claim, Claim)
         async with keys.creating(claim):  # a create longer than the lease keeps its claim
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # held past the 0.6 s lease on purpose: renewed meanwhile
             assert await store.get(idempotency_key(claim.tenant, claim.key)) == claim.pending
         # A claimer that died (no renewal, no settle): a retry takes the key over once the
         # lease lapsed, and creates.
         dead = await keys.claim("t1", "dead", {"cwd": "/a"})
         assert isinstance(dead, Claim)
-        retry = await asyncio.wait_for(keys.claim("t1", "dead", {"cwd": "/a"}), 3)
+        retry = await asyncio.wait_for(keys.claim("t1", "dead", {"cwd": "/a"}), LOADED_WAIT)
         assert isinstance(retry, Claim) and retry != dead
         # The first, back from a stall, cannot overwrite what the retry holds (fenced).
         await keys.settle(dead, "sess_dead")
