@@ -129,11 +129,11 @@ async def test_idempotency_keys_in_redis(redis_url: str) -> None:
         claim = await keys.claim("t1", "k", {"cwd": "/a"})
         assert isinstance(claim, Claim)
         # A retry while the first runs waits for it, then gets its session.
-        looked: list[Any] = []  # what the retry read of the key
+        looked: list[str | None] = []  # what the retry read of the key
         get = keys.records.get
 
-        async def watched(*args: Any) -> Any:
-            looked.append(await get(*args))
+        async def watched(tenant: str, key: str) -> str | None:
+            looked.append(await get(tenant, key))
             return looked[-1]
 
         keys.records.get = watched  # type: ignore[method-assign]
