@@ -73,7 +73,7 @@ async def test_a_retry_creates_once_the_front_that_claimed_the_key_died(tmp_path
 
 
 async def _claimed(redis: Any) -> list[Any]:
-    return [k async for k in commands(redis).scan_iter("acpb:idem:*")]
+    return [k async for k in commands(redis).scan_iter("acpb:op:*")]
 
 
 async def _post(port: int) -> httpx.Response:

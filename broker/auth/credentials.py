@@ -8,6 +8,11 @@ setting; by default whenever the broker listens beyond loopback) that is
 ``401`` or ``403`` with a problem document, MCP a result marked ``isError`` whose text
 starts with ``unauthorized:`` or ``forbidden:``). Where it is off, and for ``acp-broker
 mcp`` over stdio, :func:`open_access` gives every caller the configured tenant.
+:func:`bearer_identity` and :func:`open_identity` answer the same with the caller's
+principal subject beside the tenant (what the session tools record as a prompt's author
+or an interaction's answerer, and key operation ids by): the subject an ACP connection
+with the same credential has (where authentication is off, everyone's, as on ACP:
+:func:`~.principal.anonymous`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from ..errors import ApiError, ErrorCode
 from .authenticator import Authenticator as BrokerAuthenticator
 from .authenticator import bearer
-from .principal import AuthError, Scope
+from .principal import AuthError, Scope, anonymous
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,19 @@ Authenticator = Callable[[Credentials], Awaitable[str]]
 """Credentials in, the caller's tenant out; raises :func:`unauthorized` to refuse."""
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a caller is: its tenant and its principal's subject (a token id, a JWT subject;
+    ``anonymous`` where authentication is off)."""
+
+    tenant: str
+    subject: str
+
+
+Identify = Callable[[Credentials], Awaitable[Caller]]
+"""Credentials in, the :class:`Caller` out; raises as an :data:`Authenticator` does."""
+
+
 def unauthorized(detail: str) -> ApiError:
     """The error that refuses a caller (REST: 401 with ``WWW-Authenticate``)."""
     return ApiError(ErrorCode.UNAUTHORIZED, detail)
@@ -48,17 +66,27 @@ def forbidden(detail: str) -> ApiError:
 def bearer_access(authenticator: BrokerAuthenticator, scope: Scope = Scope.READ) -> Authenticator:
     """Authentication on: a bearer API token or JWT with ``scope`` (``read`` to read,
     ``write`` to change)."""
+    identify = bearer_identity(authenticator, scope)
 
     async def authenticate(credentials: Credentials) -> str:
+        return (await identify(credentials)).tenant
+
+    return authenticate
+
+
+def bearer_identity(authenticator: BrokerAuthenticator, scope: Scope = Scope.READ) -> Identify:
+    """:func:`bearer_access`, answering the :class:`Caller`."""
+
+    async def identify(credentials: Credentials) -> Caller:
         try:
             principal = await authenticator.authenticate(bearer(credentials.authorization))
         except AuthError:
             raise unauthorized("a valid bearer token is required") from None
         if not principal.may(scope):
             raise forbidden(f"the token lacks the {scope} scope")
-        return principal.tenant
+        return Caller(principal.tenant, principal.subject)
 
-    return authenticate
+    return identify
 
 
 def open_access(tenant: str) -> Authenticator:
@@ -68,3 +96,14 @@ def open_access(tenant: str) -> Authenticator:
         return tenant
 
     return authenticate
+
+
+def open_identity(tenant: str) -> Identify:
+    """:func:`open_access`, answering the :class:`Caller` (the subject every ACP
+    connection has where authentication is off)."""
+    caller = Caller(tenant, anonymous(tenant).subject)
+
+    async def identify(credentials: Credentials) -> Caller:
+        return caller
+
+    return identify

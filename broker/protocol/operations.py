@@ -51,7 +51,8 @@ REPEATABLE: Final = frozenset(
 )
 """Mutations whose second run comes out as the first did (they set a value or end a state):
 one whose first request died without an outcome is run again rather than reported unknown."""
-_ID: Final = re.compile(r"[\x21-\x7e]{1,128}")
+ID_RULE: Final = re.compile(r"[\x21-\x7e]{1,128}")
+"""An operation id, and a client instance's: 1 to 128 visible ASCII characters."""
 
 
 def operation_id(params: JsonObject, *, remote: bool) -> str | None:
@@ -66,7 +67,7 @@ def operation_id(params: JsonObject, *, remote: bool) -> str | None:
     value = top if top is not None else in_meta
     if value is None:
         return None
-    if not isinstance(value, str) or not _ID.fullmatch(value):
+    if not isinstance(value, str) or not ID_RULE.fullmatch(value):
         raise invalid_params(f"{OPERATION_ID} must be 1 to 128 visible ASCII characters")
     return value
 
@@ -94,7 +95,7 @@ def client_instance_id(params: JsonObject) -> str:
         value = meta.get(CLIENT_INSTANCE_ID)
     if value is None:
         return ""
-    if not isinstance(value, str) or not _ID.fullmatch(value):
+    if not isinstance(value, str) or not ID_RULE.fullmatch(value):
         raise invalid_params(f"{CLIENT_INSTANCE_ID} must be 1 to 128 visible ASCII characters")
     return value
 

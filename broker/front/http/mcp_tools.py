@@ -20,13 +20,22 @@ from typing import Any, Generic, TypeVar
 
 import mcp_types as types
 
+from ...auth.credentials import Caller
 from ...auth.principal import Scope
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
 from .session_tools import SessionTools, SessionView, TurnView
 from .tool_inputs import ToolInput, input_schema
-from .tool_models import CreateSession, InteractionRespond, SessionPrompt, SessionRef
+from .tool_models import (
+    CreateSessionTool,
+    InteractionRespond,
+    OperationInput,
+    SessionCancel,
+    SessionChange,
+    SessionPrompt,
+    SessionRef,
+)
 
 InputT = TypeVar("InputT", bound=ToolInput)
 LineRenderer = Callable[[list[JsonObject]], list[str]]
@@ -34,19 +43,27 @@ LineRenderer = Callable[[list[JsonObject]], list[str]]
 
 @dataclass(frozen=True, slots=True)
 class SessionTool(Generic[InputT]):
-    """One tool: its definition, its input model, its handler ``(tools, tenant, inputs,
+    """One tool: its definition, its input model, its handler ``(tools, caller, inputs,
     live view base) -> the result's text`` and the scope a caller needs."""
 
     name: str
     title: str
     description: str
     inputs: type[InputT]
-    handler: Callable[[SessionTools, str, InputT, str], Awaitable[str]]
+    handler: Callable[[SessionTools, Caller, InputT, str], Awaitable[str]]
     scope: Scope = Scope.WRITE
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
     open_world: bool = False
+    repeatable: bool = True
+    """A mutation whose first call died mid-way is run again by a retry with its
+    ``operationId`` (False: the retry hears its outcome is unknown)."""
+
+    @property
+    def mutation(self) -> bool:
+        """Whether the tool changes something (its inputs take an ``operationId``)."""
+        return issubclass(self.inputs, OperationInput)
 
     @property
     def tool(self) -> types.Tool:
@@ -65,9 +82,9 @@ class SessionTool(Generic[InputT]):
             ),
         )
 
-    async def run(self, tools: SessionTools, tenant: str, arguments: JsonObject, base: str) -> str:
-        """The call: its inputs checked (``invalid_argument``), then handled."""
-        return await self.handler(tools, tenant, self.inputs.parse(arguments), base)
+    async def run(self, tools: SessionTools, caller: Caller, inputs: InputT, base: str) -> str:
+        """The call, its inputs checked (:meth:`ToolInput.parse`)."""
+        return await self.handler(tools, caller, inputs, base)
 
 
 def session_text(view: SessionView, line: LineRenderer) -> str:
@@ -115,7 +132,9 @@ PROMPT = (
     "window where the session is open sees the turn live."
 )
 CANCEL = (
-    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`)."
+    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`). "
+    "With activityId (a turn's `activity:` line), only that turn: one still queued is withdrawn "
+    "when you sent it."
 )
 STOP = (
     "Releases the session's agent process (STOPPED); nothing is lost, and session_resume "
@@ -142,54 +161,67 @@ DELETE = (
 def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     """Every session tool but ``session_list``, by name; ``line`` writes session lines."""
 
-    async def create(tools: SessionTools, tenant: str, inputs: CreateSession, base: str) -> str:
-        view = await tools.create(tenant, inputs, base)
+    async def create(
+        tools: SessionTools, caller: Caller, inputs: CreateSessionTool, base: str
+    ) -> str:
+        view = await tools.create(caller.tenant, inputs, base)
         result = session_text(view, line)
         if inputs.prompt is None:
             return result
         session_id = view.row["sessionId"]
-        turn = await tools.prompt(tenant, session_id, inputs.prompt, inputs.wait, base)
+        turn = await tools.prompt(
+            caller.tenant, session_id, inputs.prompt, inputs.wait, base, caller.subject
+        )
         return f"{result}\n{turn_text(turn)}"
 
-    async def resume(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return session_text(await tools.resume(tenant, inputs.id, base), line)
+    async def resume(tools: SessionTools, caller: Caller, inputs: SessionChange, base: str) -> str:
+        return session_text(await tools.resume(caller.tenant, inputs.id, base), line)
 
-    async def prompt(tools: SessionTools, tenant: str, inputs: SessionPrompt, base: str) -> str:
-        return turn_text(await tools.prompt(tenant, inputs.id, inputs.text, inputs.wait, base))
+    async def prompt(tools: SessionTools, caller: Caller, inputs: SessionPrompt, base: str) -> str:
+        turn = await tools.prompt(
+            caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller.subject
+        )
+        return turn_text(turn)
 
-    async def cancel(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        reason = await tools.cancel(tenant, inputs.id)
-        return "no turn was running" if reason is None else f"stop reason: {reason}"
+    async def cancel(tools: SessionTools, caller: Caller, inputs: SessionCancel, base: str) -> str:
+        reason = await tools.cancel(caller.tenant, inputs.id, inputs.activityId, caller.subject)
+        if reason is not None:
+            return f"stop reason: {reason}"
+        if inputs.activityId is None:
+            return "no turn was running"
+        return f"not cancelled: {inputs.activityId} is not running, nor queued by you"
 
-    async def stop(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(line([(await tools.stop(tenant, inputs.id, base)).row]))
+    async def stop(tools: SessionTools, caller: Caller, inputs: SessionChange, base: str) -> str:
+        return "\n".join(line([(await tools.stop(caller.tenant, inputs.id, base)).row]))
 
-    async def delete(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(line([(await tools.delete(tenant, inputs.id, base)).row]))
+    async def delete(tools: SessionTools, caller: Caller, inputs: SessionChange, base: str) -> str:
+        return "\n".join(line([(await tools.delete(caller.tenant, inputs.id, base)).row]))
 
-    async def interactions(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        listed = await InteractionTools(tools).pending(tenant, inputs.id)
+    async def interactions(
+        tools: SessionTools, caller: Caller, inputs: SessionRef, base: str
+    ) -> str:
+        listed = await InteractionTools(tools).pending(caller, inputs.id)
         return "\n".join(interaction_lines(listed)) or "nothing is waiting for an answer"
 
     async def respond(
-        tools: SessionTools, tenant: str, inputs: InteractionRespond, base: str
+        tools: SessionTools, caller: Caller, inputs: InteractionRespond, base: str
     ) -> str:
         done = await InteractionTools(tools).respond(
-            tenant, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
+            caller, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
         )
         return "\n".join(interaction_lines([done]))
 
     defined: list[SessionTool[Any]] = [
-        SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
+        SessionTool("session_create", "Create a session", CREATE, CreateSessionTool, create,
                     open_world=True),
-        SessionTool("session_resume", "Resume a session", RESUME, SessionRef, resume,
+        SessionTool("session_resume", "Resume a session", RESUME, SessionChange, resume,
                     idempotent=True, open_world=True),
         SessionTool("session_prompt", "Prompt a session", PROMPT, SessionPrompt, prompt,
-                    open_world=True),
-        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionRef, cancel,
+                    open_world=True, repeatable=False),
+        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionCancel, cancel,
                     idempotent=True),
-        SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True),
-        SessionTool("session_delete", "Delete a session", DELETE, SessionRef, delete,
+        SessionTool("session_stop", "Stop a session", STOP, SessionChange, stop, idempotent=True),
+        SessionTool("session_delete", "Delete a session", DELETE, SessionChange, delete,
                     destructive=True, idempotent=True),
         SessionTool("interaction_list", "List pending interactions", INTERACTIONS, SessionRef,
                     interactions, scope=Scope.READ, read_only=True, idempotent=True),

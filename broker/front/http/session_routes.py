@@ -16,19 +16,19 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ...auth.credentials import Credentials
+from ...auth.credentials import Caller, Credentials
 from ...auth.principal import Scope
 from ...errors import ApiError, ErrorCode, invalid_argument
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .event_stream import MEDIA_TYPE, EventStream, resume_after
-from .idempotency import HEADER, IdempotencyKeys, checked_key
 from .interaction_tools import InteractionTools
-from .keyed import KeyedMutations
+from .keyed import REPLAYED, KeyedMutations
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
 from .tool_models import (
+    CancelInput,
     CreateSession,
     InteractionAnswer,
     NoInput,
@@ -75,14 +75,13 @@ class SessionRoutes:
     def __init__(self, tools: SessionTools, stream: EventStream) -> None:
         self.tools = tools
         self.stream = stream
-        self.keys = IdempotencyKeys(tools.redis, wait=tools.settings.request_timeout)
         self.mutations = KeyedMutations(tools.redis, tools.settings, self._caller)
         self.asks = InteractionTools(tools)
 
     def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
         return [
-            Route(SESSIONS_PATH, self._guard(self.create), methods=["POST"]),
+            Route(SESSIONS_PATH, self._guard(self.create), methods=["POST"]),  # keyed within
             Route(ONE_SESSION, self._guard(self.get), methods=["GET"]),
             Route(ONE_SESSION, self._keyed(self.delete), methods=["DELETE"]),
             Route(ONE_SESSION + "/prompt", self._keyed(self.prompt, False), methods=["POST"]),
@@ -117,11 +116,15 @@ class SessionRoutes:
     def _keyed(self, endpoint: Endpoint, repeatable: bool = True) -> Endpoint:
         """A mutation: guarded, and run once per ``Idempotency-Key`` (:mod:`.keyed`)."""
         guarded = self._guard(endpoint)
-        return self.mutations.keyed(guarded, repeatable=repeatable, long=not repeatable)
+        return self.mutations.keyed(guarded, repeatable=repeatable)
 
     async def _caller(self, request: Request, scope: Scope) -> str:
+        return (await self._who(request, scope)).tenant
+
+    async def _who(self, request: Request, scope: Scope) -> Caller:
+        """The caller (tenant and principal subject: a prompt's author, an answerer)."""
         credentials = Credentials("http", request.headers.get("authorization"))
-        return await self.tools.authorize(credentials, scope)
+        return await self.tools.caller(credentials, scope)
 
     def _base(self, request: Request) -> str:
         return request_base(self.tools.settings, str(request.base_url).rstrip("/"))
@@ -129,27 +132,26 @@ class SessionRoutes:
     # -- endpoints ----------------------------------------------------------------------------
 
     async def create(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
-        body = await _body(request, required=True)
-        inputs = _inputs(CreateSession, body)
+        """Create (once per ``Idempotency-Key``: the key settles with the session made,
+        before the first prompt runs, so a retry meanwhile gets the session), then run the
+        first prompt, if any, for the first request only."""
+        caller = await self._who(request, Scope.WRITE)
+        tenant = caller.tenant
+        inputs = _inputs(CreateSession, await _body(request, required=True))
         base = self._base(request)
-        key = request.headers.get(HEADER)
-        if key is None:
-            view = await self.tools.create(tenant, inputs, base)
-        else:
-            key = checked_key(key)
-            claim = await self.keys.claim(tenant, key, body)
-            if isinstance(claim, str):  # a retry: the first request's session, nothing run again
-                view = await self.tools.view(tenant, claim, base, project=False)
-                return self._created(session_document(view))
-            async with self.keys.creating(claim):
-                view = await self.tools.create(tenant, inputs, base)
-            # Settled before the first prompt runs: a retry meanwhile gets the session.
-            await self.keys.settle(claim, view.row["sessionId"])
-        document = session_document(view)
-        if inputs.prompt is not None:
-            turn = await self.tools.prompt(tenant, document["id"], inputs.prompt, inputs.wait, base)
-            document["turn"] = turn_document(document["id"], turn)
+
+        async def made() -> Response:
+            view = await self.tools.guarded(self.tools.create(tenant, inputs, base))
+            return self._created(session_document(view))
+
+        response = await self.mutations.once(request, made, repeatable=True)
+        if inputs.prompt is None or response.status_code != 201 or REPLAYED in response.headers:
+            return response
+        document: SessionWithLink = json.loads(bytes(response.body))
+        turn = await self.tools.prompt(
+            tenant, document["id"], inputs.prompt, inputs.wait, base, caller.subject
+        )
+        document["turn"] = turn_document(document["id"], turn)
         return self._created(document)
 
     def _created(self, document: SessionWithLink) -> Response:
@@ -169,19 +171,25 @@ class SessionRoutes:
         return Response(status_code=204, headers={"Cache-Control": "no-store"})
 
     async def prompt(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
+        caller = await self._who(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
         inputs = _inputs(PromptInput, await _body(request, required=True))
         base = self._base(request)
-        turn = await self.tools.prompt(tenant, session_id, inputs.text, inputs.wait, base)
+        turn = await self.tools.prompt(
+            caller.tenant, session_id, inputs.text, inputs.wait, base, caller.subject
+        )
         status = 200 if turn.report.ended else 202
         return _response(json_answer(status, turn_document(session_id, turn)))
 
     async def cancel(self, request: Request) -> Response:
-        tenant = await self._caller(request, Scope.WRITE)
+        """The running turn's, or with ``activityId`` that turn's (a queued one withdrawn
+        when the caller is its author; ``stopReason`` null when it was not)."""
+        caller = await self._who(request, Scope.WRITE)
         session_id = session_id_of(request.path_params["id"])
-        _inputs(NoInput, await _body(request, required=False))
-        reason = await self.tools.cancel(tenant, session_id)
+        inputs = _inputs(CancelInput, await _body(request, required=False))
+        reason = await self.tools.cancel(
+            caller.tenant, session_id, inputs.activityId, caller.subject
+        )
         cancelled: Cancelled = {"sessionId": session_id, "stopReason": reason}
         return _response(json_answer(200, cancelled))
 
@@ -212,19 +220,19 @@ class SessionRoutes:
 
     async def interactions(self, request: Request) -> Response:
         """The session's open and claimed interactions."""
-        tenant = await self._caller(request, Scope.READ)
+        caller = await self._who(request, Scope.READ)
         session_id = session_id_of(request.path_params["id"])
-        listed = await self.asks.pending(tenant, session_id)
+        listed = await self.asks.pending(caller, session_id)
         return _response(json_answer(200, {"sessionId": session_id, "interactions": listed}))
 
     async def respond(self, request: Request) -> Response:
         """Answer one (``API_SCOPE``: who may answer, as the ACP methods' rule)."""
-        tenant = await self._caller(request, API_SCOPE)
+        caller = await self._who(request, API_SCOPE)
         session_id = session_id_of(request.path_params["id"])
         iid = interaction_id_of(request.path_params["iid"])
         answer = _inputs(InteractionAnswer, await _body(request, required=True))
         done = await self.asks.respond(
-            tenant, session_id, iid, answer.response(), answer.expectedRevision
+            caller, session_id, iid, answer.response(), answer.expectedRevision
         )
         return _response(json_answer(200, done))
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
-from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
+from ...auth.credentials import Caller, Credentials, Identify, bearer_identity, open_identity
 from ...auth.principal import Scope
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
@@ -94,13 +94,13 @@ def request_base(settings: Settings, url_base: str) -> str:
 
 def tool_access(
     settings: Settings, authenticator: BrokerAuthenticator | None
-) -> dict[Scope, Authenticator]:
+) -> dict[Scope, Identify]:
     """Who may read and who may change, per scope: bearer credentials with that scope where
     authentication is on; everyone, as the settings' tenant, where it is off (or over stdio:
     whoever runs ``acp-broker mcp`` holds the Redis URL)."""
     if authenticator is None or not authenticator.enabled:
-        return {scope: open_access(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
-    return {scope: bearer_access(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
+        return {scope: open_identity(settings.tenant) for scope in (Scope.READ, Scope.WRITE)}
+    return {scope: bearer_identity(authenticator, scope) for scope in (Scope.READ, Scope.WRITE)}
 
 
 def not_found(session_id: str) -> ApiError:
@@ -131,7 +131,7 @@ class SessionTools:
         index: SessionIndex,
         hub: FanoutHub,
         agents: AgentGateway,
-        access: Mapping[Scope, Authenticator],
+        access: Mapping[Scope, Identify],
     ) -> None:
         self.settings = settings
         self.log = log
@@ -148,6 +148,10 @@ class SessionTools:
     async def authorize(self, credentials: Credentials, scope: Scope) -> str:
         """The caller's tenant, if its credential has ``scope`` (``unauthorized``,
         ``forbidden`` otherwise)."""
+        return (await self.access[scope](credentials)).tenant
+
+    async def caller(self, credentials: Credentials, scope: Scope) -> Caller:
+        """The caller (tenant and principal subject), if its credential has ``scope``."""
         return await self.access[scope](credentials)
 
     async def guarded(self, call: Awaitable[T]) -> T:
@@ -250,11 +254,17 @@ class SessionTools:
             await self.agents.release(tenant, session_id)
         return await self.view(tenant, session_id, base)
 
-    async def cancel(self, tenant: str, session_id: str) -> str | None:
-        """Cancel the running turn; its stop reason (None: no turn was running)."""
+    async def cancel(
+        self, tenant: str, session_id: str, activity_id: str | None = None, author: str = ""
+    ) -> str | None:
+        """Cancel the running turn; its stop reason (None: no turn was running).
+        ``activity_id``: only that prompt's turn; a queued one is withdrawn when ``author``
+        (the caller's principal subject) is its author (:meth:`withdraw`)."""
         self._need_front()
         snapshot = await self.live(tenant, session_id)
         prompt_id = snapshot.prompt_id
+        if activity_id is not None and activity_id != prompt_id:
+            return await self.withdraw(tenant, session_id, activity_id, author)
         if prompt_id is None:
             return None
         async with following(self.hub, tenant, session_id) as (follower, after):
@@ -266,7 +276,7 @@ class SessionTools:
                 for event in between:
                     see(report, event)
             if not report.ended:
-                await self.agents.cancel(tenant, session_id)
+                await self.agents.cancel(tenant, session_id, activity_id, author)
                 await self._until(report, follower, None, self.cancel_wait)
         if not report.ended:
             raise ApiError(
@@ -275,12 +285,32 @@ class SessionTools:
             )
         return report.stop_reason or "error"
 
+    async def withdraw(
+        self, tenant: str, session_id: str, activity_id: str, author: str
+    ) -> str | None:
+        """Withdraw the queued prompt ``activity_id`` (the agent host decides: only its
+        author may); ``"cancelled"`` when it was withdrawn, None when the host logged the
+        cancel as a no-op (``cancel_ignored``: not its author, or nothing waits under it)."""
+        await self._need_hosts()
+        async with following(self.hub, tenant, session_id) as (_, after):
+            await self.agents.cancel(tenant, session_id, activity_id, author)
+            events = await self.log.read(tenant, session_id, after=after)
+        facts = (EventType.PROMPT_WITHDRAWN, EventType.CANCEL_IGNORED)
+        for event in reversed(events):
+            if event.type in facts and activity_id in (
+                event.body.get("promptId"),
+                event.body.get("activityId"),
+            ):
+                return "cancelled" if event.type == EventType.PROMPT_WITHDRAWN else None
+        return None
+
     async def prompt(
-        self, tenant: str, session_id: str, text: str, wait: float, base: str
+        self, tenant: str, session_id: str, text: str, wait: float, base: str, author: str = ""
     ) -> TurnView:
         """Run one turn (after the turns before it in the session's queue); what it produced
         once it ended, waits for a person, or ``wait`` seconds passed (it runs on then, live
-        in every window)."""
+        in every window). ``author``: the caller's principal subject, who alone may
+        withdraw it while it is queued (from REST, MCP or ACP alike)."""
         snapshot = await self.live(tenant, session_id)
         if snapshot.status in (Status.STOPPED, Status.ERROR):
             raise ApiError(
@@ -291,7 +321,7 @@ class SessionTools:
         prompt_id = secrets.token_hex(8)
         params = {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
         async with following(self.hub, tenant, session_id) as (follower, after):
-            turn = self._spawn(self._turn(tenant, session_id, params, prompt_id))
+            turn = self._spawn(self._turn(tenant, session_id, params, prompt_id, author))
             report = TurnReport(prompt_id)
             await self._until(report, follower, turn, wait)
             events = await self.log.read(tenant, session_id, after=after)
@@ -309,9 +339,11 @@ class SessionTools:
 
     # -- internals ----------------------------------------------------------------------------
 
-    async def _turn(self, tenant: str, session_id: str, params: JsonObject, prompt_id: str) -> None:
+    async def _turn(
+        self, tenant: str, session_id: str, params: JsonObject, prompt_id: str, author: str
+    ) -> None:
         """The turn, to its end (it outlives a tool call's wait), then the index told."""
-        await self.agents.prompt(tenant, session_id, params, TOOL_ORIGIN, prompt_id)
+        await self.agents.prompt(tenant, session_id, params, TOOL_ORIGIN, prompt_id, author)
         snapshot = await self.log.snapshot(tenant, session_id)
         await self.index.project(snapshot)
 
