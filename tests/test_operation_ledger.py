@@ -16,8 +16,6 @@ from broker.store.operations import (
 
 from .support.client import LOADED_WAIT, wait_for
 
-from .support.client import wait_for
-
 KEY = OperationKey("t1", "token:abc", "editor-1", "op-1")
 
 
