@@ -215,7 +215,7 @@ PROMPTS_EACH = 25
 """1,000 prompts in all, each asking for a permission: a count, not what a time budget
 allows (a budget's count was the machine's speed: 438 under load where 1,000 was asked)."""
 SOAK_BOUND = 600.0
-"""Seconds the soak may take: 40 s alone, minutes on a loaded 2-core machine, where every
+"""Seconds the soak may take: 10 s alone, minutes on a loaded 2-core machine, where every
 prompt is a front, a host and the demo agent each taking their turn on the CPUs."""
 
 
