@@ -29,7 +29,7 @@ run: $(STAMP)
 ## Run the whole test suite (starts its own redis-server processes) on two pytest-xdist
 ## workers; tests/conftest.py's XDIST_GROUPS keeps the fault and load tests apart.
 test: $(STAMP) $(NPM_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ from broker.config import AgentSpec, load_settings
 from broker.serve import Broker
 from broker.store.client import connect
 
+from .support.client import BROKER_DEADLINE
 from .support.redis_server import redis_server
 
 # The suite is the gate a change must pass: property tests draw the same examples on every
@@ -165,6 +166,7 @@ def make_settings(**overrides: Any) -> Any:
     overrides.setdefault("agents", [demo_agent(), plain_agent()])
     overrides.setdefault("prestart_agents", False)
     overrides.setdefault("sandbox", TEST_SANDBOX)
+    overrides.setdefault("request_timeout", BROKER_DEADLINE)
     return load_settings(None, port=0, cursor_secret="test-secret", **overrides)
 
 

@@ -139,7 +139,7 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
         assert total >= SESSIONS * CHUNKS // 2
         index = SessionIndex(redis)
         sessions = [w.session_id for w in watchers]
-        await until_consumed(redis, feeds_of("default", sessions), timeout=30)
+        await until_consumed(redis, feeds_of("default", sessions))
         live = await index.dump("default")
         await rebuild_index(redis)
         assert await index.dump("default") == live

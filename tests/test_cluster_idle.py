@@ -17,7 +17,7 @@ from broker.store.client import connect
 from broker.store.log import SessionLog, new_session_id
 
 from .conftest import make_settings
-from .support.client import RawClient
+from .support.client import RawClient, wait_for
 from .support.commandstats import calls_between, command_calls
 
 CREATED = {"type": "created", "cwd": "/idle", "agent": "demo", "kind": "shell"}
@@ -66,14 +66,13 @@ async def test_an_idle_broker_sends_few_commands_and_a_new_session_is_listed_aft
         await SessionLog(store).create("default", session_id, CREATED)
         await store.aclose()
         client = await RawClient.initialized(f"ws://127.0.0.1:{node.port}/acp")
-        listed: list[str] = []
-        for _ in range(100):  # up to 10 s
+
+        async def listed() -> bool:
             reply = await client.call("session/list", {})
-            listed = [s["sessionId"] for s in reply["result"]["sessions"]]
-            if session_id in listed:
-                break
-            await asyncio.sleep(0.1)
-        assert session_id in listed
+            sessions = reply.get("result", {}).get("sessions", [])  # an error: not yet
+            return session_id in [s["sessionId"] for s in sessions]
+
+        await wait_for(listed, what="the session listed")
         await client.close()
         assert (await _window(masters, 0.5))["command|getkeys"] == 0
     finally:

@@ -60,11 +60,7 @@ async def test_the_protocol_keeps_its_h11_connection_loop_and_transport() -> Non
     assert isinstance(protocol.conn, h11.Connection) and protocol.conn.their_state is h11.IDLE
     assert protocol.loop is asyncio.get_running_loop() and protocol.transport is transport
     # What the guard does with them: no request head in time, the socket is closed.
-    for _ in range(100):
-        if transport.closed:
-            break
-        await asyncio.sleep(0.01)
-    assert transport.closed
+    await wait_for(lambda: transport.closed, what="the guard to close the socket")
     protocol.connection_lost(None)
 
 

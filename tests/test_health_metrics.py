@@ -80,7 +80,14 @@ async def test_readyz_fails_while_a_loop_fails_and_the_loop_is_restarted(
     assert not report["checks"]["agent host loops"]["ok"]
     assert "host-inbox failed" in report["checks"]["agent host loops"]["error"]
     assert any("loop host-inbox failed" in r.getMessage() for r in caplog.records)
-    await asyncio.sleep(0.5)  # past its first pause: running again, the same task
+    # Running again, the same task: a prompt (a command to this host's inbox) is answered.
+    client = await RawClient.initialized(f"ws://127.0.0.1:{broker.port}/acp")
+    session_id = await client.new_session("/restarted", timeout=30)
+    reply = await client.call(
+        "session/prompt", {"sessionId": session_id, "prompt": text("/notool")}, timeout=30
+    )
+    assert reply["result"]["stopReason"] == "end_turn", reply
+    await client.close()
     assert not loop.done() and broker.worker.loops()[0] is loop
 
 

@@ -17,6 +17,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -24,6 +25,7 @@ import pytest
 from broker.store.client import commands, connect
 
 from .support.broker_process import broker_process
+from .support.client import wait_for
 from .support.redis_server import redis_server
 from .support.roles import role_process
 
@@ -54,10 +56,7 @@ async def test_a_retry_creates_once_the_front_that_claimed_the_key_died(tmp_path
                 os.kill(host.proc.pid, signal.SIGSTOP)  # alive, announced, answering nothing
                 try:
                     first = asyncio.ensure_future(_post(_http_port(a.stdout_lines)))
-                    deadline = time.monotonic() + 10
-                    while not [k async for k in commands(redis).scan_iter("acpb:op:*")]:
-                        assert time.monotonic() < deadline, "the key was never claimed"
-                        await asyncio.sleep(0.05)
+                    await wait_for(lambda: _claimed(redis), what="the key to be claimed")
                     await a.kill()  # between the claim and the settle
                     first.cancel()
                 finally:
@@ -71,6 +70,10 @@ async def test_a_retry_creates_once_the_front_that_claimed_the_key_died(tmp_path
                 assert again.status_code == 201 and again.json()["id"] == retried.json()["id"]
         finally:
             await redis.aclose()
+
+
+async def _claimed(redis: Any) -> list[Any]:
+    return [k async for k in commands(redis).scan_iter("acpb:op:*")]
 
 
 async def _post(port: int) -> httpx.Response:

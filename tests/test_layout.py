@@ -8,8 +8,12 @@ together for whoever reads them.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import pickle
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,11 +40,36 @@ def _modules() -> dict[str, Path]:
 
 MODULES = _modules()
 
+_PARSE_ALL = """
+import ast, pickle, sys
+paths = sys.stdin.read().splitlines()
+sys.stdout.buffer.write(pickle.dumps({p: ast.parse(open(p).read(), p) for p in paths}))
+"""
+
+
+@functools.cache
+def _parsed() -> dict[str, ast.Module]:
+    """Every module's syntax tree, parsed once, in a child process of its own. CPython 3.11
+    counts the AST constructor's recursion depth per interpreter, not per thread: a parse
+    here while a thread another test left behind builds a tree too (a traceback it
+    formats parses source, for its carets) failed as "SystemError: AST constructor
+    recursion depth mismatch" (once in a full run). The child runs no other thread."""
+    paths = "\n".join(str(path) for path in MODULES.values())
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE_ALL], input=paths.encode(), capture_output=True, check=True
+    )
+    trees: dict[str, ast.Module] = pickle.loads(done.stdout)
+    return trees
+
+
+def _tree(path: Path) -> ast.Module:
+    return _parsed()[str(path)]
+
 
 def _imported(name: str, path: Path) -> Iterator[str]:
     """The project modules that module ``name`` imports."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -192,7 +221,7 @@ def test_a_role_does_not_import_a_topologys_module(role: str) -> None:
 def test_a_role_does_not_ask_the_stores_topology() -> None:
     found = []
     for name in _role_modules():
-        tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+        tree = _tree(MODULES[name])
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 names = {alias.name for alias in node.names}
@@ -214,21 +243,7 @@ LIBRARIES = ("websockets", "uvicorn", "redis", "starlette", "h11", "hiredis")
 
 def _trees() -> Iterator[tuple[str, ast.Module]]:
     for name, path in MODULES.items():
-        yield name, _parse(path)
-
-
-def _parse(path: Path) -> ast.Module:
-    """``path``'s tree. CPython 3.11's AST constructor counts its recursion in state the whole
-    interpreter shares (python/cpython#106905; seen on 3.11.7 under the suite): a tree built
-    while another thread builds one can fail with "AST constructor recursion depth mismatch",
-    though the source is fine. The same source parsed again is the answer."""
-    source = path.read_text()
-    try:
-        return ast.parse(source, str(path))
-    except SystemError as exc:
-        if "recursion depth mismatch" not in str(exc):
-            raise
-        return ast.parse(source, str(path))
+        yield name, _tree(path)
 
 
 def _library_imports(tree: ast.Module) -> dict[str, str]:

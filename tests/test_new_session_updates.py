@@ -17,13 +17,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from broker.serve import Broker
 from broker.store.events import SessionSnapshot
 
-from .support.client import RawClient, acp_client
+from .support.client import LOADED_WAIT, REPLY_WAIT, RawClient, acp_client
 
 SESSIONS = 8
 
 
 async def test_updates_right_after_session_new_reach_the_log(broker: Broker, url: str) -> None:
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(REPLY_WAIT + LOADED_WAIT):  # an agent's start, then 8 sessions
         client = await acp_client(url)
         ids = [await client.new(cwd=f"/work/early{i}") for i in range(SESSIONS)]
         # A round trip through the same agent: its reply comes on the agent's stdout after

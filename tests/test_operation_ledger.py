@@ -6,9 +6,15 @@ import asyncio
 from typing import Any
 
 from broker.protocol.operations import fingerprint, operation_id, without_operation
-from broker.store.operations import RETENTION_SECONDS, Claim, OperationKey, OperationLedger
+from broker.store.operations import (
+    RETENTION_SECONDS,
+    Claim,
+    Entry,
+    OperationKey,
+    OperationLedger,
+)
 
-from .support.client import wait_for
+from .support.client import LOADED_WAIT, wait_for
 
 KEY = OperationKey("t1", "token:abc", "editor-1", "op-1")
 
@@ -56,15 +62,24 @@ async def test_a_lapsed_claim_goes_to_one_of_two_retries(store: Any) -> None:
 async def test_decide_waits_for_the_first_then_answers_its_outcome(store: Any) -> None:
     ledger = OperationLedger(store)
     await ledger.begin(KEY, "fp", lease=30)
+    seen: list[Claim] = []  # what each of decide's reads of the key found
+    begin = ledger.begin
 
-    async def settle_soon() -> None:
-        await asyncio.sleep(0.3)
-        await ledger.settle(KEY, "fp", {"result": 1})
+    async def watched(*args: Any, **kwargs: Any) -> Entry:
+        entry = await begin(*args, **kwargs)
+        seen.append(entry.claim)
+        return entry
 
-    settling = asyncio.ensure_future(settle_soon())
-    entry = await ledger.decide(KEY, "fp", 30, repeatable=False, wait=10)
+    ledger.begin = watched  # type: ignore[method-assign]
+    deciding = asyncio.ensure_future(
+        ledger.decide(KEY, "fp", 30, repeatable=False, wait=LOADED_WAIT)
+    )
+    await wait_for(lambda: Claim.PENDING in seen, what="decide to find the first running")
+    await ledger.settle(KEY, "fp", {"result": 1})
+    entry = await asyncio.wait_for(deciding, LOADED_WAIT)
     assert (entry.claim, entry.outcome) == (Claim.DONE, {"result": 1})
-    await settling
+    assert seen[0] is Claim.PENDING  # it waited for the first, which then settled
+    ledger.begin = begin  # type: ignore[method-assign]
     # Still running past the wait: said so, not run.
     key = OperationKey("t1", "p", "c", "op-2")
     await ledger.begin(key, "fp", lease=30)

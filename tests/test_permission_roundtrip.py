@@ -2,7 +2,7 @@
 ``SPUBLISH`` returns is taken, a question nobody heard is asked again under the same id, and
 one that nobody answers fails in bounded time with a clear error.
 
-Then a permission-heavy run with no fault: thousands of prompts, each asking for a
+Then a permission-heavy run with no fault: a thousand prompts, each asking for a
 permission, over two front nodes and two agent hosts (real processes on a real Redis), and
 not one hangs.
 """
@@ -21,7 +21,7 @@ from broker.store.client import Store, commands, connect
 from broker.store.keys import SessionKeys
 from workers.agent_host.clients import RemoteClients
 
-from .support.client import RawClient, wait_for
+from .support.client import REPLY_WAIT, RawClient, wait_for
 from .support.redis_server import redis_server
 from .test_scale_out import cluster_of
 
@@ -211,24 +211,27 @@ async def _next_request(listener: Any) -> dict[str, Any] | None:
 
 
 SESSIONS = 40
-PROMPT_DEADLINE = 20.0
-RUN_BUDGET = 45.0
-TARGET_PROMPTS = 2000
+PROMPTS_EACH = 25
+"""1,000 prompts in all, each asking for a permission: a count, not what a time budget
+allows (a budget's count was the machine's speed: 438 under load where 1,000 was asked)."""
+SOAK_BOUND = 600.0
+"""Seconds the soak may take: 10 s alone, minutes on a loaded 2-core machine, where every
+prompt is a front, a host and the demo agent each taking their turn on the CPUs."""
 
 
-async def _drive(url: str, cwd: str, stop_at: float, counts: dict[str, int]) -> None:
-    """One connection, one session: prompt after prompt, allowing every permission."""
+async def _drive(url: str, cwd: str, counts: dict[str, int]) -> None:
+    """One connection, one session: :data:`PROMPTS_EACH` prompts one after another, allowing
+    every permission. A prompt not answered within :data:`REPLY_WAIT` (past the broker's
+    own request deadline, which answers a late one with an error) hung."""
     loop = asyncio.get_running_loop()
     client = await RawClient.connect(url)
     try:
         await client.initialize()
-        session_id = await client.new_session(cwd, timeout=30)
-        n = 0
-        while loop.time() < stop_at and counts["done"] + counts["hung"] < TARGET_PROMPTS:
-            n += 1
+        session_id = await client.new_session(cwd, timeout=REPLY_WAIT)
+        for n in range(1, PROMPTS_EACH + 1):
             prompt_id = f"p{n}"
             await client.send_prompt(prompt_id, session_id, f"read {n}")
-            deadline = loop.time() + PROMPT_DEADLINE
+            deadline = loop.time() + REPLY_WAIT
             try:
                 while True:
                     message = await client.recv(max(0.01, deadline - loop.time()))
@@ -251,19 +254,19 @@ async def _drive(url: str, cwd: str, stop_at: float, counts: dict[str, int]) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SOAK_BOUND + 60)
 async def test_thousands_of_permission_prompts_over_two_fronts_none_hangs(
     redis_url: str, tmp_path: Path
 ) -> None:
     async with cluster_of(redis_url, tmp_path, fronts=2, hosts=2) as deployment:
         counts = {"done": 0, "hung": 0, "asked": 0}
-        stop_at = asyncio.get_running_loop().time() + RUN_BUDGET
-        await asyncio.gather(
-            *(
-                _drive(deployment.nodes[i % 2].url, f"/soak/{i}", stop_at, counts)
-                for i in range(SESSIONS)
+        async with asyncio.timeout(SOAK_BOUND):
+            await asyncio.gather(
+                *(
+                    _drive(deployment.nodes[i % 2].url, f"/soak/{i}", counts)
+                    for i in range(SESSIONS)
+                )
             )
-        )
         print("permission soak:", counts)
-        assert counts["hung"] == 0, counts
-        assert counts["done"] >= 1000, counts  # thousands in the budget, else it proves little
+        assert counts == {"done": SESSIONS * PROMPTS_EACH, "hung": 0, "asked": counts["asked"]}
         assert counts["asked"] >= counts["done"], counts

@@ -18,6 +18,7 @@ from broker.store.keys import SessionKeys, TenantKeys
 from broker.store.log import SessionLog, new_session_id
 from workers.projector.worker import Projector, _notice
 
+from .support.client import wait_for
 from .support.projection import feeds_of, until_consumed
 
 TENANTS = ("acme", "globex")
@@ -301,9 +302,9 @@ async def test_a_running_projector_takes_agent_updates_in_place(
 async def _indexed(store: Any, log: SessionLog, tenant: str, session_id: str) -> None:
     """Wait (bounded) until the index holds the session's newest event."""
     seq = (await log.snapshot(tenant, session_id)).seq
-    async with asyncio.timeout(10):
-        while True:
-            version = Version.decode(await store.hget(TenantKeys(tenant).versions, session_id))
-            if version is not None and version.seq >= seq:
-                return
-            await asyncio.sleep(0.01)
+
+    async def indexed() -> bool:
+        version = Version.decode(await store.hget(TenantKeys(tenant).versions, session_id))
+        return version is not None and version.seq >= seq
+
+    await wait_for(indexed, what=f"the index to hold {session_id} at {seq}")

@@ -13,6 +13,8 @@ from broker.store.events import EventType, Position
 from workers.agent_host import queue
 from workers.agent_host.sessions import HeldSession
 
+from .support.client import wait_for
+
 
 class Recorder:
     """Logs appended events in memory, seq by seq."""
@@ -40,7 +42,7 @@ async def test_queued_prompts_wake_in_order_and_only_their_author_withdraws() ->
         )
         for i in range(3)
     ]
-    await asyncio.sleep(0)
+    await wait_for(lambda: len(recorder.events) == 3, what="the three prompts logged, waiting")
     assert [e["promptId"] for e in recorder.events] == ["p0", "p1", "p2"]
     assert queue.busy(held)
     # Bob may not withdraw alice1's prompt: a logged no-op, and it still waits.
@@ -71,7 +73,7 @@ async def test_a_let_go_session_fails_what_waits() -> None:
     held, recorder = _held()
     held.prompt_task = asyncio.current_task()
     waiting = asyncio.ensure_future(queue.enter(held, recorder, "p", "c", {}))
-    await asyncio.sleep(0)
+    await wait_for(lambda: recorder.events, what="the prompt logged, waiting")
     queue.fail_all(held, RpcError(-32600, "deleted"))
     with pytest.raises(RpcError):
         await waiting

@@ -31,7 +31,7 @@ from broker.store.log import SessionLog
 from broker.store.rebuild import rebuild_index
 
 from .conftest import run_cli
-from .support.client import LOADED_WAIT, AcpTestClient, acp_client
+from .support.client import LOADED_WAIT, AcpTestClient, acp_client, wait_for
 from .support.projection import feeds_of, until_consumed
 
 TENANT = "default"
@@ -68,29 +68,27 @@ async def _caught_up(redis: Any, made: dict[str, str]) -> dict[str, Any]:
     retries its writes, and one landing after the wipe below would put a row back."""
     session_log = SessionLog(redis)
     keys = TenantKeys(TENANT)
-    deadline = asyncio.get_running_loop().time() + 10.0
-    while True:
+
+    async def indexed() -> bool:
         versions = await redis.hgetall(keys.versions)
         seqs = {sid: (await session_log.snapshot(TENANT, sid)).seq for sid in made.values()}
-        indexed = {
+        return seqs == {
             sid: Version.decode(versions[sid]).seq  # type: ignore[union-attr]
             for sid in made.values()
             if sid in versions
         }
-        if indexed == seqs:
-            await until_consumed(redis, feeds_of(TENANT, made.values()))
-            rows = await redis.hgetall(keys.rows)
-            named = decode_row(rows[made["named"]])
-            titled = decode_row(rows[made["titled"]])
-            deleted = decode_row(rows[made["deleted"]])
-            assert named["title"] == "named by hand"
-            assert named["_meta"] == {"test/tag": ["x", 1]}
-            assert titled["title"] == "/notool a title from the prompt"
-            assert deleted["status"] == "DELETED"
-            return dict(await SessionIndex(redis).dump(TENANT))
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"the index never caught up: {indexed} != {seqs}")
-        await asyncio.sleep(0.02)
+
+    await wait_for(indexed, what="every session's index version at its snapshot's seq")
+    await until_consumed(redis, feeds_of(TENANT, made.values()))
+    rows = await redis.hgetall(keys.rows)
+    named = decode_row(rows[made["named"]])
+    titled = decode_row(rows[made["titled"]])
+    deleted = decode_row(rows[made["deleted"]])
+    assert named["title"] == "named by hand"
+    assert named["_meta"] == {"test/tag": ["x", 1]}
+    assert titled["title"] == "/notool a title from the prompt"
+    assert deleted["status"] == "DELETED"
+    return dict(await SessionIndex(redis).dump(TENANT))
 
 
 async def _live_index(broker: Broker, url: str) -> tuple[dict[str, str], dict[str, Any]]:

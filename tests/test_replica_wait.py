@@ -26,6 +26,10 @@ from .conftest import make_settings
 from .support.client import acp_client
 from .support.redis_server import master_with_replica, redis_server
 
+REPLICA_ACK = 20.0
+"""Seconds an append waits for a live replica's acknowledgement (``WAIT``'s timeout): a
+bound on a loaded machine's replication, not an estimate of it, as ``WAIT`` returns as
+soon as the replica has the entry."""
 CREATED = {"type": "created", "cwd": "/w", "agent": "demo", "kind": "shell"}
 UPDATE = {"type": "update", "update": {"sessionUpdate": "agent_message_chunk"}}
 
@@ -42,7 +46,7 @@ async def test_appends_return_once_the_replica_has_them(
     master, replica = master_and_replica
     store = connect(master)
     log = SessionLog(store)
-    log.wait_for_replicas(1, 2.0)
+    log.wait_for_replicas(1, REPLICA_ACK)
     try:
         await log.create("t", "s", CREATED)
         one = await log.append("t", "s", UPDATE)
@@ -79,12 +83,13 @@ async def test_the_setting_reaches_every_append_of_a_broker(
     """One replica: with ``redis_wait_replicas`` 1 a prompt is served; with 2, appends are
     not acknowledged and the client is told to try again (never "internal error").
 
-    The served case allows the replica 2 s: on a loaded machine its acknowledgement can
-    take longer than the 0.2 s the refused case waits for one that never comes. It keeps
-    the default request timeout too: its ``session/new`` starts the demo agent, which takes
-    several seconds on a loaded 2-core machine; the refused case is told within 5 s."""
+    The served case allows the replica :data:`REPLICA_ACK`: on a loaded machine its
+    acknowledgement can take seconds, the refused case waits 0.2 s for one that never comes.
+    It keeps the default request timeout too: its ``session/new`` starts the demo agent,
+    which takes several seconds on a loaded 2-core machine; the refused case is told within
+    5 s."""
     master, _ = master_and_replica
-    for wanted, served, timeout in ((1, True, 2.0), (2, False, 0.2)):
+    for wanted, served, timeout in ((1, True, REPLICA_ACK), (2, False, 0.2)):
         node = Broker(
             make_settings(
                 redis_url=master,

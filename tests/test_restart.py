@@ -65,7 +65,7 @@ async def _until_indexed(redis_url: str, session_ids: list[str]) -> None:
     """Wait (bounded) until the projectors have indexed every event of the sessions so far."""
     redis = connect(redis_url)
     try:
-        await until_consumed(redis, feeds_of("default", session_ids), timeout=20)
+        await until_consumed(redis, feeds_of("default", session_ids))
     finally:
         await redis.aclose()
 

@@ -59,7 +59,7 @@ async def _started_late(redis_url: str, tmp_path: Path, delay: float | None) -> 
         if delay is None:
             await asyncio.gather(host_started, projector_started)
         else:
-            await asyncio.sleep(delay)  # the fronts run, the host not yet
+            await asyncio.sleep(delay)  # the scenario: the fronts run, the host not yet
             await asyncio.gather(
                 stack.enter_async_context(
                     role_process("agent-host", redis_url, tmp_path / "host.log")

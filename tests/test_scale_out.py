@@ -210,11 +210,13 @@ async def test_a_host_that_lost_its_lease_can_never_append_again(redis_url: str)
     session_log = SessionLog(redis)
     sid = new_session_id()
     await session_log.create("default", sid, {"type": EventType.CREATED, "cwd": "/f"})
-    old = await Leases(redis, "host-old", ttl=0.2).acquire("default", sid)
+    # 2 s: the old lease outlives the one acquire that checks it is live, however loaded
+    # the machine; then its lapse is waited for.
+    old = await Leases(redis, "host-old", ttl=2.0).acquire("default", sid)
     with contextlib.suppress(HeldElsewhere):
         await Leases(redis, "host-new", ttl=5).acquire("default", sid)
         raise AssertionError("a live lease was taken")
-    await wait_for(lambda: _lapsed(redis, sid), 5)
+    await wait_for(lambda: _lapsed(redis, sid), what="the old lease to lapse")
     new = await Leases(redis, "host-new", ttl=5).acquire("default", sid)
     assert new.fence != old.fence
     update = {"type": EventType.UPDATE, "update": {"sessionUpdate": "agent_message_chunk"}}

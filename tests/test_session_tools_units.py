@@ -19,7 +19,15 @@ from broker.front.operation_claims import OperationClaim
 from broker.protocol.operations import digest
 from broker.store.client import connect
 from broker.store.events import LogEvent
-from broker.store.operations import RETENTION_SECONDS, Claim, OperationKey, OperationLedger
+from broker.store.operations import (
+    RETENTION_SECONDS,
+    Claim,
+    Entry,
+    OperationKey,
+    OperationLedger,
+)
+
+from .support.client import LOADED_WAIT, wait_for
 
 
 def event(seq: int, body: dict[str, Any]) -> LogEvent:
@@ -135,8 +143,18 @@ async def test_operation_claims_in_redis(redis_url: str) -> None:
         first = _claim(store, "t1", "k")
         assert (await first.decide(wait=5)).claim is Claim.NEW
         # A retry while the first runs waits for it, then gets its outcome.
-        waiting = asyncio.ensure_future(_claim(store, "t1", "k").decide(wait=5))
-        await asyncio.sleep(0)
+        retry = _claim(store, "t1", "k")
+        seen: list[Claim] = []  # what each of the retry's reads of the key found
+        begin = retry.ledger.begin
+
+        async def watched(*args: Any, **kwargs: Any) -> Entry:
+            entry = await begin(*args, **kwargs)
+            seen.append(entry.claim)
+            return entry
+
+        retry.ledger.begin = watched  # type: ignore[method-assign]
+        waiting = asyncio.ensure_future(retry.decide(wait=LOADED_WAIT))
+        await wait_for(lambda: Claim.PENDING in seen, what="the retry to find the first's claim")
         async with first.running():
             await first.settle({"sessionId": "sess_1"})
         assert (await waiting).outcome == {"sessionId": "sess_1"}
@@ -160,7 +178,7 @@ async def test_a_claim_is_a_lease_renewed_while_running_and_fenced(redis_url: st
         long = _claim(store, "t1", "lease", lease=0.6)
         assert (await long.decide(wait=5)).claim is Claim.NEW
         async with long.running():  # a request longer than the lease keeps its claim
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # held past the 0.6 s lease on purpose: renewed meanwhile
             assert long.held is not None and await store.get(long.key.name) == long.held.raw
             await long.settle({"sessionId": "sess_long"})
         # A claimer that died (no renewal, no settle): a retry takes the key over once the
@@ -168,7 +186,9 @@ async def test_a_claim_is_a_lease_renewed_while_running_and_fenced(redis_url: st
         dead = _claim(store, "t1", "dead", lease=0.6)
         assert (await dead.decide(wait=5)).claim is Claim.NEW
         retry = _claim(store, "t1", "dead", lease=0.6)
-        assert (await asyncio.wait_for(retry.decide(wait=5), 3)).claim is Claim.NEW
+        assert (await asyncio.wait_for(retry.decide(wait=LOADED_WAIT), LOADED_WAIT)).claim is (
+            Claim.NEW
+        )
         # The first, back from a stall, cannot overwrite what the retry holds (fenced).
         await dead.settle({"sessionId": "sess_dead"})
         assert retry.held is not None and await store.get(retry.key.name) == retry.held.raw

@@ -22,11 +22,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .client import BROKER_DEADLINE, LOADED_WAIT
+
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ROOT / "tests" / "agents"
 READY = re.compile(r"acp-broker ready on (ws://(?P<host>[^:/\s]+):(?P<port>\d+)(?P<path>/\S*))")
 
-START_TIMEOUT = 20.0
+START_TIMEOUT = LOADED_WAIT
+"""Seconds a broker process may take to say it is ready: its imports and start take 1-2 s
+alone, tens of seconds when the suite shares two cores with other work."""
 STOP_GRACE = 10.0
 
 DEMO_AGENT = f"demo={shlex.quote(sys.executable)} -m broker.demo.agent"
@@ -107,6 +111,7 @@ def broker_env(
         if key.startswith("ACP_BROKER_"):
             del env[key]
     env["ACP_BROKER_SANDBOX"] = "off"  # as tests/conftest.py's TEST_SANDBOX says why
+    env["ACP_BROKER_REQUEST_TIMEOUT"] = str(BROKER_DEADLINE)  # as its docstring says why
     env.update(extra or {})
     return env
 

@@ -8,10 +8,10 @@ from typing import Any
 from broker.store.keys import SessionKeys
 from workers.projector.worker import GROUP
 
-from .client import wait_for
+from .client import LOADED_WAIT, wait_for
 
 
-async def until_consumed(store: Any, feeds: Iterable[str], timeout: float = 10.0) -> None:
+async def until_consumed(store: Any, feeds: Iterable[str], timeout: float = LOADED_WAIT) -> None:
     """Wait (bounded) until the projectors have read every notice of ``feeds`` and
     acknowledged it. A projector acknowledges a batch only once it has applied all of it
     (with the next read), so nothing read from these feeds is still on its way to the index:
