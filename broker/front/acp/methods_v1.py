@@ -41,7 +41,9 @@ from ...store.window import with_window
 from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import PageCache
+from ..presence import PresenceBoard
 from .access import Access, connection_limit
+from .attach import ATTACH_METHODS
 from .connection import ClientConnection
 from .dispatch import DEFERRED, StepAnswer
 from .initialize import AGENTS_META as AGENTS_META
@@ -80,6 +82,8 @@ class AcpMethods:
     """The front's list page cache (None: every page is read from Redis)."""
     list_changes: ListChanges | None = None
     """The connections told of their tenant's list changes (those that ask, at initialize)."""
+    presence: PresenceBoard | None = None
+    """The front's attachments (who is present on each session); None: none kept."""
     initializer: Initializer = field(init=False, repr=False)
     """``initialize``: the negotiation, and its results kept as text."""
     listing: AcpListing = field(init=False, repr=False)
@@ -399,6 +403,8 @@ class AcpMethods:
         if session is None:
             raise session_not_found(session_id, "active session")
         used(session)  # the least recently used idle sessions are let go first (session_lru)
+        if self.presence is not None:
+            self.presence.touch(conn.id, session_id)
         return session_id
 
     async def project(self, tenant: str, session_id: str) -> None:
@@ -498,4 +504,5 @@ V1_HANDLERS: Mapping[str, MethodHandler] = {
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
     **INTERACTION_METHODS,
+    **ATTACH_METHODS,
 }
