@@ -289,7 +289,7 @@ async def test_an_unacknowledged_barrier_expires_the_attachment(fronts: list[Bro
     await viewer.close()
 
 
-BAD_ATTACHES = [
+BAD_ATTACHES: list[tuple[dict[str, Any], str]] = [
     ({"subscriptions": None}, "subscriptions must be a list"),
     ({"subscriptions": ["events", "events"]}, "must not repeat"),
     ({"subscriptions": ["gossip"]}, "unknown subscription 'gossip'"),

@@ -37,6 +37,7 @@ TOOLS = {
     "session_delete",
     "interaction_list",
     "interaction_respond",
+    "session_presence",
 }
 ALLOW = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
 

@@ -24,6 +24,7 @@ from ...auth.principal import Scope
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
+from .presence_tools import PresenceTools, presence_lines
 from .session_tools import SessionTools, SessionView, TurnView
 from .tool_inputs import ToolInput, input_schema
 from .tool_models import CreateSession, InteractionRespond, SessionPrompt, SessionRef
@@ -133,6 +134,12 @@ RESPOND = (
     "answer is recorded before the agent hears it, and every window shows who answered. "
     "Refused with revision_conflict when it was answered, withdrawn or claimed meanwhile."
 )
+PRESENCE = (
+    "Lists who has the session open now, on every broker node: a line per window with its "
+    "participant id (a pseudonym, stable within this session), the name its client shared, "
+    "its roles, whether it is online or away (idle), and when it was last active. Advisory: "
+    "nothing is authorized by it."
+)
 DELETE = (
     "Deletes the session for everyone, as session/delete does; it then lists as DELETED. "
     "Deleting it again returns its line again."
@@ -179,6 +186,9 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         )
         return "\n".join(interaction_lines([done]))
 
+    async def present(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
+        return "\n".join(presence_lines(await PresenceTools(tools).present(tenant, inputs.id)))
+
     defined: list[SessionTool[Any]] = [
         SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
                     open_world=True),
@@ -195,5 +205,7 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
                     interactions, scope=Scope.READ, read_only=True, idempotent=True),
         SessionTool("interaction_respond", "Answer an interaction", RESPOND,
                     InteractionRespond, respond, scope=API_SCOPE),
+        SessionTool("session_presence", "Who is present", PRESENCE, SessionRef, present,
+                    scope=Scope.READ, read_only=True, idempotent=True),
     ]  # fmt: skip
     return {entry.name: entry for entry in defined}

@@ -25,6 +25,7 @@ from .event_stream import MEDIA_TYPE, EventStream, resume_after
 from .idempotency import HEADER, IdempotencyKeys, checked_key
 from .interaction_tools import InteractionTools
 from .keyed import KeyedMutations
+from .presence_tools import PresenceTools
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
@@ -52,6 +53,7 @@ ALLOWED = {
     ONE_SESSION + "/events": "GET",
     ONE_SESSION + "/interactions": "GET",
     ONE_SESSION + "/interactions/{iid}/respond": "POST",
+    ONE_SESSION + "/presence": "GET",
 }
 """What each path answers: any other method is a 405 problem naming these."""
 
@@ -78,6 +80,7 @@ class SessionRoutes:
         self.keys = IdempotencyKeys(tools.redis, wait=tools.settings.request_timeout)
         self.mutations = KeyedMutations(tools.redis, tools.settings, self._caller)
         self.asks = InteractionTools(tools)
+        self.presence = PresenceTools(tools)
 
     def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
@@ -96,6 +99,7 @@ class SessionRoutes:
                 self._keyed(self.respond),
                 methods=["POST"],
             ),
+            Route(ONE_SESSION + "/presence", self._guard(self.present), methods=["GET"]),
             *(
                 Route(path, _not_allowed(path, allow), methods=ALL_METHODS)
                 for path, allow in ALLOWED.items()
@@ -216,6 +220,12 @@ class SessionRoutes:
         session_id = session_id_of(request.path_params["id"])
         listed = await self.asks.pending(tenant, session_id)
         return _response(json_answer(200, {"sessionId": session_id, "interactions": listed}))
+
+    async def present(self, request: Request) -> Response:
+        """Who is attached to the session now, on every front."""
+        tenant = await self._caller(request, Scope.READ)
+        session_id = session_id_of(request.path_params["id"])
+        return _response(json_answer(200, await self.presence.present(tenant, session_id)))
 
     async def respond(self, request: Request) -> Response:
         """Answer one (``API_SCOPE``: who may answer, as the ACP methods' rule)."""
