@@ -40,9 +40,10 @@ def follows_presence(capabilities: JsonObject) -> bool:
 
 
 def display_name(params: JsonObject) -> str | None:
-    """The name a client shares at ``initialize``: ``_meta.displayName``, else its
-    ``clientInfo``'s ``title`` or ``name``; printable, at most 64 characters (None: none)."""
-    meta, info = params.get("_meta"), params.get("clientInfo")
+    """The name a client shares at ``initialize``: ``_meta.displayName``, else the
+    ``title`` or ``name`` of its ``clientInfo`` (v1; ``info`` in v2); printable, at most 64
+    characters (None: none)."""
+    meta, info = params.get("_meta"), params.get("clientInfo", params.get("info"))
     for source, key in ((meta, "displayName"), (info, "title"), (info, "name")):
         value = source.get(key) if isinstance(source, dict) else None
         if isinstance(value, str):
