@@ -11,10 +11,9 @@ import pytest
 
 from broker.front.acp.active import ATTACHMENT_EXPIRED
 from broker.serve import Broker
-from broker.store.client import connect
 
-from .conftest import make_settings
 from .support.client import RawClient, wait_for
+from .support.nodes import broker_pair
 
 BARRIER_TIMEOUT = 3.0
 """The fronts' ``attach_barrier_timeout``: short, so that a test sees an attachment expire;
@@ -24,17 +23,8 @@ long enough that a loaded machine's ``session/ready`` right after its attach is 
 @pytest.fixture
 async def fronts(redis_url: str) -> AsyncIterator[list[Broker]]:
     """Two broker nodes (front and agent host each) on one real Redis."""
-    nodes = []
-    for _ in range(2):
-        node = Broker(
-            make_settings(attach_barrier_timeout=BARRIER_TIMEOUT), redis=connect(redis_url)
-        )
-        await node.start()
-        nodes.append(node)
-    yield nodes
-    for node in nodes:
-        await node.stop()
-        await node.redis.aclose()
+    async with broker_pair(redis_url, attach_barrier_timeout=BARRIER_TIMEOUT) as nodes:
+        yield nodes
 
 
 def ws_url(node: Broker) -> str:

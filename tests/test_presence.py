@@ -15,11 +15,10 @@ from mcp import Client
 
 from broker.protocol.presence import ENTRY_FIELDS
 from broker.serve import Broker
-from broker.store.client import connect
 
-from .conftest import make_settings
 from .support.broker_process import broker_process
 from .support.client import RawClient, tool_result_text, wait_for
+from .support.nodes import broker_pair
 from .test_attach import attach_params, draft_client, ready_params, ws_url
 from .test_scale_out import FRONT_ONLY
 
@@ -33,16 +32,8 @@ PRESENCE = "acpBroker/presence"
 @pytest.fixture
 async def fronts(redis_url: str) -> AsyncIterator[list[Broker]]:
     """Two broker nodes (front and agent host each) on one real Redis."""
-    nodes = []
-    for _ in range(2):
-        settings = make_settings(presence_idle_after=IDLE_AFTER, presence_ttl=TTL)
-        node = Broker(settings, redis=connect(redis_url))
-        await node.start()
-        nodes.append(node)
-    yield nodes
-    for node in nodes:
-        await node.stop()
-        await node.redis.aclose()
+    async with broker_pair(redis_url, presence_idle_after=IDLE_AFTER, presence_ttl=TTL) as nodes:
+        yield nodes
 
 
 async def window(node: Broker, name: str | None, *, follows: bool = True) -> RawClient:
@@ -101,6 +92,7 @@ async def test_snapshot_and_deltas_across_two_fronts(fronts: list[Broker]) -> No
     # First a snapshot: Alice (front a) and the viewer itself (front b).
     await viewer.read_until(lambda: _snapshot(viewer, session_id), 30)
     snapshot = _snapshot(viewer, session_id)
+    assert snapshot is not None
     assert sorted(p.get("displayName") for p in snapshot["participants"]) == ["Alice", "Viewer"]
     # Then deltas, from the other front too: Bob opens the session on b, then leaves.
     bob = await window(b, "Bob", follows=False)

@@ -475,7 +475,7 @@ async def test_scopes_and_every_route_against_the_openapi_document(
             schema = schemathesis.openapi.from_url(f"{http_url}/v1/openapi.json")
             statuses: list[int] = []
             operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-            assert len(operations) == 11
+            assert len(operations) == 12
             for operation in operations:
 
                 @given(case=operation.as_strategy())

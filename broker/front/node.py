@@ -45,7 +45,6 @@ from ..store.guard import StoreGuard
 from ..store.http_links import HttpLinks
 from ..store.index import SessionIndex
 from ..store.log import SessionLog
-from ..store.presence import PresenceStore
 from .acp import websocket_only
 from .acp.access import Access
 from .acp.connection import CLOSE_GOING_AWAY, ClientConnection
@@ -64,7 +63,6 @@ from .http.session_tools import SessionTools, tool_access
 from .http.sessions import sessions_service
 from .list_changes import ListChanges
 from .pages import IndexWatch, PageCache
-from .presence import PresenceBoard
 from .revocation import CredentialWatch
 from .routing import NodeRouter
 from .streamable import remote_frames
@@ -141,10 +139,6 @@ class FrontNode:
                 settings.tenant,
             )
         self.access = Access(settings, self.authenticator)
-        self.presence = PresenceBoard(
-            settings, self.log, PresenceStore(self.redis, settings.presence_ttl)
-        )
-        """This front's attachments: who is present on each session (``front/presence.py``)."""
         self.methods = AcpMethods(
             settings,
             self.log,
@@ -159,7 +153,6 @@ class FrontNode:
             },
             pages=self.pages,
             list_changes=self.list_changes,
-            presence=self.presence,
         )
         self._principals: dict[str, Principal | None] = {}
         self.connections: set[ClientConnection] = set()
@@ -224,7 +217,7 @@ class FrontNode:
         loops = RoleLoops("front")
         loops.add("keepalive", self.keepalive.run)
         loops.add("http-lease-renewal", self.streamable.renew)
-        loops.add("presence", self.presence.run)
+        loops.add("presence", self.methods.presence.run)
         if self.authenticator.enabled:
             loops.add("credential-watch", self.credentials.run)
         return loops

@@ -22,6 +22,18 @@ from .client import Store, commands
 from .keys import session_keys
 
 REVISION_FIELD = "rev"
+_REMOVE = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then
+  return -1
+end
+local revision = redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
+if redis.call('HLEN', KEYS[1]) == 1 then
+  redis.call('DEL', KEYS[1])
+end
+return revision
+"""
+"""Take an entry out and count the change; the last one out deletes the hash (nothing of an
+empty session's presence stays in the store)."""
 EXPIRES = "expiresAt"
 """The entry's own field: when it lapses unless refreshed (Unix ms; never shown)."""
 
@@ -51,6 +63,7 @@ class PresenceStore:
     def __init__(self, redis: Store, ttl: float) -> None:
         self.redis = redis
         self.ttl_ms = int(ttl * 1000)
+        self._remove = commands(redis).register_script(_REMOVE)
 
     async def put(self, tenant: str, session_id: str, entries: dict[str, JsonObject]) -> int:
         """Write (or refresh) ``entries`` by attachment id, each good for the TTL from now;
@@ -63,10 +76,13 @@ class PresenceStore:
         }
         async with commands(self.redis).pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=mapping)
+            # A hash made again (its last entry left) counts on from its time, in micro-
+            # seconds: a revision never goes back, so a client's older snapshot stays older.
+            pipe.hsetnx(key, REVISION_FIELD, _now_ms() * 1000)
             pipe.hincrby(key, REVISION_FIELD, 1)
             pipe.pexpire(key, self.ttl_ms)
             replies = await pipe.execute()
-        return int(replies[1])
+        return int(replies[2])
 
     async def refresh(self, tenant: str, session_id: str, entries: dict[str, JsonObject]) -> None:
         """Push ``entries``' expiry a TTL on, changing nothing else (no new revision)."""
@@ -82,10 +98,8 @@ class PresenceStore:
         """Take an attachment out; the revision after it, or None when it was not there (a
         detach already done, or another front's sweep took it)."""
         key = presence_key(tenant, session_id)
-        removed = await commands(self.redis).hdel(key, attachment)
-        if not removed:
-            return None
-        return int(await commands(self.redis).hincrby(key, REVISION_FIELD, 1))
+        revision = int(await self._remove(keys=[key], args=[attachment, REVISION_FIELD]))
+        return None if revision < 0 else revision
 
     async def read(self, tenant: str, session_id: str) -> PresenceRead:
         """The live entries (without their expiry) and the lapsed ones' ids."""

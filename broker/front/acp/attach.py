@@ -51,7 +51,7 @@ _EVENT_ID = re.compile(r"event_(?P<epoch>[^_]+)_(?P<seq>0|[1-9][0-9]{0,18})")
 class SessionMethods(Protocol):
     """What these methods need of the connection's ACP methods (``AcpMethods``)."""
 
-    presence: PresenceBoard | None
+    presence: PresenceBoard
 
     async def _snapshot(self, conn: ClientConnection, params: JsonObject) -> SessionSnapshot: ...
 
@@ -210,9 +210,8 @@ async def session_ready(methods: SessionMethods, conn: ClientConnection, request
         raise barrier_conflict("deliveryBarrierId is not the attachment's current barrier")
     session.barrier = None
     conn.release(session_id)
-    board = methods.presence
-    if board is not None and session.subscriptions and "presence" in session.subscriptions:
-        revision, entries = await board.snapshot(conn.tenant, session_id)
+    if session.subscriptions and "presence" in session.subscriptions:
+        revision, entries = await methods.presence.snapshot(conn.tenant, session_id)
         update = presence_protocol.snapshot_update(revision, entries)
         conn.send(
             {

@@ -35,6 +35,7 @@ from ...store.cursors import CursorCodec
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import SessionIndex, normalize_cwd
 from ...store.log import SessionLog, SessionMissing
+from ...store.presence import PresenceStore
 from ...store.quotas import check_session_quota
 from ...store.retry import retrying
 from ...store.window import with_window
@@ -82,8 +83,8 @@ class AcpMethods:
     """The front's list page cache (None: every page is read from Redis)."""
     list_changes: ListChanges | None = None
     """The connections told of their tenant's list changes (those that ask, at initialize)."""
-    presence: PresenceBoard | None = None
-    """The front's attachments (who is present on each session); None: none kept."""
+    presence: PresenceBoard = field(init=False, repr=False)
+    """The front's attachments: who is present on each session (``front/presence.py``)."""
     initializer: Initializer = field(init=False, repr=False)
     """``initialize``: the negotiation, and its results kept as text."""
     listing: AcpListing = field(init=False, repr=False)
@@ -92,6 +93,8 @@ class AcpMethods:
     def __post_init__(self) -> None:
         self.listing = AcpListing(self.settings, self.index, self.cursors, self.pages)
         self.initializer = Initializer(self.settings, self.host, self.access, self.list_changes)
+        store = PresenceStore(self.index.redis, self.settings.presence_ttl)
+        self.presence = PresenceBoard(self.settings, self.log, store)
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         if request.method == "initialize":
@@ -403,8 +406,7 @@ class AcpMethods:
         if session is None:
             raise session_not_found(session_id, "active session")
         used(session)  # the least recently used idle sessions are let go first (session_lru)
-        if self.presence is not None:
-            self.presence.touch(conn.id, session_id)
+        self.presence.touch(conn.id, session_id)
         return session_id
 
     async def project(self, tenant: str, session_id: str) -> None:
