@@ -13,7 +13,7 @@ import httpx2 as httpx
 import pytest
 from mcp import Client
 
-from broker.protocol.presence import ENTRY_FIELDS
+from broker.protocol.presence import ENTRY_FIELDS, display_name
 from broker.serve import Broker
 
 from .support.broker_process import broker_process
@@ -210,3 +210,14 @@ async def test_a_killed_front_leaves_presence_within_its_ttl(
         await alice.read_until(lambda: changed(alice, session_id, "left", "Ghost"), 2 + TTL + 30)
         assert names(await present(a, session_id)) == ["Alice"]
     await alice.close()
+
+
+def test_a_shared_name_is_printable_short_and_only_what_the_client_gave() -> None:
+    assert display_name(
+        {"_meta": {"displayName": " Ann\x1b[31m "}, "clientInfo": {"name": "x"}}
+    ) == ("Ann[31m")
+    assert display_name({"clientInfo": {"name": "zed", "title": "Zed"}}) == "Zed"
+    assert display_name({"info": {"name": "console"}}) == "console"  # ACP v2's field
+    assert display_name({"clientInfo": {"name": "é" * 100}}) == "é" * 64
+    assert display_name({"clientInfo": {"name": "\n\t"}}) is None
+    assert display_name({}) is None

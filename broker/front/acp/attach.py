@@ -26,16 +26,10 @@ from typing import Any, Protocol
 
 from ...auth.roles import Permission
 from ...errors.interactions import FORBIDDEN, REVISION_CONFLICT
+from ...protocol import jsonrpc
 from ...protocol import presence as presence_protocol
 from ...protocol.interactions import attachment_id, participant_id
-from ...protocol.jsonrpc import (
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    JsonObject,
-    Request,
-    RpcError,
-    invalid_params,
-)
+from ...protocol.jsonrpc import JsonObject, Request, RpcError, invalid_params
 from ...protocol.operations import negotiates_remote
 from ...store.events import SessionSnapshot
 from ..presence import PresenceBoard, session_roles
@@ -64,7 +58,7 @@ def source_event_id(epoch: str, seq: int) -> str:
 def _draft_only(conn: ClientConnection, method: str) -> None:
     if not negotiates_remote(conn.client_capabilities):
         raise RpcError(
-            METHOD_NOT_FOUND,
+            jsonrpc.METHOD_NOT_FOUND,
             f"Method not found: {method} (negotiate capabilities.remote at initialize)",
         )
 
@@ -119,7 +113,7 @@ def barrier_conflict(message: str) -> RpcError:
         "retryable": False,
         "conflictDomain": "attachment_barrier",
     }
-    return RpcError(INVALID_REQUEST, message, data)
+    return RpcError(jsonrpc.INVALID_REQUEST, message, data)
 
 
 async def session_attach(methods: SessionMethods, conn: ClientConnection, request: Request) -> Any:
@@ -187,7 +181,7 @@ def _own_attachment(conn: ClientConnection, params: JsonObject) -> str:
         raise invalid_params("attachmentId must be a non-empty string")
     if given != attachment_id(session_id, conn.id):
         raise RpcError(
-            INVALID_REQUEST,
+            jsonrpc.INVALID_REQUEST,
             "attachmentId does not name an attachment of this connection",
             {"condition": FORBIDDEN, "retryable": False},
         )
