@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .. import fastjson
 from ..model.events import JsonObject
@@ -41,6 +42,13 @@ EXPIRES = "expiresAt"
 def presence_key(tenant: str, session_id: str) -> str:
     """The session's presence hash (in the slot of the session's other keys)."""
     return f"{session_keys(tenant, session_id).snapshot.removesuffix(':snap')}:presence"
+
+
+def _extend(pipe: Any, key: str, ttl_ms: int) -> None:
+    """Make the hash live ``ttl_ms`` more, never less than it would (another front's
+    entries may live longer): a new hash gets the TTL, an old one only a longer one."""
+    pipe.pexpire(key, ttl_ms, nx=True)
+    pipe.pexpire(key, ttl_ms, gt=True)
 
 
 def _now_ms() -> int:
@@ -80,7 +88,7 @@ class PresenceStore:
             # seconds: a revision never goes back, so a client's older snapshot stays older.
             pipe.hsetnx(key, REVISION_FIELD, _now_ms() * 1000)
             pipe.hincrby(key, REVISION_FIELD, 1)
-            pipe.pexpire(key, self.ttl_ms)
+            _extend(pipe, key, self.ttl_ms)
             replies = await pipe.execute()
         return int(replies[2])
 
@@ -91,7 +99,7 @@ class PresenceStore:
         mapping = {a: fastjson.dumps({**e, EXPIRES: expires}) for a, e in entries.items()}
         async with commands(self.redis).pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping=mapping)
-            pipe.pexpire(key, self.ttl_ms)
+            _extend(pipe, key, self.ttl_ms)
             await pipe.execute()
 
     async def remove(self, tenant: str, session_id: str, attachment: str) -> int | None:
