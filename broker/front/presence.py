@@ -143,9 +143,6 @@ class PresenceBoard:
             attachment.state = presence.ONLINE
             self._queue(lambda: self._put(attachment, "state"))
 
-    def find(self, conn_id: str, session_id: str) -> Attachment | None:
-        return self.attachments.get((conn_id, session_id))
-
     async def snapshot(self, tenant: str, session_id: str) -> tuple[int, list[JsonObject]]:
         """The session's presence revision and entries, across every front (lapsed ones
         left out), each as peers see it."""
@@ -162,8 +159,11 @@ class PresenceBoard:
             wait = next_tick - time.monotonic()
             write: Write | None = None
             if wait > 0:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for may swallow the
+                # loop's own cancellation when an item arrives in the same step.
                 with contextlib.suppress(TimeoutError):
-                    write = await asyncio.wait_for(self._writes.get(), wait)
+                    async with asyncio.timeout(wait):
+                        write = await self._writes.get()
             if write is not None:
                 await self._run_write(write)
                 continue
