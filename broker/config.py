@@ -157,6 +157,8 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_tenant_claim: str = "tenant"
+    jwt_roles_claim: str = "roles"
+    """The JWT claim naming the session roles a token holds on its tenant's sessions."""
     jwt_leeway: float = Field(default=30.0, ge=0)
     """Seconds of clock skew allowed on a JWT's ``exp`` and ``nbf``."""
     jwt_default_scopes: list[Literal["read", "write", "admin"]] = ["read", "write"]
@@ -284,6 +286,13 @@ class Settings(BaseSettings):
     """Seconds between two rounds of the archiving role (archive, then purge)."""
     deleted_retention: float = Field(default=7 * 86400.0, ge=0)
     """Seconds a deleted session is kept (listed as DELETED) before it is purged."""
+    operation_retention: float = Field(default=86400.0, gt=0)
+    """Seconds an operation id's outcome (ACP ``operationId``, REST ``Idempotency-Key``, an
+    MCP tool's ``operationId``) is kept from its first request: a retry within it gets that
+    outcome."""
+    operation_tombstone: float = Field(default=7 * 86400.0, ge=0)
+    """Seconds past the retention an operation id is still known as used: a retry then gets
+    ``operation_outcome_unknown`` rather than running again (0: forgotten at once)."""
     max_events_per_session: int = Field(default=200_000, ge=10)
     """The most events one session's log may hold; past it appends fail (a runaway agent)."""
     max_sessions_per_tenant: int = Field(default=100_000, ge=1)

@@ -55,7 +55,7 @@ async def test_a_retry_creates_once_the_front_that_claimed_the_key_died(tmp_path
                 try:
                     first = asyncio.ensure_future(_post(_http_port(a.stdout_lines)))
                     deadline = time.monotonic() + 10
-                    while not [k async for k in commands(redis).scan_iter("acpb:idem:*")]:
+                    while not [k async for k in commands(redis).scan_iter("acpb:op:*")]:
                         assert time.monotonic() < deadline, "the key was never claimed"
                         await asyncio.sleep(0.05)
                     await a.kill()  # between the claim and the settle

@@ -8,6 +8,8 @@ from typing import Any
 from broker.protocol.operations import fingerprint, operation_id, without_operation
 from broker.store.operations import RETENTION_SECONDS, Claim, OperationKey, OperationLedger
 
+from .support.client import wait_for
+
 KEY = OperationKey("t1", "token:abc", "editor-1", "op-1")
 
 
@@ -87,3 +89,31 @@ def test_the_id_and_the_input_of_a_request() -> None:
             assert getattr(exc, "code", None) == -32602
         else:
             raise AssertionError(f"{bad!r} taken")
+
+
+async def test_an_id_past_the_window_is_forgotten_then_unknown_again(store: Any) -> None:
+    """A short window (0.5 s) and tombstone period (1.5 s): within the window the outcome,
+    then ``FORGOTTEN`` (no outcome, nothing run), then a new operation."""
+    ledger = OperationLedger(store, retention=0.5, tombstone=1.5)
+    key = OperationKey("t1", "p", "c", "short")
+    assert (await ledger.begin(key, "fp", lease=30)).claim is Claim.NEW
+    await ledger.settle(key, "fp", {"result": 1})
+    assert (await ledger.begin(key, "fp", lease=30)).claim is Claim.DONE
+
+    async def claim_is(wanted: Claim) -> bool:
+        return (await ledger.read(key, "fp")) is None and (
+            await ledger.begin(key, "fp", lease=30)
+        ).claim is wanted
+
+    # Bounds: the TTLs are 0.5 s and 2 s; generous for busy cores.
+    await wait_for(lambda: claim_is(Claim.FORGOTTEN), 10, what="the window passed")
+    await wait_for(lambda: claim_is(Claim.NEW), 10, what="the tombstone passed")
+    # A claim let go (nothing done) leaves no tombstone: a retry runs as a first request.
+    other = OperationKey("t1", "p", "c", "let-go")
+    await ledger.forget(other, await ledger.begin(other, "fp", lease=30))
+    assert (await ledger.begin(other, "fp", lease=30)).claim is Claim.NEW
+    # No tombstone period: forgotten at once.
+    bare = OperationLedger(store, retention=0.5, tombstone=0)
+    gone = OperationKey("t1", "p", "c", "bare")
+    await bare.settle(gone, "fp", {"result": 1}, held=await bare.begin(gone, "fp", lease=30))
+    assert await store.exists(gone.tombstone) == 0

@@ -12,10 +12,12 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+from mcp import Client
 
 from broker.errors.operations import OPERATION_CONFLICT, OPERATION_OUTCOME_UNKNOWN
 from broker.front.acp import turn_outcome
 from broker.front.http.keyed import REST_CLIENT
+from broker.front.http.tool_operations import MCP_CLIENT
 from broker.protocol.jsonrpc import INVALID_REQUEST
 from broker.protocol.operations import digest, fingerprint
 from broker.serve import Broker
@@ -24,9 +26,10 @@ from broker.store.events import EventType
 from broker.store.log import SessionLog
 from broker.store.operations import Claim, OperationKey, OperationLedger
 
+from .conftest import make_settings
 from .support.acp_http import JSON, HttpAcp, is_response
 from .support.broker_process import broker_process
-from .support.client import RawClient, text, wait_for
+from .support.client import RawClient, text, tool_result_text, wait_for
 from .support.nodes import broker_pair
 from .support.roles import role_process
 
@@ -362,3 +365,91 @@ async def test_operation_ids_hold_on_a_streamable_http_connection_moving_between
         assert [s["id"] for s in listed.json()["data"]] == [made[0]]  # one session made
     finally:
         await acp.aclose()
+
+
+async def _tool(client: Client, name: str, arguments: dict[str, Any]) -> tuple[bool, str]:
+    result = await client.call_tool(name, arguments)
+    return bool(result.is_error), tool_result_text(result)
+
+
+async def test_mcp_mutation_tools_with_an_operation_id_run_once_on_either_front(
+    fronts: list[Broker],
+) -> None:
+    a, b = fronts
+    async with (
+        Client(f"{_base(a)}/mcp") as on_a,
+        Client(f"{_base(b)}/mcp") as on_b,
+    ):
+        made = {"cwd": CWD, "operationId": "mcp-create-1"}
+        error, first = await _tool(on_a, "session_create", made)
+        assert not error, first
+        assert await _tool(on_b, "session_create", made) == (False, first)
+        session_id = first.split()[0]
+        asked = {"id": session_id, "text": "/notool hey", "operationId": "mcp-prompt-1"}
+        error, turn = await _tool(on_a, "session_prompt", asked)
+        assert not error and "stop reason: end_turn" in turn, turn
+        # Keys' order is no input; the retry is answered with the first result, not run.
+        retried = dict(reversed(asked.items()))
+        assert await _tool(on_b, "session_prompt", retried) == (False, turn)
+        assert len(await _prompts_logged(a, session_id)) == 1
+        error, conflict = await _tool(on_b, "session_prompt", {**asked, "text": "/notool else"})
+        assert error and conflict.startswith(f"{OPERATION_CONFLICT}: "), conflict
+        assert len(await _prompts_logged(a, session_id)) == 1
+        # A refusal is an outcome too: the stopped session's prompt, retried once resumed,
+        # is answered as it first was.
+        stop = {"id": session_id, "operationId": "mcp-stop-1"}
+        assert not (await _tool(on_a, "session_stop", stop))[0]
+        late = {"id": session_id, "text": "/notool late", "operationId": "mcp-prompt-2"}
+        error, refused = await _tool(on_a, "session_prompt", late)
+        assert error and refused.startswith("session_not_running: "), refused
+        assert not (await _tool(on_b, "session_resume", {"id": session_id}))[0]
+        assert await _tool(on_b, "session_prompt", late) == (True, refused)
+        assert len(await _prompts_logged(a, session_id)) == 1
+        error, bad = await _tool(on_a, "session_cancel", {"id": session_id, "operationId": ""})
+        assert error and bad.startswith("invalid_argument: operationId"), bad
+
+
+async def test_an_mcp_prompt_whose_first_call_died_is_not_run_again(
+    fronts: list[Broker],
+) -> None:
+    a, _ = fronts
+    async with Client(f"{_base(a)}/mcp") as client:
+        error, made = await _tool(client, "session_create", {"cwd": CWD})
+        assert not error, made
+        session_id = made.split()[0]
+        asked = {"id": session_id, "text": "/notool lost", "operationId": "mcp-orphan"}
+        ledger = OperationLedger(a.redis)
+        key = OperationKey(a.settings.tenant, "anonymous", MCP_CLIENT, "mcp-orphan")
+        entry = await ledger.begin(key, fingerprint("tools/call session_prompt", asked), lease=60)
+        await ledger.lapse(key, entry)
+        error, unknown = await _tool(client, "session_prompt", asked)
+        assert error and unknown.startswith(f"{OPERATION_OUTCOME_UNKNOWN}: "), unknown
+        assert await _prompts_logged(a, session_id) == []
+
+
+async def test_a_key_retried_past_the_window_is_outcome_unknown(redis_url: str) -> None:
+    """A short window (1 s): a retry within it is answered; one past it finds the key's
+    tombstone and is ``operation_outcome_unknown``; nothing runs twice."""
+    node = Broker(
+        make_settings(operation_retention=1.0, operation_tombstone=60.0), redis=connect(redis_url)
+    )
+    await node.start()
+    try:
+        async with httpx.AsyncClient(base_url=_base(node), timeout=30) as http:
+            session_id = (await http.post("/v1/sessions", json={"cwd": CWD})).json()["id"]
+            path = f"/v1/sessions/{session_id}/prompt"
+            key = {"Idempotency-Key": "short-window"}
+            first = await http.post(path, json={"text": "/notool once"}, headers=key)
+            assert first.status_code == 200, first.text
+            record = OperationKey(node.settings.tenant, "", REST_CLIENT, "short-window")
+
+            async def expired() -> bool:
+                return not await node.redis.exists(record.name)
+
+            await wait_for(expired, 15, what="the window passed")  # 1 s, on busy cores
+            late = await http.post(path, json={"text": "/notool once"}, headers=key)
+            assert (late.status_code, late.json()["code"]) == (409, OPERATION_OUTCOME_UNKNOWN)
+            assert len(await _prompts_logged(node, session_id)) == 1
+    finally:
+        await node.stop()
+        await node.redis.aclose()

@@ -4,6 +4,7 @@ beside a WebSocket ACP client watching the same session."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import re
 import sys
@@ -16,6 +17,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from broker.config import AgentSpec
 from broker.front.http.turns import QUEUED
 from broker.serve import Broker
 from broker.store.client import connect
@@ -222,6 +224,31 @@ async def test_bad_calls_are_error_results_naming_the_code(node: Broker) -> None
             assert "\n" not in text
 
 
+async def test_a_tool_call_an_agent_never_answers_is_failed_within_its_deadline(
+    redis_url: str,
+) -> None:
+    """An agent that starts and never speaks: the host takes the command and goes quiet
+    (its own bound on the agent is a minute); the MCP caller is told ``unavailable`` once
+    the request deadline (2 s) has passed, not left waiting."""
+    mute = AgentSpec(name="mute", command=[sys.executable, "-c", "import time; time.sleep(300)"])
+    store = connect(redis_url)
+    broker = Broker(make_settings(agents=[mute], request_timeout=2.0), redis=store)
+    await broker.start()
+    try:
+        async with Client(mcp_url(broker)) as client:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            error, text = await asyncio.wait_for(
+                call(client, "session_create", {"cwd": "/tmp/mute"}), 60
+            )
+            assert error and text.startswith("unavailable: "), text
+            # The deadline and a loaded machine's scheduling: well under the agent's minute.
+            assert loop.time() - started < 30
+    finally:
+        await broker.stop()
+        await store.aclose()
+
+
 def stdio_server(redis_url: str, tmp_path: Path) -> StdioServerParameters:
     config = tmp_path / "broker.toml"
     agent = [sys.executable, "-m", "broker.demo.agent"]
@@ -297,7 +324,7 @@ async def test_rest_drives_a_session_beside_a_websocket_window(node: Broker) -> 
         retried = await http.post("/v1/sessions", json=body, headers=key)
         assert retried.status_code == 201 and retried.json()["id"] == session_id
         other = await http.post("/v1/sessions", json={"cwd": "/elsewhere"}, headers=key)
-        assert other.status_code == 400 and other.json()["code"] == "invalid_argument"
+        assert other.status_code == 409 and other.json()["code"] == "operation_conflict"
         listed = (await http.get("/v1/sessions", params={"q": "red"})).json()["data"]
         assert [s["id"] for s in listed] == [session_id]
 
@@ -428,6 +455,46 @@ async def test_event_streams_send_heartbeats(node: Broker) -> None:
 
 # -- auth on: scopes, and schemathesis over every route -------------------------------------
 
+MUTATING = ("post", "put", "patch", "delete")
+
+
+def undocumented_keys(document: dict[str, Any]) -> list[str]:
+    """The mutations of an OpenAPI document that do not document the ``Idempotency-Key``
+    header, its 409s or the ``Idempotent-Replayed`` header of a replayed answer."""
+    missing: list[str] = []
+    for path, item in document["paths"].items():
+        for method in MUTATING:
+            operation = item.get(method)
+            if operation is None:
+                continue
+            names = {p["name"].lower() for p in operation.get("parameters", [])}
+            responses = operation["responses"]
+            conflict = responses.get("409", {}).get("description", "")
+            replayed = [
+                status
+                for status, answer in responses.items()
+                if status.startswith("2") and "Idempotent-Replayed" in answer.get("headers", {})
+            ]
+            if (
+                "idempotency-key" not in names
+                or "operation_conflict" not in conflict
+                or "operation_outcome_unknown" not in conflict
+                or not replayed
+            ):
+                missing.append(f"{method.upper()} {path}")
+    return missing
+
+
+def test_every_mutation_documents_its_idempotency_key() -> None:
+    from broker.front.http.openapi import openapi_document
+
+    document = copy.deepcopy(openapi_document())
+    assert undocumented_keys(document) == []
+    # The check sees a mutation that leaves the header out.
+    prompt = document["paths"]["/v1/sessions/{id}/prompt"]["post"]
+    prompt["parameters"] = [p for p in prompt["parameters"] if p["name"] != "Idempotency-Key"]
+    assert undocumented_keys(document) == ["POST /v1/sessions/{id}/prompt"]
+
 
 async def test_scopes_and_every_route_against_the_openapi_document(
     redis_url: str, tmp_path: Path
@@ -471,11 +538,14 @@ async def test_scopes_and_every_route_against_the_openapi_document(
             error, text = await call(mcp, "session_list", {})
             assert not error and id_of(text) == session_id
 
+        async with httpx.AsyncClient(base_url=http_url, timeout=30) as http:
+            assert undocumented_keys((await http.get("/v1/openapi.json")).json()) == []
+
         def run() -> list[int]:
             schema = schemathesis.openapi.from_url(f"{http_url}/v1/openapi.json")
             statuses: list[int] = []
             operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-            assert len(operations) == 12
+            assert len(operations) == 15
             for operation in operations:
 
                 @given(case=operation.as_strategy())

@@ -1,5 +1,6 @@
 """Pure parts of the session tools: turn reports, SSE frames and positions, idempotency keys,
-inputs; and the idempotency keys against a real redis-server."""
+inputs; and operation claims (how every front holds an idempotency key) against a real
+redis-server."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import pytest
 
 from broker.errors import ApiError
 from broker.front.http.event_stream import frame, resume_after
-from broker.front.http.idempotency import Claim, IdempotencyKeys, checked_key, fingerprint
+from broker.front.http.keyed import checked_key
 from broker.front.http.session_tools import live_view_url
 from broker.front.http.tool_models import session_id_of, wait_of
 from broker.front.http.turns import turn_report
+from broker.front.operation_claims import OperationClaim
+from broker.protocol.operations import digest
 from broker.store.client import connect
 from broker.store.events import LogEvent
-from broker.store.idempotency import idempotency_key
+from broker.store.operations import RETENTION_SECONDS, Claim, OperationKey, OperationLedger
 
 
 def event(seq: int, body: dict[str, Any]) -> LogEvent:
@@ -117,55 +120,60 @@ def test_inputs_are_checked() -> None:
     for bad in ("", "a b", "x" * 256, "é"):
         with pytest.raises(ApiError):
             checked_key(bad)
-    assert fingerprint({"a": 1, "b": 2}) == fingerprint({"b": 2, "a": 1})
+    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
 
 
-async def test_idempotency_keys_in_redis(redis_url: str) -> None:
+def _claim(store: Any, tenant: str, key: str, lease: float = 10.0) -> OperationClaim:
+    ledger = OperationLedger(store)
+    op = OperationKey(tenant, "", "rest", key)
+    return OperationClaim(ledger, op, digest({"cwd": "/a"}), repeatable=True, lease=lease)
+
+
+async def test_operation_claims_in_redis(redis_url: str) -> None:
     store: Any = connect(redis_url)  # TTL and KEYS to check the key, beyond the Store protocol
-    keys = IdempotencyKeys(store, wait=5)
     try:
-        claim = await keys.claim("t1", "k", {"cwd": "/a"})
-        assert isinstance(claim, Claim)
-        # A retry while the first runs waits for it, then gets its session.
-        waiting = asyncio.ensure_future(keys.claim("t1", "k", {"cwd": "/a"}))
+        first = _claim(store, "t1", "k")
+        assert (await first.decide(wait=5)).claim is Claim.NEW
+        # A retry while the first runs waits for it, then gets its outcome.
+        waiting = asyncio.ensure_future(_claim(store, "t1", "k").decide(wait=5))
         await asyncio.sleep(0)
-        await keys.settle(claim, "sess_1")
-        assert await waiting == "sess_1"
-        assert await keys.claim("t1", "k", {"cwd": "/a"}) == "sess_1"
-        with pytest.raises(ApiError) as other_body:
-            await keys.claim("t1", "k", {"cwd": "/b"})
-        assert other_body.value.code == "invalid_argument"
-        other = await keys.claim("t2", "k", {"cwd": "/a"})  # another tenant's key
-        assert isinstance(other, Claim)
-        ttl = await store.ttl(next(iter(await store.keys("acpb:idem:t1:*"))))
-        assert 24 * 3600 - 60 < ttl <= 24 * 3600
-        with pytest.raises(RuntimeError):  # a failed create lets its key go
-            async with keys.creating(other):
+        async with first.running():
+            await first.settle({"sessionId": "sess_1"})
+        assert (await waiting).outcome == {"sessionId": "sess_1"}
+        other_body = OperationClaim(first.ledger, first.key, digest({"cwd": "/b"}), repeatable=True)
+        assert (await other_body.decide(wait=5)).claim is Claim.CONFLICT
+        other = _claim(store, "t2", "k")  # another tenant's key
+        assert (await other.decide(wait=5)).claim is Claim.NEW
+        ttl = await store.ttl(next(iter(await store.keys("acpb:op:t1:*"))))
+        assert RETENTION_SECONDS - 60 < ttl <= RETENTION_SECONDS
+        with pytest.raises(RuntimeError):  # a failed request lets its key go
+            async with other.running():
                 raise RuntimeError("the create failed")
-        assert isinstance(await keys.claim("t2", "k", {"cwd": "/a"}), Claim)
+        assert (await _claim(store, "t2", "k").decide(wait=5)).claim is Claim.NEW
     finally:
         await store.aclose()
 
 
-async def test_a_claim_is_a_lease_renewed_while_creating_and_fenced(redis_url: str) -> None:
+async def test_a_claim_is_a_lease_renewed_while_running_and_fenced(redis_url: str) -> None:
     store: Any = connect(redis_url)
-    keys = IdempotencyKeys(store, wait=5, lease=0.6)
     try:
-        claim = await keys.claim("t1", "lease", {"cwd": "/a"})
-        assert isinstance(claim, Claim)
-        async with keys.creating(claim):  # a create longer than the lease keeps its claim
+        long = _claim(store, "t1", "lease", lease=0.6)
+        assert (await long.decide(wait=5)).claim is Claim.NEW
+        async with long.running():  # a request longer than the lease keeps its claim
             await asyncio.sleep(1.5)
-            assert await store.get(idempotency_key(claim.tenant, claim.key)) == claim.pending
+            assert long.held is not None and await store.get(long.key.name) == long.held.raw
+            await long.settle({"sessionId": "sess_long"})
         # A claimer that died (no renewal, no settle): a retry takes the key over once the
-        # lease lapsed, and creates.
-        dead = await keys.claim("t1", "dead", {"cwd": "/a"})
-        assert isinstance(dead, Claim)
-        retry = await asyncio.wait_for(keys.claim("t1", "dead", {"cwd": "/a"}), 3)
-        assert isinstance(retry, Claim) and retry != dead
+        # lease lapsed, and runs.
+        dead = _claim(store, "t1", "dead", lease=0.6)
+        assert (await dead.decide(wait=5)).claim is Claim.NEW
+        retry = _claim(store, "t1", "dead", lease=0.6)
+        assert (await asyncio.wait_for(retry.decide(wait=5), 3)).claim is Claim.NEW
         # The first, back from a stall, cannot overwrite what the retry holds (fenced).
-        await keys.settle(dead, "sess_dead")
-        assert await store.get(idempotency_key(retry.tenant, retry.key)) == retry.pending
-        await keys.settle(retry, "sess_retry")
-        assert await keys.claim("t1", "dead", {"cwd": "/a"}) == "sess_retry"
+        await dead.settle({"sessionId": "sess_dead"})
+        assert retry.held is not None and await store.get(retry.key.name) == retry.held.raw
+        await retry.settle({"sessionId": "sess_retry"})
+        again = await _claim(store, "t1", "dead").decide(wait=5)
+        assert again.outcome == {"sessionId": "sess_retry"}
     finally:
         await store.aclose()

@@ -14,6 +14,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from broker.auth.credentials import Credentials, unauthorized
+from broker.auth.principal import Principal, anonymous
 from broker.serve import Broker
 from broker.store.client import connect
 
@@ -308,10 +309,10 @@ async def test_unauthorized_callers_are_refused_by_rest_and_mcp(
 ) -> None:
     await seed_session(broker.redis)
 
-    async def bearer_only(credentials: Credentials) -> str:
+    async def bearer_only(credentials: Credentials) -> Principal:
         if credentials.authorization != "Bearer good":
             raise unauthorized("a valid bearer token is required")
-        return "default"
+        return anonymous("default")
 
     broker.http.rest.sessions.authenticate = bearer_only
     for base in rest_bases(broker):

@@ -15,13 +15,13 @@ from broker.store.bus import CommandBus, CommandMarks
 from broker.store.client import commands
 from broker.store.errors import StoreError, group_missing
 from broker.store.feeds import ChangeFeeds
-from broker.store.idempotency import IdempotencyRecords
 from broker.store.index import ACP_LISTING, SessionIndex
 from broker.store.keys import INDEX_CHANNEL, SessionKeys, host_inbox
 from broker.store.leases import HeldElsewhere, Leases
 from broker.store.live import LiveFeed, Message, Publisher, open_live_feed
 from broker.store.log import SessionLog, SessionMissing
 from broker.store.names import new_session_id
+from broker.store.operations import Claim, OperationKey, OperationLedger
 from broker.store.presence import PresenceStore, presence_key
 from broker.store.quotas import RateCounters, TenantFull, check_session_quota
 from broker.store.retention import RetentionSets
@@ -211,23 +211,27 @@ async def test_the_host_registry_says_who_is_alive_and_what_agents_can(store: An
 # -- idempotency keys, rate counters, tokens ---------------------------------------------------
 
 
-async def test_an_idempotency_record_is_claimed_once_fenced_settled_and_forgotten(
+async def test_an_operation_record_is_claimed_once_fenced_settled_and_forgotten(
     store: Any,
 ) -> None:
-    records = IdempotencyRecords(store)
-    assert await records.claim(TENANT, "k", "pending-1", 60_000)
-    assert not await records.claim(TENANT, "k", "pending-2", 60_000)
-    assert await records.claim("other", "k", "x", 60_000)  # tenants apart
-    assert await records.get(TENANT, "k") == "pending-1"
-    assert await records.renew(TENANT, "k", "pending-1", 60_000)
-    assert not await records.renew(TENANT, "k", "pending-2", 60_000)  # not its claim
-    assert not await records.settle(TENANT, "k", "pending-2", "done-2", 60)
-    assert await records.settle(TENANT, "k", "pending-1", "done", 60)
-    assert await records.get(TENANT, "k") == "done"
-    assert not await records.forget(TENANT, "k", "pending-1")  # settled: no claim to forget
-    assert await records.claim(TENANT, "gone", "pending-3", 60_000)
-    assert await records.forget(TENANT, "gone", "pending-3")
-    assert await records.get(TENANT, "gone") is None
+    ledger = OperationLedger(store)
+    key = OperationKey(TENANT, "", "rest", "k")
+    mine = await ledger.begin(key, "fp", 60)
+    assert mine.claim is Claim.NEW
+    assert (await ledger.begin(key, "fp", 60)).claim is Claim.PENDING
+    other = await ledger.begin(OperationKey("other", "", "rest", "k"), "fp", 60)
+    assert other.claim is Claim.NEW  # tenants apart
+    renewed = await ledger.renew(key, mine, 60)
+    assert renewed is not None
+    assert await ledger.renew(key, mine, 60) is None  # a stale claim is not this one
+    assert not await ledger.settle(key, "fp", {"result": 2}, held=mine)
+    assert await ledger.settle(key, "fp", {"result": 1}, held=renewed)
+    assert (await ledger.begin(key, "fp", 60)).outcome == {"result": 1}
+    await ledger.forget(key, renewed)  # settled: no claim to forget
+    assert (await ledger.begin(key, "fp", 60)).claim is Claim.DONE
+    gone = OperationKey(TENANT, "", "rest", "gone")
+    await ledger.forget(gone, await ledger.begin(gone, "fp", 60))
+    assert await ledger.read(gone, "fp") is None
 
 
 async def test_presence_entries_are_put_refreshed_lapse_and_leave(store: Any) -> None:

@@ -128,7 +128,7 @@ RULE = "('sess_' and 32 lowercase hex digits)"
 WAIT = "wait must be a number of seconds from 0 to 600"
 LIST_INPUTS = "the inputs are status, kind, q, limit, after"
 STATUSES = "status is RUNNING, STOPPED, DELETED or ERROR, or several of them joined with commas"
-CREATE_INPUTS = "inputs: cwd, agent, title, userMetadata, prompt, wait"
+CREATE_INPUTS = "inputs: cwd, agent, title, userMetadata, prompt, wait, operationId"
 CREATE_MEMBERS = "members: agent, cwd, prompt, title, userMetadata, wait"
 
 MCP_TEXTS: list[tuple[str, dict[str, Any], str]] = [
@@ -201,11 +201,15 @@ MCP_TEXTS: list[tuple[str, dict[str, Any], str]] = [
     (
         "session_prompt",
         {"id": NONE, "text": "x", "what": 1},
-        "invalid_argument: unknown input 'what'; inputs: id, text, wait",
+        "invalid_argument: unknown input 'what'; inputs: id, text, wait, operationId",
     ),
     ("session_prompt", {"id": NONE, "text": "x"}, f"session_not_found: no session {NONE}"),
     ("session_stop", {}, "invalid_argument: id is required"),
-    ("session_cancel", {"id": NONE, "x": 1}, "invalid_argument: unknown input 'x'; inputs: id"),
+    (
+        "session_cancel",
+        {"id": NONE, "x": 1},
+        "invalid_argument: unknown input 'x'; inputs: id, activityId, operationId",
+    ),
     (
         "session_delete",
         {"id": "nope"},
@@ -323,7 +327,13 @@ REST_TEXTS: list[tuple[str, str, Any, int, str]] = [
     ),
     ("POST", f"/v1/sessions/{NONE}/prompt", {"text": "x", "wait": "5"}, 400, WAIT),
     ("POST", f"/v1/sessions/{NONE}/prompt", {"text": "x"}, 404, f"no session {NONE}"),
-    ("POST", f"/v1/sessions/{NONE}/cancel", {"x": 1}, 400, "unknown member 'x' (members: none)"),
+    (
+        "POST",
+        f"/v1/sessions/{NONE}/cancel",
+        {"x": 1},
+        400,
+        "unknown member 'x' (members: activityId)",
+    ),
     ("POST", f"/v1/sessions/{NONE}/stop", b"", 404, f"no session {NONE}"),
     ("GET", "/v1/sessions/nope", None, 400, f"id is not a session id of this broker {RULE}"),
     ("DELETE", "/v1/sessions/nope", None, 400, f"id is not a session id of this broker {RULE}"),

@@ -61,6 +61,7 @@ class Authenticator:
                 issuer=settings.jwt_issuer,
                 audience=settings.jwt_audience,
                 tenant_claim=settings.jwt_tenant_claim,
+                roles_claim=settings.jwt_roles_claim,
                 default_scopes=tuple(settings.jwt_default_scopes),
                 leeway=settings.jwt_leeway,
             )
@@ -72,10 +73,14 @@ class Authenticator:
             return anonymous(self.tenant)
         if not token:
             raise AuthError("no credentials")
-        if token.startswith(TOKEN_PREFIX):
-            return await self.tokens.verify(token)
-        if self.jwt.config.enabled and token.count(".") == 2:
-            return self.jwt.verify(token)
+        try:
+            if token.startswith(TOKEN_PREFIX):
+                return await self.tokens.verify(token)
+            if self.jwt.config.enabled and token.count(".") == 2:
+                return self.jwt.verify(token)
+        except AuthError as exc:  # the client hears only "unauthorized": the log says why
+            log.info("credentials refused: %s", exc)
+            raise
         raise AuthError("unrecognized credentials")
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import ApiError, ErrorCode
 from .authenticator import Authenticator as BrokerAuthenticator
 from .authenticator import bearer
-from .principal import AuthError, Scope
+from .principal import AuthError, Principal, Scope, anonymous
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +31,9 @@ class Credentials:
     """The ``Authorization`` header, when the transport has one."""
 
 
-Authenticator = Callable[[Credentials], Awaitable[str]]
-"""Credentials in, the caller's tenant out; raises :func:`unauthorized` to refuse."""
+Authenticator = Callable[[Credentials], Awaitable[Principal]]
+"""Credentials in, the caller out (its tenant, and its roles for session checks); raises
+:func:`unauthorized` to refuse."""
 
 
 def unauthorized(detail: str) -> ApiError:
@@ -49,14 +50,14 @@ def bearer_access(authenticator: BrokerAuthenticator, scope: Scope = Scope.READ)
     """Authentication on: a bearer API token or JWT with ``scope`` (``read`` to read,
     ``write`` to change)."""
 
-    async def authenticate(credentials: Credentials) -> str:
+    async def authenticate(credentials: Credentials) -> Principal:
         try:
             principal = await authenticator.authenticate(bearer(credentials.authorization))
         except AuthError:
             raise unauthorized("a valid bearer token is required") from None
         if not principal.may(scope):
             raise forbidden(f"the token lacks the {scope} scope")
-        return principal.tenant
+        return principal
 
     return authenticate
 
@@ -64,7 +65,9 @@ def bearer_access(authenticator: BrokerAuthenticator, scope: Scope = Scope.READ)
 def open_access(tenant: str) -> Authenticator:
     """Authentication off: every caller acts as ``tenant``."""
 
-    async def authenticate(credentials: Credentials) -> str:
-        return tenant
+    caller = anonymous(tenant)
+
+    async def authenticate(credentials: Credentials) -> Principal:
+        return caller
 
     return authenticate

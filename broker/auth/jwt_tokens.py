@@ -3,9 +3,12 @@
 Issuer, audience and expiry are checked (PyJWT does the cryptography and the
 claims); the tenant comes from a configurable claim, the scopes from ``scope``
 (space separated) or ``scopes`` (a list), or, when it has neither, the setting
-``jwt_default_scopes``. A tenant claim that is not a valid tenant name
-(:mod:`broker.store.names`) is refused like a forged token. The principal expires
-with the token (``exp`` plus the leeway): open connections are cut then.
+``jwt_default_scopes``. The session roles it holds on every session of its tenant come
+from a configurable claim (``jwt_roles_claim``, by default ``roles``: a list of role names,
+or one space-separated string); a token without it holds the defaults of its scopes, one
+naming an unknown role is refused (the reason, in the log, names it). A tenant claim that
+is not a valid tenant name (:mod:`broker.store.names`) is refused like a forged token. The
+principal expires with the token (``exp`` plus the leeway): open connections are cut then.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jwt
 
 from ..store.names import TENANT_RULE, is_tenant
 from .principal import AuthError, Principal, Scope
+from .roles import parse_roles
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,7 @@ class JwtConfig:
     issuer: str | None = None
     audience: str | None = None
     tenant_claim: str = "tenant"
+    roles_claim: str = "roles"
     leeway: float = 30.0
     default_scopes: tuple[str, ...] = ("read", "write")
     """The scopes of a JWT with neither a ``scope`` nor a ``scopes`` claim."""
@@ -77,6 +82,7 @@ class JwtVerifier:
             _scopes(claims, self.config.default_scopes),
             f"jwt:{claims.get('sub', '?')}",
             expires=float(exp) + self.config.leeway,
+            roles=_roles(claims, self.config.roles_claim),
         )
 
     def _key_for(self, token: str) -> tuple[Any, list[str]]:
@@ -94,6 +100,21 @@ class JwtVerifier:
             if self._public_key is not None:
                 return self._public_key, [alg]
         raise jwt.InvalidAlgorithmError(f"algorithm {alg!r} is not accepted here")
+
+
+def _roles(claims: dict[str, Any], claim: str) -> frozenset[str] | None:
+    """The roles ``claim`` names (None: the claim is absent); :class:`AuthError` unless
+    it is a list of known role names or one space-separated string of them."""
+    if claim not in claims:
+        return None
+    raw = claims[claim]
+    names = raw.split() if isinstance(raw, str) else raw
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise AuthError(f"the JWT's {claim!r} claim is not a list of role names")
+    try:
+        return frozenset(parse_roles(names))
+    except ValueError as exc:
+        raise AuthError(f"the JWT's {claim!r} claim: {exc}") from None
 
 
 def _scopes(claims: dict[str, Any], default: tuple[str, ...]) -> frozenset[str]:

@@ -26,6 +26,9 @@ class Principal:
     subject: str  # token id or JWT subject, for logs (never the secret)
     expires: float | None = None
     """When the credential stops being good (Unix time), if it says."""
+    roles: frozenset[str] | None = None
+    """The session roles the credential names for its whole tenant (a token's, a JWT's
+    roles claim; checked names); None: it names none (``auth.roles.default_roles``)."""
 
     def may(self, scope: Scope) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes

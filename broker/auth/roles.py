@@ -9,8 +9,12 @@ the union of their permissions, bounded by what its credential's scopes allow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from .principal import Principal, Scope
 
@@ -47,7 +51,11 @@ BUNDLES: dict[Role, frozenset[Permission]] = {
 
 SCOPE_BOUNDS: dict[str, frozenset[Permission]] = {
     Scope.READ: frozenset({Permission.READ, Permission.PRESENCE}),
-    Scope.WRITE: frozenset({Permission.WRITE, Permission.CONTROL, Permission.APPROVE}),
+    # The broker's write scope covers close and delete (docs/auth.md): it bounds the
+    # session's administration too; an owner's role is what grants it on a session.
+    Scope.WRITE: frozenset(
+        {Permission.WRITE, Permission.CONTROL, Permission.APPROVE, Permission.ADMIN}
+    ),
     Scope.ADMIN: frozenset(Permission),
 }
 """The permissions each credential scope allows at most (a scope is an upper bound: it
@@ -93,3 +101,104 @@ def default_roles(principal: Principal) -> frozenset[Role]:
     if principal.may(Scope.READ):
         return frozenset({Role.OBSERVER})
     return frozenset()
+
+
+def tenant_roles(principal: Principal) -> frozenset[Role]:
+    """The roles ``principal``'s credential holds on every session of its tenant: the roles
+    it names (a token's, a JWT's roles claim), or :func:`default_roles` when it names none."""
+    if principal.roles is None:
+        return default_roles(principal)
+    return parse_roles(principal.roles)
+
+
+ENTRY_PREFIX = "access_"
+
+
+@dataclass(frozen=True, slots=True)
+class AclEntry:
+    """One session ACL entry (the draft's shape): a principal, its roles, maybe an expiry.
+
+    ``principal_id`` is the principal's subject as the broker knows it (``token:<id>``,
+    ``jwt:<sub>``). The entry id is made from it, so granting a subject again replaces its
+    entry, as the draft says, and two grants to different subjects never collide."""
+
+    entry_id: str
+    principal_id: str
+    roles: frozenset[Role]
+    expires_at: float | None = None
+    """Unix time the entry stops granting anything (None: no expiry)."""
+
+    def live(self, now: float) -> bool:
+        return self.expires_at is None or now < self.expires_at
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "entryId": self.entry_id,
+            "subject": {"type": "principal", "principalId": self.principal_id},
+            "roles": sorted(self.roles),
+        }
+        if self.expires_at is not None:
+            entry["expiresAt"] = rfc3339(self.expires_at)
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> AclEntry:
+        """An entry as :meth:`to_json` wrote it (stored entries only: trusted)."""
+        expires = entry.get("expiresAt")
+        return cls(
+            str(entry["entryId"]),
+            str(entry["subject"]["principalId"]),
+            parse_roles(entry["roles"]),
+            parse_time(expires) if isinstance(expires, str) else None,
+        )
+
+
+def entry_id_for(principal_id: str) -> str:
+    """The id of ``principal_id``'s entry (one per subject on a session)."""
+    return ENTRY_PREFIX + hashlib.sha256(principal_id.encode()).hexdigest()[:16]
+
+
+def grant_entry(
+    principal_id: str, roles: Iterable[str], expires_at: float | None = None
+) -> AclEntry:
+    """A new entry for a grant; ``ValueError`` for an empty or unknown role list."""
+    names = list(roles)
+    if not names:
+        raise ValueError("roles must name at least one role")
+    if len(set(names)) != len(names):
+        raise ValueError("roles must not repeat a role")
+    if not principal_id:
+        raise ValueError("subject.principalId must be a non-empty string")
+    return AclEntry(entry_id_for(principal_id), principal_id, parse_roles(names), expires_at)
+
+
+def acl_roles(entries: Iterable[AclEntry], principal: Principal, now: float) -> frozenset[Role]:
+    """The roles the live entries of a session's ACL give ``principal``."""
+    roles: set[Role] = set()
+    for entry in entries:
+        if entry.principal_id == principal.subject and entry.live(now):
+            roles |= entry.roles
+    return frozenset(roles)
+
+
+def effective(entries: Iterable[AclEntry], principal: Principal, now: float) -> frozenset[Role]:
+    """``principal``'s roles on a session: its live ACL entries' roles and its credential's
+    tenant roles (their permissions are then bounded by its scopes: :func:`permissions_of`)."""
+    return acl_roles(entries, principal, now) | tenant_roles(principal)
+
+
+def owners_left(entries: Iterable[AclEntry], removed: str, now: float) -> bool:
+    """Whether an ACL keeps a live owner once entry ``removed`` goes."""
+    return any(e.entry_id != removed and Role.OWNER in e.roles and e.live(now) for e in entries)
+
+
+def rfc3339(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> float:
+    """An RFC 3339 timestamp as Unix time; ``ValueError`` unless it is one with a zone."""
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    if parsed.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone (RFC 3339 needs one)")
+    return parsed.timestamp()

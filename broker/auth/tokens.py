@@ -1,7 +1,8 @@
 """API tokens: created, listed and revoked with ``acp-broker token …``, stored hashed.
 
 A token reads ``acpb_<id>_<secret>``. Redis keeps, under the id, the tenant, the
-scopes and a SHA-256 of the secret, never the secret itself; verification hashes
+scopes, the session roles it was made with (none: ``auth.roles.default_roles``) and a
+SHA-256 of the secret, never the secret itself; verification hashes
 what was presented and compares in constant time.
 """
 
@@ -20,6 +21,7 @@ from ..store.client import Store
 from ..store.names import TENANT_RULE, is_tenant
 from ..store.tokens import TokenRecords
 from .principal import AuthError, Principal, Scope
+from .roles import parse_roles
 
 TOKEN_PREFIX = "acpb_"
 
@@ -38,9 +40,11 @@ class TokenInfo:
     name: str
     created: float
     revoked: bool
+    roles: list[str] | None = None
+    """The session roles it holds on every session of its tenant (None: the defaults)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "id": self.id,
             "tenant": self.tenant,
             "scopes": self.scopes,
@@ -48,6 +52,9 @@ class TokenInfo:
             "created": self.created,
             "revoked": self.revoked,
         }
+        if self.roles is not None:
+            info["roles"] = self.roles
+        return info
 
 
 class TokenStore:
@@ -57,15 +64,20 @@ class TokenStore:
         self.redis = redis
         self.records = TokenRecords(redis)
 
-    async def create(self, tenant: str, scopes: list[str], name: str = "") -> tuple[str, TokenInfo]:
-        """A new token: returns the token (shown once) and what is stored about it."""
+    async def create(
+        self, tenant: str, scopes: list[str], name: str = "", roles: list[str] | None = None
+    ) -> tuple[str, TokenInfo]:
+        """A new token: returns the token (shown once) and what is stored about it.
+        ``roles``: the session roles it holds on its tenant's sessions (None: the defaults
+        of its scopes); ``ValueError`` names an unknown one."""
         unknown = set(scopes) - set(Scope)
         if unknown or not scopes:
             raise ValueError(f"scopes must be some of {', '.join(Scope)}; got {scopes}")
         if not is_tenant(tenant):
             raise ValueError(f"tenant must be {TENANT_RULE}")
+        held = None if roles is None else sorted(str(role) for role in parse_roles(roles))
         token_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
-        info = TokenInfo(token_id, tenant, sorted(set(scopes)), name, time.time(), False)
+        info = TokenInfo(token_id, tenant, sorted(set(scopes)), name, time.time(), False, held)
         record = {**info.to_json(), "hash": _digest(secret)}
         await self.records.add(token_id, json.dumps(record))
         return f"{TOKEN_PREFIX}{token_id}_{secret}", info
@@ -117,7 +129,13 @@ class TokenStore:
             raise AuthError("unknown or revoked API token")
         if not is_tenant(record["tenant"]):  # stored before tenant names were checked
             raise AuthError("the API token's tenant is not a valid tenant name")
-        return Principal(record["tenant"], frozenset(record["scopes"]), f"token:{token_id}")
+        roles = record.get("roles")
+        return Principal(
+            record["tenant"],
+            frozenset(record["scopes"]),
+            f"token:{token_id}",
+            roles=None if roles is None else frozenset(roles),
+        )
 
 
 def _info(record: dict[str, Any]) -> TokenInfo:
@@ -128,4 +146,5 @@ def _info(record: dict[str, Any]) -> TokenInfo:
         record.get("name", ""),
         float(record["created"]),
         bool(record.get("revoked")),
+        record.get("roles"),
     )

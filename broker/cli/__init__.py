@@ -244,6 +244,12 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="repeatable (default: read and write)",
     )
     create.add_argument("--name", default="", help="a label to recognize it by")
+    create.add_argument(
+        "--roles",
+        default=None,
+        help="comma-separated session roles it holds on every session of its tenant "
+        "(observer, controller, approver, owner; default: those of its scopes)",
+    )
     listing = actions.add_parser("list", help="list tokens (never their secrets)")
     _common(listing)
     revoke = actions.add_parser("revoke", help="revoke a token by id")
@@ -381,20 +387,28 @@ def _cmd_token(args: argparse.Namespace) -> int:
         try:
             store = TokenStore(redis)
             if args.action == "create":
-                token, info = await store.create(
-                    settings.tenant, args.scope or ["read", "write"], args.name
-                )
+                roles = None if args.roles is None else [r for r in args.roles.split(",") if r]
+                try:
+                    token, info = await store.create(
+                        settings.tenant, args.scope or ["read", "write"], args.name, roles
+                    )
+                except ValueError as exc:
+                    print(f"acp-broker token create: {exc}", file=sys.stderr)
+                    return 2
                 print(token)
+                held = "" if info.roles is None else f", roles {','.join(info.roles)}"
                 print(
-                    f"id {info.id}, tenant {info.tenant}, scopes {','.join(info.scopes)}: "
+                    f"id {info.id}, tenant {info.tenant}, scopes {','.join(info.scopes)}{held}: "
                     "keep the token, it is not shown again",
                     file=sys.stderr,
                 )
             elif args.action == "list":
                 for info in await store.list(args.tenant):
                     state = "revoked" if info.revoked else "active"
+                    held = "" if info.roles is None else f"  roles {','.join(info.roles)}"
                     print(
-                        f"{info.id}  {info.tenant}  {','.join(info.scopes)}  {state}  {info.name}"
+                        f"{info.id}  {info.tenant}  {','.join(info.scopes)}  {state}  "
+                        f"{info.name}{held}"
                     )
             elif not await store.revoke(args.id):
                 print(f"acp-broker token revoke: no token {args.id}", file=sys.stderr)

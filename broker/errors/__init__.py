@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     OPERATION_CONFLICT = "operation_conflict"  # an Idempotency-Key reused with another request
     OPERATION_OUTCOME_UNKNOWN = "operation_outcome_unknown"  # its first request left no outcome
     REVISION_CONFLICT = "revision_conflict"  # a stale revision or claim (an interaction)
+    LAST_OWNER = "last_owner"  # a revoke that would leave a session without an owner
     INTERNAL = "internal"
 
 
@@ -55,6 +56,7 @@ HTTP_STATUS: dict[ErrorCode, HTTPStatus] = {
     ErrorCode.OPERATION_CONFLICT: HTTPStatus.CONFLICT,
     ErrorCode.OPERATION_OUTCOME_UNKNOWN: HTTPStatus.CONFLICT,
     ErrorCode.REVISION_CONFLICT: HTTPStatus.CONFLICT,
+    ErrorCode.LAST_OWNER: HTTPStatus.CONFLICT,
     ErrorCode.INTERNAL: HTTPStatus.INTERNAL_SERVER_ERROR,
 }
 

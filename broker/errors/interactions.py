@@ -43,8 +43,9 @@ def not_allowed() -> RpcError:
     """The caller's credential may not answer the session's interactions."""
     return RpcError(
         INVALID_REQUEST,
-        "this credential may not answer the session's interactions (it needs the write scope)",
-        {"condition": FORBIDDEN, "retryable": False},
+        "forbidden: this principal may not answer the session's interactions (it needs the "
+        "session.approve permission: an approver or owner role)",
+        {"condition": FORBIDDEN, "retryable": False, "requiredPermission": "session.approve"},
     )
 
 

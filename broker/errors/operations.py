@@ -3,7 +3,8 @@
 The conditions are the ACP Remote drafts' common registry (provisional names): each JSON-RPC
 error carries ``data.condition`` and ``data.retryable`` as the drafts say; REST answers the
 same condition as its problem ``code`` (``operation_conflict``, ``operation_outcome_unknown``:
-409; a first request still running: ``unavailable``, 503).
+409; a first request still running: ``unavailable``, 503), an MCP tool as its error
+result's code.
 """
 
 from __future__ import annotations
@@ -33,19 +34,20 @@ PENDING_MESSAGE: Final = (
 )
 
 
-def rest_conflict() -> ApiError:
-    """REST's :func:`operation_conflict`: an ``Idempotency-Key`` with another request."""
-    return ApiError(ErrorCode.OPERATION_CONFLICT, CONFLICT_MESSAGE.replace(_ID, _KEY))
+def rest_conflict(name: str = _KEY) -> ApiError:
+    """REST's (and the MCP tools') :func:`operation_conflict`: an ``Idempotency-Key`` (or
+    the ``name`` the surface gives its id) with another request."""
+    return ApiError(ErrorCode.OPERATION_CONFLICT, CONFLICT_MESSAGE.replace(_ID, name))
 
 
-def rest_outcome_unknown() -> ApiError:
-    """REST's :func:`operation_outcome_unknown`."""
-    return ApiError(ErrorCode.OPERATION_OUTCOME_UNKNOWN, UNKNOWN_MESSAGE.replace(_ID, _KEY))
+def rest_outcome_unknown(name: str = _KEY) -> ApiError:
+    """REST's (and the MCP tools') :func:`operation_outcome_unknown`."""
+    return ApiError(ErrorCode.OPERATION_OUTCOME_UNKNOWN, UNKNOWN_MESSAGE.replace(_ID, name))
 
 
-def rest_pending() -> ApiError:
-    """REST's :func:`operation_pending`."""
-    return ApiError(ErrorCode.UNAVAILABLE, PENDING_MESSAGE.replace(_ID, _KEY))
+def rest_pending(name: str = _KEY) -> ApiError:
+    """REST's (and the MCP tools') :func:`operation_pending`."""
+    return ApiError(ErrorCode.UNAVAILABLE, PENDING_MESSAGE.replace(_ID, name))
 
 
 def operation_conflict() -> RpcError:

@@ -1,21 +1,24 @@
 """Who may answer a session's pending interactions: one decision for ACP, REST and the tools.
 
-Today an answer needs the credential's ``write`` scope in the session's tenant (the tenant
-is checked where the session is looked up). Session roles (``approver``, ``owner``), when
-the broker has them, decide here too: every path that claims, releases or answers an
-interaction asks :func:`may_answer` and nothing else.
+An answer (a claim, a release, a response) needs ``session.approve`` on the session: the
+principal's effective roles there (``approver`` or ``owner``, from the session's ACL or the
+credential's tenant roles: :class:`~.session_acl.SessionAcl`), bounded by its scopes. Every
+path that claims, releases or answers an interaction asks :func:`may_answer` and nothing else.
 """
 
 from __future__ import annotations
 
 from ..auth.principal import Principal, Scope
+from ..auth.roles import Permission
+from .session_acl import SessionAcl
 
 API_SCOPE = Scope.WRITE
-"""The scope a REST or tool caller's credential needs to answer (the rule of
-:func:`may_answer`, where only the credential's scope is known)."""
+"""The scope a REST or tool caller's credential needs to answer at all (its roles on the
+session are then asked, as :func:`may_answer` asks them)."""
 
 
-def may_answer(principal: Principal | None, session_id: str) -> bool:
+async def may_answer(acl: SessionAcl, principal: Principal | None, session_id: str) -> bool:
     """Whether ``principal`` may claim, release or answer ``session_id``'s interactions."""
-    del session_id  # the roles' decision will be per session
-    return principal is not None and principal.may(Scope.WRITE)
+    if principal is None:
+        return False
+    return await acl.allows(principal, session_id, Permission.APPROVE)

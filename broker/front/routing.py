@@ -35,7 +35,9 @@ from ..store.keys import SessionKeys
 from ..store.retry import retrying
 from .acp.connection import ClientConnection
 from .agents import RemoteAgents
+from .approval import may_answer
 from .fanout import FanoutHub, HubListener
+from .session_acl import SessionAcl
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 HTTP_BELL = "acpHttp"
 """The key of a node message about a Streamable HTTP connection (see ``streamable``)."""
 
+APPROVALS = frozenset({"session/request_permission", "elicitation/create"})
+"""The agent's requests a person answers: asked only of connections whose roles on the
+session give ``session.approve``."""
 SHARED_ASKS_META = "acpBroker/sharedAsks"
 SHARED_ASKS = frozenset({"session/request_permission"})
 """Requests that every connection sharing asks is shown, beside the preferred one."""
@@ -91,6 +96,8 @@ class NodeRouter(HubListener):
     ) -> None:
         self.bus = CommandBus(redis)
         self.hub = hub
+        self.acl = SessionAcl(hub.log)
+        """Who may answer a question of the agent's (``approval.may_answer``)."""
         self.agents = agents
         self.answer_timeout = answer_timeout
         self.http_bells: Callable[[dict[str, Any]], None] | None = None
@@ -157,6 +164,15 @@ class NodeRouter(HubListener):
             for conn in self.hub.subscribers(keys.session_id, keys.tenant)
             if isinstance(conn, ClientConnection) and can_answer(conn, method)
         ]
+        if method in APPROVALS:  # a question for a person: an approver's or an owner's
+            allowed = [
+                conn
+                for conn in candidates
+                if await may_answer(self.acl, conn.principal, keys.session_id)
+            ]
+            if any(conn.id == prefer for conn in candidates if conn not in allowed):
+                prefer = None  # its prompter may not answer: those here who may are asked
+            candidates = allowed
         shared = method in SHARED_ASKS
         sharing = [conn for conn in candidates if shared and shares_asks(conn)]
         if prefer is not None:

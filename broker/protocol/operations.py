@@ -36,6 +36,8 @@ MUTATIONS: Final = frozenset(
         "session/set_title",
         "session/close",
         "session/delete",
+        "session_access/grant",
+        "session_access/revoke",
     }
 )
 """The ACP methods an operation id makes safe to send again (the ones that change state)."""
@@ -47,11 +49,13 @@ REPEATABLE: Final = frozenset(
         "session/set_title",
         "session/close",
         "session/delete",
+        "session_access/grant",
     }
 )
 """Mutations whose second run comes out as the first did (they set a value or end a state):
 one whose first request died without an outcome is run again rather than reported unknown."""
-_ID: Final = re.compile(r"[\x21-\x7e]{1,128}")
+ID_RULE: Final = re.compile(r"[\x21-\x7e]{1,128}")
+"""An operation id, and a client instance's: 1 to 128 visible ASCII characters."""
 
 
 def operation_id(params: JsonObject, *, remote: bool) -> str | None:
@@ -66,7 +70,7 @@ def operation_id(params: JsonObject, *, remote: bool) -> str | None:
     value = top if top is not None else in_meta
     if value is None:
         return None
-    if not isinstance(value, str) or not _ID.fullmatch(value):
+    if not isinstance(value, str) or not ID_RULE.fullmatch(value):
         raise invalid_params(f"{OPERATION_ID} must be 1 to 128 visible ASCII characters")
     return value
 
@@ -94,7 +98,7 @@ def client_instance_id(params: JsonObject) -> str:
         value = meta.get(CLIENT_INSTANCE_ID)
     if value is None:
         return ""
-    if not isinstance(value, str) or not _ID.fullmatch(value):
+    if not isinstance(value, str) or not ID_RULE.fullmatch(value):
         raise invalid_params(f"{CLIENT_INSTANCE_ID} must be 1 to 128 visible ASCII characters")
     return value
 

@@ -164,7 +164,25 @@ def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
         return [interactions.info_update(body["interaction"])]
     if kind == EventType.PRESENCE:
         return [presence.info_update(body)]
+    if kind == EventType.SESSION_ACCESS:
+        return [access_update(body)]
     return []
+
+
+ACCESS_META = "acpBroker/sessionAccess"
+"""``_meta`` key of the ``session_info_update`` that tells viewers the session's ACL changed."""
+
+
+def access_update(body: JsonObject) -> JsonObject:
+    """An ACL change as every viewer hears of it (v1 and v2): the generic access-changed
+    event the draft allows (the change, the entry's id, the new revision; never the
+    principal or its roles: ``session_access/list`` shows those to owners)."""
+    change = {
+        "change": str(body.get("change", "")),
+        "entryId": str(body.get("entryId", "")),
+        "aclRevision": str(body.get("aclRevision", "")),
+    }
+    return {"sessionUpdate": "session_info_update", "_meta": {ACCESS_META: change}}
 
 
 QUEUE_META = "acpBroker/promptQueue"

@@ -29,6 +29,7 @@ from .jsonrpc import JsonObject, notification
 from .render import (
     UPDATE_AT,
     StoredUpdates,
+    access_update,
     broker_notice,
     plain_update,
     position_meta,
@@ -80,6 +81,8 @@ def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
         return [interactions.info_update(body["interaction"])]
     if kind == EventType.PRESENCE:
         return [presence.info_update(body)]
+    if kind == EventType.SESSION_ACCESS:
+        return [access_update(body)]
     return []
 
 

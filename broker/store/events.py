@@ -29,6 +29,11 @@ from .window import window_marked, window_of, window_ops
 
 SnapshotOp = tuple[str, str, str]
 
+ACL_PREFIX = "acl:"
+"""Snapshot fields ``acl:<entryId>``: the session's ACL entries (JSON), one field each, so
+that grants to different principals, from any front, never overwrite each other."""
+ACL_REVISION = "aclRev"
+
 
 @dataclass(slots=True)
 class SessionSnapshot:
@@ -53,6 +58,10 @@ class SessionSnapshot:
     window: JsonObject = field(default_factory=dict)  # modes, configOptions, models: window.py
     archived: bool = False  # the log is in the archive store (and the window left out)
     floor: int = 0  # a seq handed out that a failover lost: the next one is past it (floors.py)
+    acl: dict[str, str] = field(default_factory=dict)
+    """The session's ACL: each entry's JSON by entry id (``auth.roles.AclEntry``)."""
+    acl_revision: int = 0
+    """How many ACL changes the log holds (the draft's ``aclRevision``)."""
 
     @classmethod
     def from_hashes(
@@ -87,6 +96,8 @@ class SessionSnapshot:
             window=window_of(snap),
             archived="archived" in snap,
             floor=int(snap.get("floor", 0)),
+            acl={k[len(ACL_PREFIX) :]: v for k, v in snap.items() if k.startswith(ACL_PREFIX)},
+            acl_revision=int(snap.get(ACL_REVISION, 0)),
         )
 
     @property
@@ -111,8 +122,8 @@ def is_activity(body: Mapping[str, Any]) -> bool:
     return body.get("type") in _ACTIVITY
 
 
-_UNLISTED_FIELDS = frozenset({"prompt", "agentSid", *WINDOW_SNAPSHOT_FIELDS})
-"""Snapshot fields no listing shows (see ``index.row_of``)."""
+_UNLISTED_FIELDS = frozenset({"prompt", "agentSid", ACL_REVISION, *WINDOW_SNAPSHOT_FIELDS})
+"""Snapshot fields no listing shows (see ``index.row_of``; the ACL's ``acl:*`` neither)."""
 
 
 def is_index_neutral(body: Mapping[str, Any], ops: Iterable[SnapshotOp] | None = None) -> bool:
@@ -124,7 +135,10 @@ def is_index_neutral(body: Mapping[str, Any], ops: Iterable[SnapshotOp] | None =
     if body.get("type") in (EventType.CREATED, EventType.DELETED, EventType.STATUS):
         return False
     found = snapshot_ops(body) if ops is None else ops
-    return all(op in ("set", "del") and name in _UNLISTED_FIELDS for op, name, _ in found)
+    return all(
+        op in ("set", "del") and (name in _UNLISTED_FIELDS or name.startswith(ACL_PREFIX))
+        for op, name, _ in found
+    )
 
 
 def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
@@ -149,7 +163,18 @@ def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
         return [("set", "agentSid", str(body["agentSessionId"]))]
     if kind == EventType.DELETED:
         return [("set", "status", Status.DELETED), ("del", "prompt", "")]
+    if kind == EventType.SESSION_ACCESS:
+        return _access_ops(body)
     return []
+
+
+def _access_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
+    """An ACL change: the entry's field set (a grant) or deleted (a revoke), the revision."""
+    name = ACL_PREFIX + str(body["entryId"])
+    revision = ("set", ACL_REVISION, str(body["aclRevision"]))
+    if body.get("change") == "revoke":
+        return [("del", name, ""), revision]
+    return [("set", name, dumps(body["entry"])), revision]
 
 
 def _created_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:

@@ -17,6 +17,7 @@ from ...protocol.interactions import attachment_id
 from ...protocol.jsonrpc import METHOD_NOT_FOUND, JsonObject, Request, RpcError
 from ...protocol.operations import negotiates_remote
 from ..approval import may_answer
+from ..session_acl import SessionAcl
 from .connection import ClientConnection
 
 
@@ -24,6 +25,7 @@ class SessionMethods(Protocol):
     """What these methods need of the connection's ACP methods (``AcpMethods``)."""
 
     host: AgentGateway
+    acl: SessionAcl
 
     def active_session(self, conn: ClientConnection, params: JsonObject) -> str: ...
 
@@ -42,7 +44,7 @@ async def interaction_request(
         )
     session_id = methods.active_session(conn, request.params)
     action = request.method.removeprefix("interaction/")
-    if action in CHANGES and not may_answer(conn.principal, session_id):
+    if action in CHANGES and not await may_answer(methods.acl, conn.principal, session_id):
         raise not_allowed()
     principal = conn.principal.subject if conn.principal is not None else ""
     params: JsonObject = {k: v for k, v in request.params.items() if k != "sessionId"}

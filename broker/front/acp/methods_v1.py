@@ -43,6 +43,7 @@ from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import PageCache
 from ..presence import PresenceBoard
+from ..session_acl import SessionAcl, needed_permission
 from .access import Access, connection_limit
 from .attach import ATTACH_METHODS
 from .connection import ClientConnection
@@ -59,6 +60,7 @@ from .params import directories as _directories
 from .params import json_list as _list
 from .params import json_object as _object
 from .params import session_id_of as _session_id
+from .session_access import SESSION_ACCESS_METHODS
 from .session_lru import used
 
 REPLAY_AFTER_META = "acpBroker/replayAfter"
@@ -89,9 +91,12 @@ class AcpMethods:
     """``initialize``: the negotiation, and its results kept as text."""
     listing: AcpListing = field(init=False, repr=False)
     """``session/list``: the front's listing service over the index's ACP listings."""
+    acl: SessionAcl = field(init=False, repr=False)
+    """Sessions' roles: who may do what to each (:mod:`..session_acl`)."""
 
     def __post_init__(self) -> None:
         self.listing = AcpListing(self.settings, self.index, self.cursors, self.pages)
+        self.acl = SessionAcl(self.log)
         self.initializer = Initializer(self.settings, self.host, self.access, self.list_changes)
         store = PresenceStore(self.index.redis, self.settings.presence_ttl)
         self.presence = PresenceBoard(self.settings, self.log, store)
@@ -107,7 +112,22 @@ class AcpMethods:
             raise
         if handler is None:
             return None  # unknown notifications are ignored, as JSON-RPC and ACP say
+        try:
+            await self.authorize(conn, request)
+        except RpcError:
+            if request.is_notification:
+                return None  # a refused notification (a v1 cancel) changes nothing
+            raise
         return await handler(self, conn, request)
+
+    async def authorize(self, conn: ClientConnection, request: Request) -> None:
+        """Refuse (-32600 ``forbidden``) an operation on a session that the principal's
+        effective roles there do not allow; changes nothing (:mod:`..session_acl`)."""
+        session_id = request.params.get("sessionId")
+        permission = needed_permission(request.method, request.params)
+        if permission is None or conn.principal is None or not isinstance(session_id, str):
+            return
+        await self.acl.require(conn.principal, session_id, permission, request.method)
 
     def _handler(self, conn: ClientConnection, request: Request) -> MethodHandler | None:
         """The handler of ``request`` on ``conn`` (None: an unknown notification); raises
@@ -230,7 +250,10 @@ class AcpMethods:
         deadline. The session exists already: an error here would have its client ask for
         another, and leave this one orphaned in the list."""
         tenant, bound = conn.tenant, self.settings.request_timeout
+        principal = conn.principal
         try:
+            if principal is not None:  # its maker is the session's first owner
+                await retrying(lambda: self.acl.record_owner(principal, session_id), bound)
             await retrying(lambda: self.project(tenant, session_id), bound)
             await retrying(
                 lambda: conn.activate(
@@ -507,4 +530,5 @@ V1_HANDLERS: Mapping[str, MethodHandler] = {
     "session/list": AcpMethods.session_list,
     **INTERACTION_METHODS,
     **ATTACH_METHODS,
+    **SESSION_ACCESS_METHODS,
 }

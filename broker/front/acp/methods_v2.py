@@ -24,6 +24,7 @@ from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .interactions import INTERACTION_METHODS
 from .methods_v1 import AcpMethods, MethodHandler, author_of
+from .session_access import SESSION_ACCESS_METHODS
 
 ACCEPT_TIMEOUT = 10.0
 """Seconds a finished turn's prompt event may take to reach the connection that sent it."""
@@ -122,6 +123,7 @@ V2_HANDLERS: Mapping[str, MethodHandler] = {
     "session/list": AcpMethods.session_list,
     **INTERACTION_METHODS,
     **ATTACH_METHODS,
+    **SESSION_ACCESS_METHODS,
     "auth/login": AcpMethods.authenticate,
     "auth/logout": AcpMethods.logout,
 }

@@ -19,8 +19,6 @@ is ``operation_outcome_unknown`` (running it again would make a second session).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -39,17 +37,14 @@ from ...protocol.operations import (
     without_operation,
 )
 from ...protocol.turns import PROMPT_ID_META, PROMPT_OUTCOME, client_prompt_id
-from ...store.operations import Claim, Entry, OperationKey, OperationLedger
+from ...store.operations import Claim, OperationKey
 from ..deadlines import deadline_for
+from ..operation_claims import OperationClaim, ledger
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .methods_v1 import AcpMethods, MethodHandler
 from .turn_outcome import LOST_REASON, prompt_outcome
 
-log = logging.getLogger(__name__)
-
-LEASE_MARGIN: Final = 5.0
-"""Seconds a claim outlives its request's deadline (the request is answered by then)."""
 _OPENING: Final = frozenset({"session/new", "session/fork"})
 
 
@@ -81,8 +76,11 @@ class Operation:
         self, methods: AcpMethods, conn: ClientConnection, request: Request, key: OperationKey
     ) -> None:
         self.methods, self.conn, self.key = methods, conn, key
-        self.ledger = OperationLedger(methods.index.redis)
+        self.ledger = ledger(methods.index.redis, methods.settings)
         self.fingerprint = fingerprint(request.method, request.params)
+        self.claim = OperationClaim(
+            self.ledger, key, self.fingerprint, repeatable=request.method in REPEATABLE
+        )
         params = without_operation(request.params)
         self.prompt_id: str | None = None
         if request.method == "session/prompt":
@@ -92,29 +90,28 @@ class Operation:
             meta = meta if isinstance(meta, dict) else {}
             params["_meta"] = {**meta, PROMPT_ID_META: self.prompt_id}
         self.request = Request(request.method, params, request.id)
-        self.lease = deadline_for(request.method, methods.settings) + LEASE_MARGIN
+        self.wait = deadline_for(request.method, methods.settings)
 
     async def run(self, handler: MethodHandler) -> Any:
         prompt = self.prompt_id is not None
-        entry = await self.ledger.decide(
-            self.key,
-            self.fingerprint,
-            self.lease,
-            repeatable=self.request.method in REPEATABLE,
-            wait=0 if prompt else self.lease,  # a prompt's outcome is the log's to tell
-        )
+        # A prompt's outcome is the log's to tell: a retry does not wait for its claim.
+        entry = await self.claim.decide(wait=0 if prompt else self.wait)
         if entry.claim is Claim.CONFLICT:
             raise operation_conflict()
+        if entry.claim is Claim.FORGOTTEN:
+            raise operation_outcome_unknown()
         if entry.claim is Claim.DONE:
             return await self._replay(entry.outcome)
         if entry.claim is Claim.NEW:
-            return await self._first(handler, entry)
+            async with self.claim.running():
+                return await self._first(handler)
         if prompt:
             return await self._prompt_from_log()
         raise operation_outcome_unknown() if entry.lapsed else operation_pending()
 
-    async def _first(self, handler: MethodHandler, entry: Entry) -> Any:
-        """Run the request: its outcome (a result or a refusal) settles the record."""
+    async def _first(self, handler: MethodHandler) -> Any:
+        """Run the request: its outcome (a result or a refusal) settles the record; a
+        failure leaves it unsettled (:meth:`OperationClaim.running`)."""
         request, conn = self.request, self.conn
         answered: list[Any] = []
         if request.id is not None:
@@ -124,33 +121,16 @@ class Operation:
         try:
             result = await handler(self.methods, conn, request)
         except RpcError as exc:
-            if exc.code == INTERNAL_ERROR:  # a failure, not a refusal: no outcome to keep
-                await self._unsettled(entry)
-            else:
-                await self.ledger.settle(self.key, self.fingerprint, {"error": exc.to_json()})
-            raise
-        except BaseException:
-            await self._unsettled(entry)
+            if exc.code != INTERNAL_ERROR:  # a refusal is an outcome; a failure is not
+                await self.claim.settle({"error": exc.to_json()})
             raise
         finally:
             if conn.taps is not None:
                 conn.taps.pop(request.id, None)
         if result is DEFERRED:
             result = answered[0] if answered else None
-        await self.ledger.settle(self.key, self.fingerprint, {"result": result})
+        await self.claim.settle({"result": result})
         return DEFERRED if answered else result
-
-    async def _unsettled(self, entry: Entry) -> None:
-        """The request ended with no outcome to keep: a mutation safe to run twice lets
-        its claim go (a retry runs it); any other ends its claim now, unsettled (a retry
-        reads a prompt's outcome from the log, or hears the outcome is unknown)."""
-        try:
-            if self.request.method in REPEATABLE:
-                await asyncio.shield(self.ledger.forget(self.key, entry))
-            else:
-                await asyncio.shield(self.ledger.lapse(self.key, entry))
-        except Exception as exc:  # the claim lapses by its lease instead
-            log.warning("could not release operation claim: %s", exc)
 
     async def _replay(self, outcome: Any) -> Any:
         """The first request's outcome, for a retry: its error raised, or its result (a

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from ... import fastjson
 from ...errors import invalid_argument
-from ...store.events import LogEvent
+from ...store.events import EventType, LogEvent
 from ...store.log import SessionLog
 from ..fanout import FanoutHub
 from .follow import following
@@ -40,10 +40,12 @@ def resume_after(last_event_id: str | None, after: str | None) -> int:
 
 
 def frame(event: LogEvent) -> bytes:
-    """One event as an SSE frame."""
-    data = fastjson.dumps(
-        {"seq": event.seq, "epoch": event.epoch, "ts": event.ts, "event": event.body}
-    )
+    """One event as an SSE frame (an ACL change without its entry: who holds which roles
+    is for owners to read, at ``…/access``)."""
+    body = event.body
+    if event.type == EventType.SESSION_ACCESS:
+        body = {k: v for k, v in body.items() if k != "entry"}
+    data = fastjson.dumps({"seq": event.seq, "epoch": event.epoch, "ts": event.ts, "event": body})
     return f"id: {event.seq}\nevent: {event.type or 'event'}\ndata: {data}\n\n".encode()
 
 

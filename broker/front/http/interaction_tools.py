@@ -4,18 +4,18 @@ The host holding the session keeps them (``workers.agent_host.interactions``); a
 from here claims and resolves the interaction in one compare-and-set (with
 ``expectedRevision``, only at that revision), logged before the agent hears it. Who may
 answer: :func:`~broker.front.approval.may_answer`'s rule, checked as the caller's scope.
+The caller answers as its principal (:class:`~broker.auth.principal.Principal`): the
+interaction's ``resolvedBy`` is that principal's participant, as for an ACP connection with
+the same credential.
 """
 
 from __future__ import annotations
 
+from ...auth.principal import Principal
 from ...errors.interactions import unknown_interaction
 from ...protocol.interactions import summary
 from ...store.events import JsonObject
 from .session_tools import SessionTools
-
-API_PRINCIPAL = "api:"
-"""How REST and tool callers are named on an interaction they answer (the caller's
-credential is not passed down: every such caller of a tenant is one participant)."""
 
 
 class InteractionTools:
@@ -24,30 +24,31 @@ class InteractionTools:
     def __init__(self, tools: SessionTools) -> None:
         self.tools = tools
 
-    async def pending(self, tenant: str, session_id: str) -> list[JsonObject]:
+    async def pending(self, caller: Principal, session_id: str) -> list[JsonObject]:
         """The session's open and claimed interactions (none when no host holds it)."""
+        tenant = caller.tenant
         await self.tools.live(tenant, session_id)
-        reply = await self.tools.agents.interact(
-            tenant, session_id, "list", {}, API_PRINCIPAL + tenant
-        )
+        reply = await self.tools.agents.interact(tenant, session_id, "list", {}, caller.subject)
         return [summary(view) for view in reply.get("interactions", [])]
 
     async def respond(
         self,
-        tenant: str,
+        caller: Principal,
         session_id: str,
         interaction_id: str,
         response: JsonObject,
         expected: str | None,
     ) -> JsonObject:
         """Answer an interaction (``revision_conflict`` when it is no longer open, or is
-        claimed by another, or not at ``expected``); the interaction as it is then."""
+        claimed by another, or not at ``expected``); the interaction as it is then,
+        ``resolvedBy`` the caller's participant."""
+        tenant = caller.tenant
         await self.tools.live(tenant, session_id)
         params: JsonObject = {"interactionId": interaction_id, "response": response}
         if expected is not None:
             params["expectedRevision"] = expected
         reply = await self.tools.agents.interact(
-            tenant, session_id, "respond", params, API_PRINCIPAL + tenant
+            tenant, session_id, "respond", params, caller.subject
         )
         if "interaction" not in reply:  # no host holds the session: nothing is pending
             raise unknown_interaction(interaction_id)

@@ -10,8 +10,9 @@ it over stdio (:func:`serve_stdio`); a broker node serves it over streamable HTT
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import metadata
 from typing import Any
 
@@ -22,15 +23,17 @@ from mcp.shared.exceptions import MCPError
 
 from ...auth.credentials import Credentials
 from ...config import Settings
-from ...errors import ApiError
+from ...errors import ApiError, ErrorCode
 from ...store.client import connect
 from ...store.events import JsonObject
 from ...store.query import SessionPage
+from ..operation_claims import ledger
 from .mcp_tools import SessionTool, tool_set
 from .session_tools import SessionTools, stdio_base
 from .sessions import TOOL_DESCRIPTION, SessionsService, sessions_service
 from .tool_inputs import input_schema
-from .tool_models import SessionListInput
+from .tool_models import CreateSession, PromptInput, SessionListInput
+from .tool_operations import once
 
 log = logging.getLogger(__name__)
 
@@ -147,15 +150,57 @@ async def _call_session_tool(
     params: types.CallToolRequestParams,
     base: Callable[[ServerRequestContext], str] | None,
 ) -> types.CallToolResult:
-    """One session tool's call: authorized for its scope, inputs checked, run."""
+    """One session tool's call: authorized for its scope, inputs checked, run (a mutation
+    once per ``operationId``: :mod:`.tool_operations`)."""
     arguments = params.arguments or {}
     try:
-        tenant = await tools.authorize(_credentials(ctx), entry.scope)
+        caller = await tools.caller(_credentials(ctx), entry.scope)
+        inputs = entry.inputs.parse(arguments)
         where = base(ctx) if base is not None else stdio_base(tools.settings)
-        text = await tools.guarded(entry.run(tools, tenant, arguments, where))
+
+        async def call() -> str:
+            return await _bounded(tools.guarded(entry.run(tools, caller, inputs, where)), bound)
+
+        # A tool's call is answered within the request deadline, and a prompt's wait past it
+        # (a turn that outlives its wait goes on): an agent host that took a command and went
+        # quiet must not hold an MCP client forever.
+        bound = tools.settings.request_timeout + _turn_wait(inputs)
+
+        if not entry.mutation:
+            text, failed = await call(), False
+        else:
+            text, failed = await tools.guarded(
+                once(
+                    ledger(tools.redis, tools.settings),
+                    caller,
+                    entry.name,
+                    arguments,
+                    call,
+                    repeatable=entry.repeatable,
+                    wait=tools.settings.request_timeout,
+                )
+            )
     except ApiError as error:
         return error_result(error)
-    return types.CallToolResult(content=[types.TextContent(text=text)])
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=failed)
+
+
+def _turn_wait(inputs: object) -> float:
+    """How long a call waits for a prompt's turn, beyond the request deadline (0: none)."""
+    if isinstance(inputs, PromptInput) or (isinstance(inputs, CreateSession) and inputs.prompt):
+        return inputs.wait
+    return 0.0
+
+
+async def _bounded(work: Awaitable[str], seconds: float) -> str:
+    """``await work``, or the tools' ``unavailable`` error after ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await work
+    except TimeoutError:
+        raise ApiError(
+            ErrorCode.UNAVAILABLE, f"not answered within {seconds:g} s; try again shortly"
+        ) from None
 
 
 def http_base(ctx: ServerRequestContext) -> str:

@@ -20,14 +20,23 @@ from typing import Any, Generic, TypeVar
 
 import mcp_types as types
 
-from ...auth.principal import Scope
+from ...auth.principal import Principal, Scope
+from ...auth.roles import Permission
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
 from .presence_tools import PresenceTools, presence_lines
 from .session_tools import SessionTools, SessionView, TurnView
 from .tool_inputs import ToolInput, input_schema
-from .tool_models import CreateSession, InteractionRespond, SessionPrompt, SessionRef
+from .tool_models import (
+    CreateSessionTool,
+    InteractionRespond,
+    OperationInput,
+    SessionCancel,
+    SessionChange,
+    SessionPrompt,
+    SessionRef,
+)
 
 InputT = TypeVar("InputT", bound=ToolInput)
 LineRenderer = Callable[[list[JsonObject]], list[str]]
@@ -35,19 +44,29 @@ LineRenderer = Callable[[list[JsonObject]], list[str]]
 
 @dataclass(frozen=True, slots=True)
 class SessionTool(Generic[InputT]):
-    """One tool: its definition, its input model, its handler ``(tools, tenant, inputs,
-    live view base) -> the result's text`` and the scope a caller needs."""
+    """One tool: its definition, its input model, its handler ``(tools, caller, inputs,
+    live view base) -> the result's text``, the scope a caller needs and the permission it
+    needs on the session it names (``id``; None: it names none)."""
 
     name: str
     title: str
     description: str
     inputs: type[InputT]
-    handler: Callable[[SessionTools, str, InputT, str], Awaitable[str]]
+    handler: Callable[[SessionTools, Principal, InputT, str], Awaitable[str]]
     scope: Scope = Scope.WRITE
+    permission: Permission | None = None
     read_only: bool = False
     destructive: bool = False
     idempotent: bool = False
     open_world: bool = False
+    repeatable: bool = True
+    """A mutation whose first call died mid-way is run again by a retry with its
+    ``operationId`` (False: the retry hears its outcome is unknown)."""
+
+    @property
+    def mutation(self) -> bool:
+        """Whether the tool changes something (its inputs take an ``operationId``)."""
+        return issubclass(self.inputs, OperationInput)
 
     @property
     def tool(self) -> types.Tool:
@@ -66,9 +85,13 @@ class SessionTool(Generic[InputT]):
             ),
         )
 
-    async def run(self, tools: SessionTools, tenant: str, arguments: JsonObject, base: str) -> str:
-        """The call: its inputs checked (``invalid_argument``), then handled."""
-        return await self.handler(tools, tenant, self.inputs.parse(arguments), base)
+    async def run(self, tools: SessionTools, caller: Principal, inputs: InputT, base: str) -> str:
+        """The call (its inputs checked already: :meth:`ToolInput.parse`): the caller's roles
+        on the session it names (``forbidden``), then handled."""
+        session_id = getattr(inputs, "id", None)
+        if self.permission is not None and isinstance(session_id, str):
+            await tools.require(caller, session_id, self.permission, self.name)
+        return await self.handler(tools, caller, inputs, base)
 
 
 def session_text(view: SessionView, line: LineRenderer) -> str:
@@ -116,7 +139,9 @@ PROMPT = (
     "window where the session is open sees the turn live."
 )
 CANCEL = (
-    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`)."
+    "Cancels the session's running turn and returns its stop reason (`stop reason: cancelled`). "
+    "With activityId (a turn's `activity:` line), only that turn: one still queued is withdrawn "
+    "when you sent it."
 )
 STOP = (
     "Releases the session's agent process (STOPPED); nothing is lost, and session_resume "
@@ -149,63 +174,92 @@ DELETE = (
 def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     """Every session tool but ``session_list``, by name; ``line`` writes session lines."""
 
-    async def create(tools: SessionTools, tenant: str, inputs: CreateSession, base: str) -> str:
-        view = await tools.create(tenant, inputs, base)
+    async def create(
+        tools: SessionTools, caller: Principal, inputs: CreateSessionTool, base: str
+    ) -> str:
+        view = await tools.create(caller.tenant, inputs, base, owner=caller)
         result = session_text(view, line)
         if inputs.prompt is None:
             return result
         session_id = view.row["sessionId"]
-        turn = await tools.prompt(tenant, session_id, inputs.prompt, inputs.wait, base)
+        turn = await tools.prompt(
+            caller.tenant, session_id, inputs.prompt, inputs.wait, base, caller.subject
+        )
         return f"{result}\n{turn_text(turn)}"
 
-    async def resume(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return session_text(await tools.resume(tenant, inputs.id, base), line)
+    async def resume(
+        tools: SessionTools, caller: Principal, inputs: SessionChange, base: str
+    ) -> str:
+        return session_text(await tools.resume(caller.tenant, inputs.id, base), line)
 
-    async def prompt(tools: SessionTools, tenant: str, inputs: SessionPrompt, base: str) -> str:
-        return turn_text(await tools.prompt(tenant, inputs.id, inputs.text, inputs.wait, base))
+    async def prompt(
+        tools: SessionTools, caller: Principal, inputs: SessionPrompt, base: str
+    ) -> str:
+        turn = await tools.prompt(
+            caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller.subject
+        )
+        return turn_text(turn)
 
-    async def cancel(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        reason = await tools.cancel(tenant, inputs.id)
-        return "no turn was running" if reason is None else f"stop reason: {reason}"
+    async def cancel(
+        tools: SessionTools, caller: Principal, inputs: SessionCancel, base: str
+    ) -> str:
+        # A queued prompt's author withdraws it with session.write; stopping a turn is control.
+        needed = Permission.WRITE if inputs.activityId is not None else Permission.CONTROL
+        await tools.require(caller, inputs.id, needed, "session_cancel")
+        reason = await tools.cancel(caller.tenant, inputs.id, inputs.activityId, caller.subject)
+        if reason is not None:
+            return f"stop reason: {reason}"
+        if inputs.activityId is None:
+            return "no turn was running"
+        return f"not cancelled: {inputs.activityId} is not running, nor queued by you"
 
-    async def stop(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(line([(await tools.stop(tenant, inputs.id, base)).row]))
+    async def stop(tools: SessionTools, caller: Principal, inputs: SessionChange, base: str) -> str:
+        return "\n".join(line([(await tools.stop(caller.tenant, inputs.id, base)).row]))
 
-    async def delete(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(line([(await tools.delete(tenant, inputs.id, base)).row]))
+    async def delete(
+        tools: SessionTools, caller: Principal, inputs: SessionChange, base: str
+    ) -> str:
+        return "\n".join(line([(await tools.delete(caller.tenant, inputs.id, base)).row]))
 
-    async def interactions(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        listed = await InteractionTools(tools).pending(tenant, inputs.id)
+    async def interactions(
+        tools: SessionTools, caller: Principal, inputs: SessionRef, base: str
+    ) -> str:
+        listed = await InteractionTools(tools).pending(caller, inputs.id)
         return "\n".join(interaction_lines(listed)) or "nothing is waiting for an answer"
 
     async def respond(
-        tools: SessionTools, tenant: str, inputs: InteractionRespond, base: str
+        tools: SessionTools, caller: Principal, inputs: InteractionRespond, base: str
     ) -> str:
         done = await InteractionTools(tools).respond(
-            tenant, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
+            caller, inputs.id, inputs.interactionId, inputs.response(), inputs.expectedRevision
         )
         return "\n".join(interaction_lines([done]))
 
-    async def present(tools: SessionTools, tenant: str, inputs: SessionRef, base: str) -> str:
-        return "\n".join(presence_lines(await PresenceTools(tools).present(tenant, inputs.id)))
+    async def present(tools: SessionTools, caller: Principal, inputs: SessionRef, base: str) -> str:
+        present = await PresenceTools(tools).present(caller.tenant, inputs.id)
+        return "\n".join(presence_lines(present))
 
     defined: list[SessionTool[Any]] = [
-        SessionTool("session_create", "Create a session", CREATE, CreateSession, create,
+        SessionTool("session_create", "Create a session", CREATE, CreateSessionTool, create,
                     open_world=True),
-        SessionTool("session_resume", "Resume a session", RESUME, SessionRef, resume,
-                    idempotent=True, open_world=True),
+        SessionTool("session_resume", "Resume a session", RESUME, SessionChange, resume,
+                    idempotent=True, open_world=True, permission=Permission.READ),
         SessionTool("session_prompt", "Prompt a session", PROMPT, SessionPrompt, prompt,
-                    open_world=True),
-        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionRef, cancel,
-                    idempotent=True),
-        SessionTool("session_stop", "Stop a session", STOP, SessionRef, stop, idempotent=True),
-        SessionTool("session_delete", "Delete a session", DELETE, SessionRef, delete,
-                    destructive=True, idempotent=True),
+                    open_world=True, repeatable=False, permission=Permission.WRITE),
+        SessionTool("session_cancel", "Cancel a turn", CANCEL, SessionCancel, cancel,
+                    idempotent=True),  # its permission depends on its inputs: see cancel
+        SessionTool("session_stop", "Stop a session", STOP, SessionChange, stop, idempotent=True,
+                    permission=Permission.ADMIN),
+        SessionTool("session_delete", "Delete a session", DELETE, SessionChange, delete,
+                    destructive=True, idempotent=True, permission=Permission.ADMIN),
         SessionTool("interaction_list", "List pending interactions", INTERACTIONS, SessionRef,
-                    interactions, scope=Scope.READ, read_only=True, idempotent=True),
+                    interactions, scope=Scope.READ, read_only=True, idempotent=True,
+                    permission=Permission.READ),
         SessionTool("interaction_respond", "Answer an interaction", RESPOND,
-                    InteractionRespond, respond, scope=API_SCOPE),
+                    InteractionRespond, respond, scope=API_SCOPE,
+                    permission=Permission.APPROVE),
         SessionTool("session_presence", "Who is present", PRESENCE, SessionRef, present,
-                    scope=Scope.READ, read_only=True, idempotent=True),
+                    scope=Scope.READ, read_only=True, idempotent=True,
+                    permission=Permission.PRESENCE),
     ]  # fmt: skip
     return {entry.name: entry for entry in defined}

@@ -35,6 +35,7 @@ def openapi_document() -> JsonObject:
             **tool_paths.session_paths(),
             **tool_paths.interaction_paths(),
             **tool_paths.presence_paths(),
+            **tool_paths.access_paths(),
         },
         "security": [{"bearer": []}],
         "components": {

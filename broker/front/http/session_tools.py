@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
 from ...auth.credentials import Authenticator, Credentials, bearer_access, open_access
-from ...auth.principal import Scope
+from ...auth.principal import Principal, Scope
+from ...auth.roles import Permission
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
+from ...errors.access import access_api_error, forbidden
 from ...errors.interactions import interaction_api_error
 from ...protocol.commands import UNATTENDED_ORIGIN, AgentGateway
 from ...protocol.jsonrpc import (
@@ -42,6 +44,7 @@ from ...store.quotas import TenantFull, check_session_quota
 from ...store.retry import STORE_AWAY, retrying
 from ..acp.methods_v1 import _agent_params, title_update
 from ..fanout import FanoutHub
+from ..session_acl import SessionAcl
 from .console import LIVE_VIEW_PATH
 from .follow import Follower, following
 from .tool_models import CreateSession
@@ -109,7 +112,7 @@ def not_found(session_id: str) -> ApiError:
 
 def api_error(exc: RpcError) -> ApiError:
     """An agent host's or the ACP layer's refusal, as the tools name it."""
-    refused = interaction_api_error(exc)
+    refused = interaction_api_error(exc) or access_api_error(exc)
     if refused is not None:
         return refused
     if exc.code == RESOURCE_NOT_FOUND:
@@ -139,6 +142,7 @@ class SessionTools:
         self.hub = hub
         self.agents = agents
         self.access = access
+        self.acl = SessionAcl(log)
         self.redis: Store = index.redis
         self.cancel_wait = settings.request_timeout
         self.unreachable: str | None = None
@@ -148,7 +152,19 @@ class SessionTools:
     async def authorize(self, credentials: Credentials, scope: Scope) -> str:
         """The caller's tenant, if its credential has ``scope`` (``unauthorized``,
         ``forbidden`` otherwise)."""
+        return (await self.caller(credentials, scope)).tenant
+
+    async def caller(self, credentials: Credentials, scope: Scope) -> Principal:
+        """The caller, if its credential has ``scope`` (``unauthorized``, ``forbidden``)."""
         return await self.access[scope](credentials)
+
+    async def require(
+        self, caller: Principal, session_id: str, permission: Permission, operation: str
+    ) -> None:
+        """Refuse (``forbidden``, REST 403) an operation on ``session_id`` that ``caller``'s
+        effective roles there do not allow (:class:`~..session_acl.SessionAcl`)."""
+        if not await self.acl.allows(caller, session_id, permission):
+            raise ApiError(ErrorCode.FORBIDDEN, forbidden(permission, operation).message)
 
     async def guarded(self, call: Awaitable[T]) -> T:
         """``call``, its store and agent failures named as the tools name them."""
@@ -198,9 +214,11 @@ class SessionTools:
 
     # -- changing -----------------------------------------------------------------------------
 
-    async def create(self, tenant: str, inputs: CreateSession, base: str) -> SessionView:
+    async def create(
+        self, tenant: str, inputs: CreateSession, base: str, owner: Principal | None = None
+    ) -> SessionView:
         """A session as ``session/new`` makes it (``cwd``, ``agent``, ``title``,
-        ``userMetadata``); its first prompt is :meth:`prompt`'s."""
+        ``userMetadata``), ``owner`` its first owner; its first prompt is :meth:`prompt`'s."""
         params = _agent_params({}, inputs.cwd, [], inputs.userMetadata)
         agent = inputs.agent or self.agents.default_agent
         kind = self.agents.kind_of(agent)
@@ -210,6 +228,10 @@ class SessionTools:
         session_id, _ = await self.agents.new_session(
             tenant, params, agent=agent, kind=kind, meta=meta, origin=TOOL_ORIGIN
         )
+        if owner is not None:
+            await retrying(
+                lambda: self.acl.record_owner(owner, session_id), self.settings.request_timeout
+            )
         if inputs.title is not None:
             update = title_update({"title": inputs.title})
             body = {"type": EventType.UPDATE, "update": update, "origin": TOOL_ORIGIN}
@@ -250,11 +272,17 @@ class SessionTools:
             await self.agents.release(tenant, session_id)
         return await self.view(tenant, session_id, base)
 
-    async def cancel(self, tenant: str, session_id: str) -> str | None:
-        """Cancel the running turn; its stop reason (None: no turn was running)."""
+    async def cancel(
+        self, tenant: str, session_id: str, activity_id: str | None = None, author: str = ""
+    ) -> str | None:
+        """Cancel the running turn; its stop reason (None: no turn was running).
+        ``activity_id``: only that prompt's turn; a queued one is withdrawn when ``author``
+        (the caller's principal subject) is its author (:meth:`withdraw`)."""
         self._need_front()
         snapshot = await self.live(tenant, session_id)
         prompt_id = snapshot.prompt_id
+        if activity_id is not None and activity_id != prompt_id:
+            return await self.withdraw(tenant, session_id, activity_id, author)
         if prompt_id is None:
             return None
         async with following(self.hub, tenant, session_id) as (follower, after):
@@ -266,7 +294,7 @@ class SessionTools:
                 for event in between:
                     see(report, event)
             if not report.ended:
-                await self.agents.cancel(tenant, session_id)
+                await self.agents.cancel(tenant, session_id, activity_id, author)
                 await self._until(report, follower, None, self.cancel_wait)
         if not report.ended:
             raise ApiError(
@@ -275,12 +303,32 @@ class SessionTools:
             )
         return report.stop_reason or "error"
 
+    async def withdraw(
+        self, tenant: str, session_id: str, activity_id: str, author: str
+    ) -> str | None:
+        """Withdraw the queued prompt ``activity_id`` (the agent host decides: only its
+        author may); ``"cancelled"`` when it was withdrawn, None when the host logged the
+        cancel as a no-op (``cancel_ignored``: not its author, or nothing waits under it)."""
+        await self._need_hosts()
+        async with following(self.hub, tenant, session_id) as (_, after):
+            await self.agents.cancel(tenant, session_id, activity_id, author)
+            events = await self.log.read(tenant, session_id, after=after)
+        facts = (EventType.PROMPT_WITHDRAWN, EventType.CANCEL_IGNORED)
+        for event in reversed(events):
+            if event.type in facts and activity_id in (
+                event.body.get("promptId"),
+                event.body.get("activityId"),
+            ):
+                return "cancelled" if event.type == EventType.PROMPT_WITHDRAWN else None
+        return None
+
     async def prompt(
-        self, tenant: str, session_id: str, text: str, wait: float, base: str
+        self, tenant: str, session_id: str, text: str, wait: float, base: str, author: str = ""
     ) -> TurnView:
         """Run one turn (after the turns before it in the session's queue); what it produced
         once it ended, waits for a person, or ``wait`` seconds passed (it runs on then, live
-        in every window)."""
+        in every window). ``author``: the caller's principal subject, who alone may
+        withdraw it while it is queued (from REST, MCP or ACP alike)."""
         snapshot = await self.live(tenant, session_id)
         if snapshot.status in (Status.STOPPED, Status.ERROR):
             raise ApiError(
@@ -291,7 +339,7 @@ class SessionTools:
         prompt_id = secrets.token_hex(8)
         params = {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
         async with following(self.hub, tenant, session_id) as (follower, after):
-            turn = self._spawn(self._turn(tenant, session_id, params, prompt_id))
+            turn = self._spawn(self._turn(tenant, session_id, params, prompt_id, author))
             report = TurnReport(prompt_id)
             await self._until(report, follower, turn, wait)
             events = await self.log.read(tenant, session_id, after=after)
@@ -309,9 +357,11 @@ class SessionTools:
 
     # -- internals ----------------------------------------------------------------------------
 
-    async def _turn(self, tenant: str, session_id: str, params: JsonObject, prompt_id: str) -> None:
+    async def _turn(
+        self, tenant: str, session_id: str, params: JsonObject, prompt_id: str, author: str
+    ) -> None:
         """The turn, to its end (it outlives a tool call's wait), then the index told."""
-        await self.agents.prompt(tenant, session_id, params, TOOL_ORIGIN, prompt_id)
+        await self.agents.prompt(tenant, session_id, params, TOOL_ORIGIN, prompt_id, author)
         snapshot = await self.log.snapshot(tenant, session_id)
         await self.index.project(snapshot)
 

@@ -62,7 +62,7 @@ class SessionsService:
         when the call cannot be answered."""
         try:
             async with asyncio.timeout(self.deadline):
-                tenant = await self.authenticate(credentials)
+                tenant = (await self.authenticate(credentials)).tenant
                 started = time.perf_counter()
                 try:
                     return await self._page(tenant, list_query(args))

@@ -19,6 +19,7 @@ from pydantic import Field
 from ...errors import invalid_argument
 from ...protocol.interactions import ELICITATION_ACTIONS, INTERACTION_ID
 from ...protocol.jsonrpc import RpcError
+from ...protocol.operations import ID_RULE, OPERATION_ID
 from ...store.events import JsonObject
 from ...store.names import SESSION_ID_RULE, is_session_id
 from ...store.query import (
@@ -236,6 +237,37 @@ class SessionRef(ToolInput):
     id: SessionId = Field(description="The session id (from session_list or session_create).")
 
 
+def operation_id_of(value: Any) -> str | None:
+    """An ``operationId`` input (None: none given)."""
+    if value is not None and (not isinstance(value, str) or not ID_RULE.fullmatch(value)):
+        raise invalid_argument(f"{OPERATION_ID} must be 1 to 128 visible ASCII characters")
+    return value
+
+
+OperationId = Annotated[
+    str | None, InputKind(operation_id_of, _TEXT | {"pattern": ID_RULE.pattern})
+]
+
+
+class OperationInput(ToolInput):
+    """A mutation tool's ``operationId``: the same id on a retry returns the first outcome
+    and never applies twice (the operation ledger, as ACP's ``operationId`` and REST's
+    ``Idempotency-Key``)."""
+
+    operationId: OperationId = Field(  # the wire's name
+        default=None,
+        description=(
+            "Your id of this operation (a UUID, say), kept for its retries: a retry with the "
+            "same id and inputs returns the first result and never applies twice; the same "
+            "id with other inputs is refused (operation_conflict)."
+        ),
+    )
+
+
+class SessionChange(OperationInput, SessionRef):
+    """A tool that changes a session and takes nothing else (but an ``operationId``)."""
+
+
 class PromptInput(ToolInput):
     """``POST /v1/sessions/{id}/prompt``'s body (the session is in the path)."""
 
@@ -243,7 +275,7 @@ class PromptInput(ToolInput):
     wait: Wait = WAIT_DEFAULT
 
 
-class SessionPrompt(PromptInput, SessionRef):
+class SessionPrompt(OperationInput, PromptInput, SessionRef):
     """``session_prompt``: a session and the prompt (the session's id first)."""
 
 
@@ -263,6 +295,10 @@ class CreateSession(ToolInput):
         default=None, description="A first prompt to run at once (optional)."
     )
     wait: Wait = WAIT_DEFAULT
+
+
+class CreateSessionTool(OperationInput, CreateSession):
+    """``session_create`` (``POST /v1/sessions`` takes its key as a header)."""
 
 
 def interaction_id_of(value: Any) -> str:
@@ -330,10 +366,26 @@ class InteractionAnswer(ToolInput):
         return answer
 
 
-class InteractionRespond(InteractionAnswer, SessionRef):
+class InteractionRespond(OperationInput, InteractionAnswer, SessionRef):
     """``interaction_respond``: a session, one of its interactions and the answer."""
 
     interactionId: InteractionId = Field(description="The interaction (from interaction_list).")
+
+
+class CancelInput(ToolInput):
+    """``POST /v1/sessions/{id}/cancel``'s body (optional: the session is in the path)."""
+
+    activityId: Annotated[str | None, _optional_text("activityId")] = Field(  # the wire's name
+        default=None,
+        description=(
+            "Only this prompt's turn (a turn's activityId): a queued one is withdrawn when "
+            "you are its author. Default: the running turn."
+        ),
+    )
+
+
+class SessionCancel(OperationInput, CancelInput, SessionRef):
+    """``session_cancel``: a session, and optionally the activity to cancel."""
 
 
 class NoInput(ToolInput):

@@ -53,6 +53,9 @@ class SessionList(TypedDict):
 class TurnReply(TypedDict):
     """What a turn produced so far."""
 
+    activityId: Annotated[
+        str, Field(description="The turn's prompt: what a cancel's activityId names.")
+    ]
     text: Annotated[str, Field(description="The agent's reply (its message chunks joined).")]
     toolCalls: list[str]
     state: Literal["ended", "queued", "running", "waiting"]

@@ -77,12 +77,15 @@ class TurnReport:
                 "waiting for a person: the agent asked a question (a permission) that a person "
                 f"must answer in the live view: {live_view_url}"
             )
+        if self.state == "queued":  # what session_cancel's activityId withdraws it by
+            lines.append(f"activity: {self.prompt_id}")
         lines.append(QUEUED if self.state == "queued" else STILL_RUNNING)
         return lines
 
     def document(self) -> TurnReply:
         """The reply as REST answers it."""
         return {
+            "activityId": self.prompt_id,
             "text": self.text,
             "toolCalls": self.tool_lines(),
             "state": self.state,

@@ -224,16 +224,21 @@ class HttpLink(ClientConnection):
 def sender(principal: Principal) -> str:
     """A POST's credential as its inbox entry keeps it: each message is then served with
     the scopes of who sent it, whichever front runs the connection."""
-    return json.dumps([sorted(principal.scopes), principal.subject, principal.expires])
+    roles = None if principal.roles is None else sorted(principal.roles)
+    return json.dumps([sorted(principal.scopes), principal.subject, principal.expires, roles])
 
 
 def credential(tenant: str, sender: str) -> Principal | None:
-    """The credential :func:`sender` wrote (None: none was)."""
+    """The credential :func:`sender` wrote (None: none was); one written before it kept
+    the roles has none named (the defaults)."""
     try:
-        scopes, subject, expires = json.loads(sender)
+        scopes, subject, expires, *rest = json.loads(sender)
     except (ValueError, TypeError):
         return None
-    return Principal(tenant, frozenset(scopes), subject, expires)
+    roles = rest[0] if rest else None
+    return Principal(
+        tenant, frozenset(scopes), subject, expires, None if roles is None else frozenset(roles)
+    )
 
 
 def _named(message: Any) -> str | None:
