@@ -293,31 +293,35 @@ def access_paths() -> JsonObject:
                     **_problems("read", "404"),
                 },
             },
-            "post": {
-                "operationId": "grantSessionAccess",
-                "summary": "Grant a principal roles on the session",
-                "description": "Makes or replaces the subject's entry. `principalId` is the "
-                "principal's subject as the broker knows it (`token:<id>`, `jwt:<sub>`). "
-                + admin
-                + " 409 `last_owner`: the grant would leave the session without an owner.",
-                "requestBody": _body("AccessGrant", required=True),
-                "responses": {
-                    "200": _json("The entry and the new ACL revision.", "AccessGranted"),
-                    **_problems("write", "404", "409"),
-                },
-            },
+            "post": keyed(
+                {
+                    "operationId": "grantSessionAccess",
+                    "summary": "Grant a principal roles on the session",
+                    "description": "Makes or replaces the subject's entry. `principalId` is the "
+                    "principal's subject as the broker knows it (`token:<id>`, `jwt:<sub>`). "
+                    + admin
+                    + " 409 `last_owner`: the grant would leave the session without an owner.",
+                    "requestBody": _body("AccessGrant", required=True),
+                    "responses": {
+                        "200": _json("The entry and the new ACL revision.", "AccessGranted"),
+                        **_problems("write", "404", "409"),
+                    },
+                }
+            ),
         },
         one + "/{entry}": {
             "parameters": [_id_parameter(), entry],
-            "delete": {
-                "operationId": "revokeSessionAccess",
-                "summary": "Revoke an ACL entry",
-                "description": admin + " 409 `last_owner`: it is the last owner's entry.",
-                "responses": {
-                    "200": _json("The entry's id and the new ACL revision.", "AccessRevoked"),
-                    **_problems("write", "404", "409"),
-                },
-            },
+            "delete": keyed(
+                {
+                    "operationId": "revokeSessionAccess",
+                    "summary": "Revoke an ACL entry",
+                    "description": admin + " 409 `last_owner`: it is the last owner's entry.",
+                    "responses": {
+                        "200": _json("The entry's id and the new ACL revision.", "AccessRevoked"),
+                        **_problems("write", "404", "409"),
+                    },
+                }
+            ),
         },
     }
 
