@@ -4,8 +4,10 @@ public APIs): an upgrade that changes one fails here, by name."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import h11
@@ -66,12 +68,43 @@ async def test_the_protocol_keeps_its_h11_connection_loop_and_transport() -> Non
     protocol.connection_lost(None)
 
 
-def test_serve_goes_through_the_hooks_the_embedded_server_overrides() -> None:
-    # serve() enters capture_signals() and runs main_loop(), which ends when on_tick() says so.
-    assert inspect.isgeneratorfunction(inspect.unwrap(uvicorn.Server.capture_signals))
+class _Hooked(uvicorn.Server):
+    """uvicorn's own server, noting when it goes through the hooks EmbeddedServer overrides."""
+
+    calls: list[str]
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        self.calls = ["signals captured"]
+        yield
+        self.calls.append("signals released")
+
+    async def main_loop(self) -> None:
+        self.calls.append(f"main loop, started: {self.started}")
+        self.should_exit = True  # the first on_tick says stop: uvicorn's loop ends on it
+        await super().main_loop()
+        self.calls.append("main loop ended")
+
+
+async def test_serve_goes_through_the_hooks_the_embedded_server_overrides() -> None:
+    # serve() enters capture_signals(), and runs main_loop() once serving, inside it;
+    # main_loop() ends when on_tick(counter) says so.
     assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
-    source = inspect.getsource(uvicorn.Server)
-    assert "with self.capture_signals():" in source and "await self.main_loop()" in source
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(_no_app, log_config=None, lifespan="off", access_log=False)
+    server = _Hooked(config)
+    async with asyncio.timeout(10):  # a start and a stop on a loaded machine: well under
+        await server.serve(sockets=[sock])
+    assert server.calls == [
+        "signals captured",
+        "main loop, started: True",
+        "main loop ended",
+        "signals released",
+    ]
+
+
+async def _no_app(scope: dict, receive: object, send: Any) -> None:
+    pass
 
 
 async def test_the_embedded_server_serves_in_the_loop_and_stops_at_once() -> None:

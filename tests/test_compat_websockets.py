@@ -3,8 +3,11 @@ websockets' internals: an upgrade that changes one fails here, by name."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import types
+from collections.abc import AsyncIterator
+from typing import Any
 
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection, serve
@@ -15,16 +18,81 @@ from websockets.server import ServerProtocol
 
 from broker.compat.websockets import HookedServerConnection, break_cycles
 
+from .support.client import wait_for
 
-def test_connections_process_each_parsed_event_in_an_overridable_method() -> None:
+
+class _Wire(asyncio.Transport):
+    """A transport that keeps what a connection writes (no socket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Recording(Connection):
+    """websockets' own connection (a server's side, open), noting what its overridable
+    methods are given."""
+
+    def __init__(self) -> None:
+        super().__init__(ServerProtocol(state=State.OPEN))
+        self.events: list[Frame] = []
+        self.acknowledged: list[bytes] = []
+
+    def process_event(self, event: Any) -> None:
+        self.events.append(event)
+        super().process_event(event)
+
+    def acknowledge_pings(self, data: bytes) -> None:
+        self.acknowledged.append(data)
+        super().acknowledge_pings(data)
+
+
+def _opened() -> tuple[_Recording, _Wire]:
+    ws, wire = _Recording(), _Wire()
+    ws.connection_made(wire)
+    return ws, wire
+
+
+def _from_client(*frames: Frame) -> bytes:
+    return b"".join(frame.serialize(mask=True, extensions=[]) for frame in frames)
+
+
+async def test_connections_process_each_parsed_event_in_an_overridable_method() -> None:
     assert list(inspect.signature(Connection.process_event).parameters) == ["self", "event"]
-    # data_received hands every event the protocol parsed to it, one at a time.
-    assert "self.process_event(" in inspect.getsource(Connection.data_received)
+    ws, _ = _opened()
+    # Two frames in one read: data_received hands each to process_event, in order.
+    ws.data_received(_from_client(Frame(Opcode.TEXT, b"{}"), Frame(Opcode.TEXT, b"[]")))
+    assert [(f.opcode, f.data) for f in ws.events] == [(Opcode.TEXT, b"{}"), (Opcode.TEXT, b"[]")]
 
 
-def test_connections_acknowledge_pongs_in_an_overridable_method() -> None:
+async def test_connections_acknowledge_pongs_in_an_overridable_method() -> None:
     assert list(inspect.signature(Connection.acknowledge_pings).parameters) == ["self", "data"]
-    assert "self.acknowledge_pings(" in inspect.getsource(Connection.process_event)
+    ws, wire = _opened()
+    waiter = await ws.ping(b"mine")
+    assert wire.written  # the ping went out
+    ws.data_received(_from_client(Frame(Opcode.PONG, b"mine")))
+    # process_event handed the pong's payload to acknowledge_pings, which answered the ping.
+    assert ws.acknowledged == [b"mine"]
+    async with asyncio.timeout(5):  # answered already: the bound only stops a hang
+        assert await waiter >= 0  # the latency
 
 
 async def test_a_connection_has_the_state_the_outbox_reads_before_writing_itself() -> None:
@@ -32,7 +100,40 @@ async def test_a_connection_has_the_state_the_outbox_reads_before_writing_itself
     assert ws.paused is False and ws.send_in_progress is None
     assert callable(ws.send_data) and list(inspect.signature(ws.send_data).parameters) == []
     assert ws.protocol.state is State.CONNECTING and ws.protocol.extensions == []
-    assert "send_in_progress" in inspect.getsource(Connection.send)  # what it waits on
+
+
+async def test_send_waits_while_a_send_is_in_progress() -> None:
+    # The outbox writes frames itself only while send_in_progress is None, and marks its
+    # own writes with it: websockets' send must wait on it rather than interleave a frame.
+    ws, wire = _opened()
+    ws.send_in_progress = asyncio.get_running_loop().create_future()
+    sending = asyncio.create_task(ws.send("later"))
+    for _ in range(5):  # a few turns of the loop: send is parked on the future
+        await asyncio.sleep(0)
+    assert not sending.done() and b"later" not in wire.written
+    ws.send_in_progress.set_result(None)
+    ws.send_in_progress = None
+    async with asyncio.timeout(5):  # a few loop turns; the bound only stops a hang
+        await sending
+    assert wire.written.endswith(b"later")
+
+
+async def test_a_fragmented_send_holds_send_in_progress_until_its_last_fragment() -> None:
+    ws, wire = _opened()
+    release = asyncio.Event()
+
+    async def fragments() -> AsyncIterator[str]:
+        yield "one"
+        await release.wait()
+        yield "two"
+
+    sending = asyncio.create_task(ws.send(fragments()))
+    await wait_for(lambda: b"one" in wire.written, what="the first fragment written")
+    assert ws.send_in_progress is not None  # what the outbox sees, and stays off the wire
+    release.set()
+    async with asyncio.timeout(5):
+        await sending
+    assert ws.send_in_progress is None and b"two" in wire.written  # then an empty last one
 
 
 async def test_a_hooked_connection_hands_on_whole_data_frames_and_its_own_pongs() -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.front.deadlines import DeadlinePassed, within_deadline
 from broker.protocol.jsonrpc import RpcError
+from broker.store.errors import StoreConnectionLost
 
 
 async def test_work_done_in_time_is_its_result() -> None:
@@ -57,7 +57,7 @@ async def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
 
 async def test_an_unreachable_store_is_a_clear_error() -> None:
     async def work() -> None:
-        raise RedisConnectionError("refused")
+        raise StoreConnectionLost("ConnectionError: refused")  # as a port raises it
 
     with pytest.raises(RpcError, match="the session store is unreachable"):
         await within_deadline(work(), "m", 5.0)

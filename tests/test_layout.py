@@ -8,6 +8,8 @@ together for whoever reads them.
 from __future__ import annotations
 
 import ast
+import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -405,16 +407,19 @@ def _receiver(node: ast.expr) -> str:
     return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
 
 
+def _absolute_imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, list[str]]]:
+    """Each absolute import statement of ``tree``, and the modules it names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield node, [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node, [node.module]
+
+
 def test_only_the_store_imports_its_client_libraries() -> None:
     found = []
     for name, tree in _outside_the_store():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
+        for _, modules in _absolute_imports(tree):
             found += [(name, m) for m in modules if m.split(".")[0] in STORE_CLIENTS]
     assert found == []
 
@@ -455,3 +460,89 @@ def test_only_the_store_reaches_the_client_behind_a_store() -> None:
         if alias.name in ("Commands", "commands")
     ]
     assert found == []
+
+
+# -- the store's errors and its ports' signatures ----------------------------------------------
+
+CLIENT_ERRORS = ("redis.exceptions", "redis.asyncio.sentinel", "redis.sentinel")
+"""Where the store's client library keeps its exception classes."""
+
+
+def _client_error_imports(root: Path) -> Iterator[tuple[str, int, str]]:
+    for path in sorted(root.rglob("*.py")):
+        name = _module_name(path)
+        if name.startswith(("broker.store", "broker.compat")):
+            continue
+        for node, modules in _absolute_imports(ast.parse(path.read_text(), str(path))):
+            found = [m for m in modules if m.startswith(CLIENT_ERRORS)]
+            if modules == ["redis"] and isinstance(node, ast.ImportFrom):
+                # ``from redis import ConnectionError``: the same classes
+                found += [f"redis.{a.name}" for a in node.names if a.name.endswith("Error")]
+            yield from ((name, node.lineno, m) for m in found)
+
+
+def test_only_the_store_names_its_clients_errors() -> None:
+    # A role catches the store's own classes (broker.store.errors: StoreError, StoreUnavailable
+    # …), which every port raises for the client's; the benchmarks too (roles' code, run bare).
+    found = [
+        hit for package in (*PACKAGES, "bench") for hit in _client_error_imports(ROOT / package)
+    ]
+    assert found == []
+
+
+def test_the_stores_errors_are_its_own() -> None:
+    import importlib
+
+    from redis.exceptions import RedisError
+
+    from broker.store.errors import StoreAway, StoreError
+
+    for name in _modules_in("broker.store"):
+        importlib.import_module(name)  # every subclass defined
+    kinds, seen = [StoreError], []
+    while kinds:
+        kind = kinds.pop()
+        seen.append(kind)
+        kinds += kind.__subclasses__()
+    assert len(seen) >= 8
+    # The breaker's refusal is raised inside the client's connection, as its connection
+    # error too (the client drops the command as on a broken connection): the one exception.
+    assert [kind for kind in seen if issubclass(kind, RedisError)] == [StoreAway]
+
+
+def _ports() -> list[tuple[str, object]]:
+    """Every port (:func:`broker.store.boundary.port` classes, ``translated`` functions)."""
+    import importlib
+
+    from broker.store.boundary import PORT_MARK
+
+    found = []
+    for name in _modules_in("broker.store"):
+        module = importlib.import_module(name)
+        for attribute, value in vars(module).items():
+            if getattr(value, "__module__", None) == name and PORT_MARK in vars(value):
+                found.append((f"{name}.{attribute}", value))
+    return found
+
+
+def _public_signatures(port: object) -> Iterator[tuple[str, inspect.Signature]]:
+    if not isinstance(port, type):
+        yield "", inspect.signature(port)  # type: ignore[arg-type]
+        return
+    for attribute, member in vars(port).items():
+        if callable(member) and (attribute == "__init__" or not attribute.startswith("_")):
+            yield f".{attribute}", inspect.signature(member)
+
+
+def test_the_ports_signatures_say_what_they_take_and_give() -> None:
+    ports = dict(_ports())
+    assert {"broker.store.bus.CommandBus", "broker.store.log.SessionLog"} <= set(ports)
+    assert len(ports) >= 20  # every role's port: a marker lost would empty this test
+    vague = []
+    for name, port in ports.items():
+        for method, signature in _public_signatures(port):
+            annotations = [p.annotation for p in signature.parameters.values()]
+            annotations.append(signature.return_annotation)
+            if any(re.search(r"\bAny\b", str(a)) for a in annotations):
+                vague.append(f"{name}{method}")
+    assert vague == []

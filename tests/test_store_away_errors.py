@@ -14,6 +14,7 @@ from redis.exceptions import (
     MasterDownError,
     ReadOnlyError,
     RedisClusterException,
+    RedisError,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,7 +22,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker.errors.store import http_failure, rpc_failure
 from broker.serve import Broker
+from broker.store.boundary import store_error
 from broker.store.client import commands
+from broker.store.errors import StoreError, StoreUnavailable
 from broker.store.keys import session_keys
 from broker.store.retry import is_store_away
 
@@ -74,6 +77,20 @@ def test_a_store_away_is_told_as_try_again_not_internal_error(exc: Exception) ->
 def test_other_errors_are_not_taken_for_a_store_away(exc: Exception) -> None:
     assert not is_store_away(exc)
     assert rpc_failure(exc) is None
+
+
+@pytest.mark.parametrize("exc", AWAY + NOT_AWAY, ids=lambda e: type(e).__name__ + ":" + str(e)[:12])
+def test_a_port_raises_the_stores_own_class_and_a_client_hears_the_same(exc: Exception) -> None:
+    if not isinstance(exc, RedisError):
+        return  # a socket's error (or a bug) leaves a port as it came
+    try:
+        raise store_error(exc) from exc  # as a port raises it
+    except StoreError as raised:
+        mapped = raised
+    assert not isinstance(mapped, RedisError)
+    assert isinstance(mapped, StoreUnavailable) == is_store_away(exc) == is_store_away(mapped)
+    before, after = rpc_failure(exc), rpc_failure(mapped)
+    assert (before and before.to_json()) == (after and after.to_json())
 
 
 async def test_a_new_session_the_store_lost_at_once_is_try_again(

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from redis.exceptions import ClusterError, TryAgainError
 
-from broker.store.retry import STORE_AWAY, STORE_MOVING, retrying, unheard
+from broker.store.boundary import store_error
+from broker.store.errors import StoreUnavailable
+from broker.store.retry import RETRIED, STORE_MOVING, retrying, unheard
 
 
 async def test_retrying_tries_again_what_the_cluster_did_not_run() -> None:
     assert TryAgainError in STORE_MOVING and ClusterError in STORE_MOVING
-    assert set(STORE_MOVING) <= set(STORE_AWAY)
+    assert set(STORE_MOVING) <= set(RETRIED)
+    # and a port raises each as the store's "out of reach, try again"
+    moving = [TryAgainError("TRYAGAIN"), ClusterError("TTL exhausted")]
+    assert all(isinstance(store_error(exc), StoreUnavailable) for exc in moving)
     calls: list[int] = []
 
     async def call() -> int:

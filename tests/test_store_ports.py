@@ -13,7 +13,7 @@ from broker.model.events import EventType
 from broker.store import hosts
 from broker.store.bus import CommandBus, CommandMarks
 from broker.store.client import commands
-from broker.store.errors import StoreError, group_missing
+from broker.store.errors import StoreError, StoreReplyError, group_missing
 from broker.store.feeds import ChangeFeeds
 from broker.store.index import ACP_LISTING, SessionIndex
 from broker.store.keys import INDEX_CHANNEL, SessionKeys, host_inbox
@@ -129,6 +129,7 @@ async def test_the_queue_delivers_to_its_group_once_and_trims_behind_it(store: A
     with pytest.raises(StoreError) as missing:
         await bus.read_queue("hosts", "h1", count=10, block_ms=10)
     assert group_missing(missing.value)
+    assert isinstance(missing.value, StoreReplyError)  # the store's own class, not the client's
     await bus.create_queue_group("hosts", "$")
     await bus.create_queue_group("hosts", "$")  # made already: nothing
     sent = [await bus.send("acpb:hosts:queue", f"c{i}") for i in range(3)]

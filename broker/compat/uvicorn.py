@@ -6,7 +6,7 @@ and a server that runs inside the broker's loop.
 and reads ``conn``, ``loop`` and ``transport``); ``tests/test_compat_uvicorn.py`` checks
 each of them, so an upgrade that moves one fails there by name. :class:`EmbeddedServer`
 overrides ``Server.capture_signals`` and ``Server.main_loop`` and calls ``on_tick``; the same
-tests check that ``serve`` still goes through them.
+tests run uvicorn's own server and check that ``serve`` still goes through them.
 
 Deadlines uvicorn does not set: the HTTP listener's request heads and idle sockets.
 

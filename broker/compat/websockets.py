@@ -21,8 +21,9 @@ websockets' asyncio server is used through its public API (``serve``, ``recv``, 
   ``protocol.send_text`` where an extension rewrites frames; the keepalive writes Ping
   frames the same way.
 
-``tests/test_compat_websockets.py`` checks each of these, so an upgrade that changes one
-fails there by name. No other module subclasses a websockets class.
+``tests/test_compat_websockets.py`` checks each of these by behaviour (websockets' own
+connection driven with bytes, its writes read back), so an upgrade that changes one fails
+there by name. No other module subclasses a websockets class.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors.failures import describe
 from ..ops import metrics
+from .errors import StoreAway as StoreAway  # where the gates and tests find it
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,10 +62,6 @@ PROBE_TIMEOUT = 1.0
 """Seconds a probe waits for its answer (two unanswered in a row open the breaker)."""
 
 _PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("store_probe", default=False)
-
-
-class StoreAway(RedisConnectionError):
-    """A command not sent: the store is known to be away (see :class:`StoreBreaker`)."""
 
 
 class StoreBreaker:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from .boundary import port
 from .client import Store, commands
 from .errors import group_exists
 from .groups import Entries
@@ -27,6 +28,7 @@ def just_past(entry_id: str) -> str:
     return f"{ms}-{seq + 1}"
 
 
+@port
 class CommandBus:
     """The shared queue and the hosts' inboxes."""
 
@@ -103,6 +105,7 @@ def _entries(replies: list[tuple[str, Entries]] | None) -> Entries:
     return [entry for _, entries in replies or [] for entry in entries]
 
 
+@port
 class CommandMarks:
     """The marks of the commands that create a session (:func:`~.keys.command_taken_key`),
     one per call id, with a time to live in ms."""

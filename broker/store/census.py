@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .boundary import translated
 from .client import Store, commands
 from .keys import PARTITIONS, PREFIX, hot_key
 
@@ -36,6 +37,7 @@ class Census:
         return max(0, self.indexed - self.hot)
 
 
+@translated
 async def census(redis: Store) -> Census:
     """Count the sessions of the store (see the module's description)."""
     redis = commands(redis)

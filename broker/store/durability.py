@@ -16,12 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import Store, commands
+from .errors import StoreUnavailable
 
 
-class NotReplicated(RedisTimeoutError):
+class NotReplicated(StoreUnavailable):
     """An append that fewer replicas than asked acknowledged within the timeout."""
 
 

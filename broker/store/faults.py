@@ -22,7 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors.failures import describe
-from .log import is_oom
+from .errors import StoreError, StoreForbidden, StoreReadOnly, StoreUnavailable
+from .log_errors import is_oom
 
 ACL_RULE = "on >PASSWORD ~acpb:* &acpb:* +@all -@dangerous"
 """The least-privilege ACL rule the broker needs (``ACL SETUSER NAME <this>``): its keys
@@ -33,7 +34,7 @@ _COMMAND = re.compile(r"permissions to run the '([^']+)' command")
 
 def is_noperm(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a command to this ACL user."""
-    return isinstance(exc, NoPermissionError) or (
+    return isinstance(exc, NoPermissionError | StoreForbidden) or (
         isinstance(exc, ResponseError) and str(exc).startswith("NOPERM")
     )
 
@@ -55,7 +56,7 @@ def missing_permission(exc: BaseException, command: str) -> str:
 
 def write_problem(exc: BaseException) -> str:
     """Why a write to the store failed, as a reason for ``/readyz`` and the logs."""
-    if isinstance(exc, ReadOnlyError):
+    if isinstance(exc, ReadOnlyError | StoreReadOnly):
         return (
             "the store refuses writes: the server is a read-only replica (a failover "
             "demoted it; reach the master through redis+sentinel:// to follow failovers)"
@@ -69,7 +70,7 @@ def write_problem(exc: BaseException) -> str:
         )
     if isinstance(exc, MasterNotFoundError):
         return f"the store is failing over: {no_master(exc)}"
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | StoreUnavailable):
         return f"Redis cannot be reached ({describe(exc)}){connection_hint(exc)}"
     return f"the store refused a write: {describe(exc)}"
 
@@ -105,7 +106,10 @@ def no_master(exc: BaseException) -> str:
 
 
 def brief(exc: BaseException) -> str:
-    """:func:`~broker.errors.failures.describe`, short for a Sentinel's "no master" failure."""
+    """:func:`~broker.errors.failures.describe`, short for a Sentinel's "no master" failure;
+    a port's error in the client's words (its cause: what a client was always told)."""
+    if isinstance(exc, StoreError) and isinstance(exc.__cause__, RedisError):
+        exc = exc.__cause__
     return no_master(exc) if isinstance(exc, MasterNotFoundError) else describe(exc)
 
 
@@ -119,8 +123,8 @@ def start_problem(exc: BaseException, *, tls: bool) -> str:
         )
     if isinstance(exc, AuthenticationError):
         return f"the store refused the credentials: {describe(exc)}"
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | StoreUnavailable):
         return f"cannot reach the store: {describe(exc)}{connection_hint(exc, tls=tls)}"
-    if isinstance(exc, RedisError):
+    if isinstance(exc, RedisError | StoreError):
         return write_problem(exc)
     return describe(exc)

@@ -4,6 +4,7 @@ what a notice says, :mod:`.index`'s."""
 
 from __future__ import annotations
 
+from .boundary import port
 from .client import Store, commands
 from .errors import group_exists
 from .groups import Entries
@@ -16,6 +17,7 @@ def all_feeds() -> list[str]:
     return [feed_key(partition) for partition in range(PARTITIONS)]
 
 
+@port
 class ChangeFeeds:
     """The change feeds ``feeds`` (default: every partition's) and their group ``group``."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .boundary import port
 from .client import Store, commands, is_cluster
 from .direct import direct_calls, reconnecting
 from .feed_bell import AWAKE, MOST_PAUSE, SAFETY, Doorbell
@@ -33,6 +34,7 @@ Entries = list[tuple[str, dict[str, str]]]
 """A stream's entries as read: (entry id, fields)."""
 
 
+@port
 class GroupReads:
     """The reads of ``streams`` by consumer ``consumer`` of ``group``, ``batch`` entries a
     stream at most; a blocking read waits up to ``block_ms``; on a cluster, a poll that found

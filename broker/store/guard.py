@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from ..config import Settings
 from ..lifetimes import RoleLoops
+from .boundary import port
 from .breaker import breaker_of
 from .client import Store
 from .preflight import StoreFacts, preflight, warn_while_evicting
 from .readiness import StoreReadiness
 
 
+@port
 class StoreGuard:
     """The start-up checks and readiness of one process's store."""
 

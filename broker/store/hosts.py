@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from .boundary import translated
 from .client import Store, commands
 from .keys import CAPABILITIES_KEY, PREFIX, lease_key
 
@@ -25,6 +26,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@translated
 async def announce(redis: Store, host_id: str, ttl: float) -> None:
     """``host_id`` is alive for ``ttl`` seconds more (and hosts gone for long are dropped)."""
     now = _now_ms()
@@ -34,27 +36,32 @@ async def announce(redis: Store, host_id: str, ttl: float) -> None:
         await pipe.execute()
 
 
+@translated
 async def withdraw(redis: Store, host_id: str) -> None:
     """``host_id`` stopped."""
     await commands(redis).zrem(HOSTS_KEY, host_id)
 
 
+@translated
 async def any_alive(redis: Store) -> bool:
     """Whether some agent host's announcement has not lapsed."""
     return bool(await commands(redis).zcount(HOSTS_KEY, _now_ms(), "+inf"))
 
 
+@translated
 async def publish_capabilities(redis: Store, agent: str, capabilities: str) -> None:
     """What agent ``agent`` advertised (``agentCapabilities``, encoded JSON), for the
     fronts' ``initialize`` answers."""
     await commands(redis).hset(CAPABILITIES_KEY, agent, capabilities)
 
 
+@translated
 async def capabilities(redis: Store) -> dict[str, str]:
     """Every agent's advertised capabilities (encoded JSON) by agent name."""
     return {str(k): str(v) for k, v in (await commands(redis).hgetall(CAPABILITIES_KEY)).items()}
 
 
+@translated
 async def lease_holder(redis: Store, tenant: str, session_id: str) -> str | None:
     """The agent host that holds the session's lease now (None: no host)."""
     holder = await commands(redis).get(lease_key(tenant, session_id))

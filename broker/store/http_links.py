@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .appends import lua_script
+from .boundary import port
 from .client import Store, commands
 from .keys import PREFIX, node_channel
 from .scripts import call_each
@@ -82,6 +83,7 @@ return 1
 """
 
 
+@port
 class HttpLinks:
     """The store port of Streamable HTTP connections (see the module's description).
 

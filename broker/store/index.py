@@ -41,12 +41,14 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, TypedDict
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from .. import fastjson
+from .boundary import port, store_error
 from .catalog import catalog_entries
 from .client import Store, commands, is_cluster
 from .direct import reconnecting, store_calls
+from .errors import StoreError
 from .events import JsonObject, SessionSnapshot, Status, dumps
 from .index_announce import IndexAnnouncer
 from .keys import INDEX_CHANNEL, TenantKeys
@@ -465,6 +467,7 @@ class IndexDump(TypedDict):
     listings: dict[str, list[str]]
 
 
+@port
 class SessionIndex:
     """Reads and writes the per-tenant session index."""
 
@@ -807,9 +810,15 @@ class SessionIndex:
     def read_page(self, read: PageRead, limit: int) -> Page | None:
         """The page a :meth:`begin_page` read brought (its future done, not cancelled);
         None when it holds members written before members carried their ``SessionInfo``
-        (:meth:`page` reads those). Raises ``RedisError`` when the read failed."""
+        (:meth:`page` reads those). Raises the store's error when the read failed."""
         connection, future = read
-        return page_of(connection.result(future), limit)
+        try:
+            reply = connection.result(future)
+        except StoreError:
+            raise
+        except RedisError as exc:  # a port's method, though not a coroutine: translated here
+            raise store_error(exc) from exc
+        return page_of(reply, limit)
 
     async def _read(self, *command: Any) -> Any:
         return await self._calls.call(*command)

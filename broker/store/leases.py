@@ -17,8 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
+from redis.exceptions import ResponseError
+
+from .boundary import port
 from .client import Store, commands
-from .errors import StoreError, no_session
+from .errors import no_session
 from .keys import SessionKeys, leases_key
 from .log import SessionMissing
 from .scripts import call_each
@@ -58,6 +61,7 @@ def parse_member(member: str) -> tuple[str, str]:
     return tenant, session_id
 
 
+@port
 class Leases:
     """Acquires, renews and releases leases for one agent host."""
 
@@ -76,7 +80,7 @@ class Leases:
             ok, value = await self._script(
                 keys=[keys.lease, keys.snapshot], args=["acquire", self.host_id, self.ttl_ms]
             )
-        except StoreError as exc:
+        except ResponseError as exc:
             if no_session(exc):
                 raise SessionMissing(session_id) from None
             raise

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .boundary import port
 from .client import Store, Topology, commands, topology
 from .cluster_feed import ClusterFeed
 from .subscriber import BulkSubscriber, Message
@@ -77,6 +78,7 @@ def open_live_feed(redis: Store) -> LiveFeed:
     return BulkSubscriber(commands(redis).pubsub())
 
 
+@port
 class Publisher:
     """Publishing on the live feed's channels (``SPUBLISH``): a session's channel, a
     node's reply channel, the index's announcements."""

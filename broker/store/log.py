@@ -17,6 +17,7 @@ from .appends import call_ids as call_ids
 from .archive import ArchivedLog, ArchiveStore
 from .archived import RESTORE_CHUNK as RESTORE_CHUNK
 from .archived import ArchivedLogs
+from .boundary import port
 from .client import Store, commands
 from .direct import direct_calls, store_calls
 from .events import EventRow, JsonObject, LogEvent, Position, SessionSnapshot
@@ -34,6 +35,7 @@ from .names import new_session_id as new_session_id  # where callers have long f
 from .reads import LogReader
 
 
+@port
 class SessionLog:
     """Appends to and reads from session logs: the one object its callers hold, made of
     an :class:`.LogAppender`, a :class:`.LogReader` and the :class:`.ArchivedLogs`."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from redis.exceptions import OutOfMemoryError, ResponseError
 
+from .errors import StoreFullError
+
 
 class SessionMissing(LookupError):
     """No session with this id in this tenant (or it belongs to another tenant)."""
@@ -37,7 +39,7 @@ class ArchiveUnavailable(Exception):
 def is_oom(exc: BaseException) -> bool:
     """Whether Redis refused a command because it is at ``maxmemory``."""
     # redis-py raises OutOfMemoryError for a plain command; a script's error keeps the text.
-    return isinstance(exc, OutOfMemoryError) or (
+    return isinstance(exc, OutOfMemoryError | StoreFullError) or (
         isinstance(exc, ResponseError) and "OOM" in str(exc) and "maxmemory" in str(exc)
     )
 

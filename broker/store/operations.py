@@ -30,8 +30,10 @@ import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
+from ..model.events import JsonObject
+from .boundary import port
 from .client import Store, commands
 from .keys import PREFIX
 
@@ -115,7 +117,7 @@ class Entry:
     """A ledger record as :meth:`OperationLedger.begin` found or made it."""
 
     claim: Claim
-    outcome: Any = None
+    outcome: JsonObject | None = None
     """``DONE``: the outcome the first request settled (JSON, as the caller gave it)."""
     lapsed: bool = False
     """``PENDING``: the claim's lease ran out (its request died, or gave it up)."""
@@ -123,6 +125,7 @@ class Entry:
     """The record as read (what :meth:`OperationLedger.take_over` compares against)."""
 
 
+@port
 class OperationLedger:
     """Claims, settles and reads operation records (one Redis string each)."""
 
@@ -214,7 +217,7 @@ class OperationLedger:
         return Entry(Claim.NEW, raw=mine) if await self._swap(key, entry, mine) else None
 
     async def settle(
-        self, key: OperationKey, fingerprint: str, outcome: Any, held: Entry | None = None
+        self, key: OperationKey, fingerprint: str, outcome: JsonObject, held: Entry | None = None
     ) -> bool:
         """``key`` came to ``outcome`` (JSON): every retry gets it, for the record's life.
         ``held``: only while the record is still this claim (fenced); whether it was written."""

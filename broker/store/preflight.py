@@ -21,11 +21,12 @@ import secrets
 from dataclasses import dataclass, field
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors.failures import describe
 from .client import Store, Topology, commands, topology
+from .errors import StoreError
 from .faults import is_noperm, missing_permission, start_problem
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ _PROBES: list[tuple[str, ...]] = [
 """Every kind of command the roles send, on probe keys sharing one hash tag."""
 
 
-class StoreRefused(RedisError):
+class StoreRefused(StoreError):
     """The store cannot be used as it is: the message says why and how to fix it."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import fastjson
 from ..model.events import JsonObject
+from .boundary import port
 from .client import Store, commands
 from .keys import session_keys
 
@@ -65,6 +66,7 @@ class PresenceRead:
     """The entries that lapsed (their front stopped refreshing them), by attachment id."""
 
 
+@port
 class PresenceStore:
     """The presence hashes (see the module's docstring)."""
 

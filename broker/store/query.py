@@ -33,6 +33,7 @@ from importlib import resources
 from typing import Any
 
 from ..config import SESSION_KINDS
+from .boundary import port
 from .catalog import (
     ALL_LISTING,
     ID_PREFIX_CHARS,
@@ -233,6 +234,7 @@ class BadCursor(ValueError):
     layer answers it as ``invalid_cursor``: :func:`broker.errors.store.query_refused`)."""
 
 
+@port
 class SessionLister:
     """Answers session list queries for any tenant from the catalog listings."""
 

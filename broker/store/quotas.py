@@ -3,6 +3,7 @@ and the rate counters every node adds a credential's requests to."""
 
 from __future__ import annotations
 
+from .boundary import port, translated
 from .client import Store, commands
 from .keys import TenantKeys
 
@@ -11,6 +12,7 @@ class TenantFull(Exception):
     """The tenant has as many sessions as ``max_sessions_per_tenant`` allows."""
 
 
+@translated
 async def check_session_quota(redis: Store, tenant: str, limit: int) -> None:
     """Raise :class:`TenantFull` when ``tenant`` has ``limit`` sessions or more.
 
@@ -24,6 +26,7 @@ async def check_session_quota(redis: Store, tenant: str, limit: int) -> None:
         )
 
 
+@port
 class RateCounters:
     """Counters every node adds to (requests in a window), each kept a few seconds."""
 

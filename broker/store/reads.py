@@ -6,10 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .archive import ArchiveCorrupt, ArchivedLog, entries_between
 from .archived import ArchivedLogs
+from .boundary import store_error
 from .client import Store, commands
 from .direct import StoreCalls
+from .errors import StoreError
 from .events import EventRow, JsonObject, LogEvent, SessionSnapshot, events_of, window_fields
 from .keys import SessionKeys
 from .log_errors import SessionMissing
@@ -136,12 +140,17 @@ class LogReader:
         three commands in one write with the other reads of the step, once for all of a
         step's resumes of one session; on any error, and elsewhere, through the client."""
         keys = SessionKeys(tenant, session_id)
-        flat_snap, flat_meta, holder = await self.calls.calls(
-            ("HGETALL", keys.snapshot),
-            ("HGETALL", keys.meta),
-            ("GET", keys.lease),
-            shared=True,  # the clients of a session resuming at once: one read
-        )
+        try:  # translated here: the log hands this coroutine on as it is (no port's wrapper)
+            flat_snap, flat_meta, holder = await self.calls.calls(
+                ("HGETALL", keys.snapshot),
+                ("HGETALL", keys.meta),
+                ("GET", keys.lease),
+                shared=True,  # the clients of a session resuming at once: one read
+            )
+        except StoreError:
+            raise
+        except RedisError as exc:
+            raise store_error(exc) from exc
         snap, meta = _pairs(flat_snap), _pairs(flat_meta)
         if not snap:
             raise SessionMissing(session_id)

@@ -12,6 +12,7 @@ import logging
 from collections import defaultdict
 
 from .archive import ArchiveStore
+from .boundary import translated
 from .client import Commands, Store, commands
 from .events import LogEvent, fold
 from .index import SessionIndex, members_of
@@ -21,6 +22,7 @@ from .log import SessionLog
 log = logging.getLogger(__name__)
 
 
+@translated
 async def find_sessions(store: Store) -> dict[str, set[str]]:
     """Every session, by tenant (a SCAN: for rebuilds, not for serving). Sessions are found
     by their snapshot, which an archived session keeps while its log is archived."""
@@ -33,6 +35,7 @@ async def find_sessions(store: Store) -> dict[str, set[str]]:
     return found
 
 
+@translated
 async def rebuild_index(redis: Store, archive: ArchiveStore | None = None) -> dict[str, int]:
     """Rebuild every tenant's index from the logs (an archived one read from ``archive``);
     returns how many sessions per tenant."""

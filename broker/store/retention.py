@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import time
 
+from .boundary import port
 from .client import Store, commands
 from .keys import SessionKeys, deleted_key, hot_key, split_member
 
 
+@port
 class RetentionSets:
     """The hot and deleted sets of the partitions, and a purged session's keys."""
 

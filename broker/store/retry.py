@@ -5,7 +5,7 @@ seconds. A write that carries someone's answer or reply is tried again (the same
 reader deduplicates by the id inside) with a growing pause, until a deadline; past it the
 last error is raised, for the caller to report. The loop and its pauses are
 :mod:`broker.retry`'s; :func:`retrying` and :func:`retry_store` are it with the store's
-errors (:data:`STORE_AWAY`) by default.
+errors (:data:`RETRIED`) by default.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import retry as retry_helper
 from ..retry import doubling as doubling  # where the store's callers find it
+from .errors import StoreUnavailable
 
 T = TypeVar("T")
 
@@ -38,11 +39,19 @@ or script whose keys are split between a migrating slot's two nodes), MOVED and 
 ``ClusterError("TTL exhausted")``, what redis-py raises once it has been redirected or told
 to try again 16 times in a row (about half a second): a slot half migrated lasts longer."""
 
-STORE_AWAY = (RedisConnectionError, RedisTimeoutError, OSError, ReadOnlyError, *STORE_MOVING)
-"""What a store that is out of reach raises (restarting, loading its data, stalled, failing
-over: a master turned replica answers writes ``READONLY``, and the write did not run; a
-cluster moving slots); any other error reply to a command is not among them: trying it
-again would fail again."""
+REDIS_AWAY = (RedisConnectionError, RedisTimeoutError, OSError, ReadOnlyError, *STORE_MOVING)
+"""What the client raises for a store that is out of reach (restarting, loading its data,
+stalled, failing over: a master turned replica answers writes ``READONLY``, and the write
+did not run; a cluster moving slots); any other error reply to a command is not among them:
+trying it again would fail again. A port raises them as :class:`~.errors.StoreUnavailable`."""
+
+STORE_AWAY = (StoreUnavailable, OSError)
+"""What a port raises for a store that is out of reach (:data:`REDIS_AWAY` as the store's
+own class; a socket's error as it came): what a role catches to try again."""
+
+RETRIED = STORE_AWAY + REDIS_AWAY
+"""What :func:`retrying` and :func:`retry_store` try again unless told otherwise: a port's
+"out of reach", and the client's own where the store retries its commands itself."""
 
 AWAY_REPLIES = ("UNBLOCKED", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN")
 """Error replies a server gives while its role changes (they say "not now", not "never"):
@@ -56,7 +65,7 @@ def is_store_away(exc: BaseException) -> bool:
     """Whether ``exc`` says the store is out of reach for now (:data:`STORE_AWAY`, one of
     :data:`AWAY_REPLIES`, or a cluster client's "cannot be connected" caused by one): the
     one test of it, for what clients hear on every role."""
-    if isinstance(exc, STORE_AWAY):  # MASTERDOWN and TRYAGAIN among them (cluster errors)
+    if isinstance(exc, RETRIED):  # MASTERDOWN and TRYAGAIN among them (cluster errors)
         return True
     if isinstance(exc, RedisClusterException) and exc.__cause__ is not None:
         # A cluster client that reached no node to reload its slot map from says so with
@@ -68,11 +77,11 @@ def is_store_away(exc: BaseException) -> bool:
 async def retrying(
     call: Callable[[], Awaitable[T]],
     deadline: float,
-    errors: tuple[type[BaseException], ...] = STORE_AWAY,
+    errors: tuple[type[BaseException], ...] = RETRIED,
     *,
     again: Callable[[T], bool] | None = None,
 ) -> T:
-    """:func:`broker.retry.retrying` with the store's errors (:data:`STORE_AWAY`) unless
+    """:func:`broker.retry.retrying` with the store's errors (:data:`RETRIED`) unless
     told others: ``await call()`` again after each, for at most ``deadline`` seconds."""
     return await retry_helper.retrying(call, deadline, errors, again=again)
 
@@ -82,10 +91,10 @@ async def retry_store(
     pauses: Iterable[float],
     *,
     keep: Callable[[BaseException], bool] | None = None,
-    errors: tuple[type[BaseException], ...] = STORE_AWAY,
+    errors: tuple[type[BaseException], ...] = RETRIED,
     again: Callable[[T], bool] | None = None,
 ) -> T:
-    """:func:`broker.retry.retry` with the store's errors (:data:`STORE_AWAY`) unless told
+    """:func:`broker.retry.retry` with the store's errors (:data:`RETRIED`) unless told
     others: ``await call()`` again after each, waiting each of ``pauses`` in turn."""
     return await retry_helper.retry(call, pauses, errors=errors, keep=keep, again=again)
 

@@ -30,6 +30,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..errors.failures import FailureLog
+from .boundary import translated
 from .client import Store, commands
 
 
@@ -103,6 +104,7 @@ def id_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+@translated
 async def trim_every(
     interval: float, trim: Callable[[], Awaitable[int]], what: str, log: logging.Logger
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from .boundary import port
 from .client import Store, commands
 from .keys import PREFIX
 
@@ -19,6 +20,7 @@ TOKENS_KEY = f"{PREFIX}:tokens"
 """Set: every token id."""
 
 
+@port
 class TokenRecords:
     """Store, list and read the API tokens' records."""
 
