@@ -52,6 +52,7 @@ XDIST_GROUPS = {
     "test_restart": "faults",
     "test_scale_out": "faults",
     "test_sentinel": "faults",
+    "test_shared_conformance": "faults",
     "test_archive_postgres": "postgres",
     "test_console": "console",
     "test_live_view": "console",

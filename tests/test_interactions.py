@@ -17,7 +17,8 @@ import pytest
 from mcp import Client
 
 from broker.serve import Broker
-from broker.store.client import connect
+from broker.store.client import commands, connect
+from broker.store.keys import lease_key
 
 from .conftest import make_settings
 from .support.client import RawClient, tool_result_text, wait_for
@@ -322,3 +323,26 @@ async def test_a_front_killed_mid_interaction_loses_nothing(redis_url: str, tmp_
         states = [u["state"]["type"] for u in interaction_updates(other)]
         assert states[-1] == "resolved"
         await other.close()
+
+
+async def test_a_lapsed_lease_key_of_a_held_session_is_waited_out_not_taken_for_nobody(
+    node: Broker,
+) -> None:
+    """The session's lease key is gone (a renewal late under load) while its host still
+    holds it and the question waits: ``interaction/list`` waits for the renewal and names
+    the question (it answered "nothing pending" then); a claim on a session no host holds
+    is refused as unknown, not answered with an empty result."""
+    window, session_id = await asking_session(node)
+    watcher = await remote_client(node)
+    await load(watcher, session_id)
+    await commands(node.redis).delete(lease_key(node.settings.tenant, session_id))
+    listed = await watcher.call("interaction/list", {"sessionId": session_id})
+    assert [i["state"]["type"] for i in listed["result"]["interactions"]] == ["open"]
+    other = await window.new_session("/srv/i")  # no question: then released, held by nobody
+    await load(watcher, other)
+    await node.agents.release(node.settings.tenant, other)
+    claim = {"sessionId": other, "interactionId": "interaction_00", "expectedRevision": "1"}
+    refused = await watcher.call("interaction/claim", claim)
+    assert refused["error"]["data"]["condition"] == "revision_conflict", refused
+    for client in (window, watcher):
+        await client.close()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any, cast
+
 import pytest
 
 from broker.protocol.interactions import (
@@ -13,6 +18,9 @@ from broker.protocol.interactions import (
     response_of,
     summary,
 )
+from workers.agent_host.interactions import HostInteractions, Pending
+
+from .support.client import wait_for
 
 OPTIONS = [
     {"optionId": "allow_once", "name": "Allow", "kind": "allow_once"},
@@ -117,3 +125,28 @@ def test_views_carry_the_question_and_no_principal() -> None:
     assert listed["options"] == OPTIONS
     one, other = participant_id("s1", "token:abc"), participant_id("s2", "token:abc")
     assert one != other and "abc" not in one
+
+
+async def test_a_claim_timer_that_runs_early_reopens_the_interaction_when_the_claim_ends() -> None:
+    """An event loop's timer may run before the wall-clock expiry of the claim it was set
+    for (uvloop's count from its iteration's start, in milliseconds): the interaction is
+    reopened when the claim is over, not left claimed for ever."""
+    logged: list[dict[str, Any]] = []
+
+    class Recorder:
+        async def append_all(self, held: Any, bodies: list[dict[str, Any]], **_: Any) -> None:
+            logged.extend(bodies)
+
+    held = SimpleNamespace(session_id="sess_x", interactions={}, prompt_task=None)
+    host = HostInteractions(cast(Any, Recorder()), timeout=60)
+    record = opened()
+    pending = Pending(record, asyncio.get_running_loop().create_future())
+    held.interactions[record.interaction_id] = pending
+    record.claim_for("p1", "a1", "1", 0.3, now=time.time())
+    await host._expire(cast(Any, held), pending)  # ran early: the claim has 0.3 s left
+    assert record.state == State.CLAIMED and logged == []
+    await wait_for(lambda: record.state == State.OPEN, 10, "the claim's expiry")
+    await wait_for(lambda: logged, 10, "the reopening logged")
+    assert logged[-1]["interaction"]["state"] == {"type": "open"}
+    if pending.expiry is not None:
+        pending.expiry.cancel()

@@ -214,7 +214,21 @@ LIBRARIES = ("websockets", "uvicorn", "redis", "starlette", "h11", "hiredis")
 
 def _trees() -> Iterator[tuple[str, ast.Module]]:
     for name, path in MODULES.items():
-        yield name, ast.parse(path.read_text(), str(path))
+        yield name, _parse(path)
+
+
+def _parse(path: Path) -> ast.Module:
+    """``path``'s tree. CPython 3.11's AST constructor counts its recursion in state the whole
+    interpreter shares (python/cpython#106905; seen on 3.11.7 under the suite): a tree built
+    while another thread builds one can fail with "AST constructor recursion depth mismatch",
+    though the source is fine. The same source parsed again is the answer."""
+    source = path.read_text()
+    try:
+        return ast.parse(source, str(path))
+    except SystemError as exc:
+        if "recursion depth mismatch" not in str(exc):
+            raise
+        return ast.parse(source, str(path))
 
 
 def _library_imports(tree: ast.Module) -> dict[str, str]:

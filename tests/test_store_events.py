@@ -8,8 +8,16 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.protocol.interactions import Interaction, State, cancelled_for_host_loss
 from broker.store.client import connect
-from broker.store.events import EventType, LogEvent, SessionSnapshot, Status, fold
+from broker.store.events import (
+    EventType,
+    LogEvent,
+    SessionSnapshot,
+    Status,
+    fold,
+    is_index_neutral,
+)
 from broker.store.log import SessionLog
 
 from .support.strategies import json_values
@@ -114,6 +122,50 @@ def test_fold_ignores_unknown_event_types_and_other_updates() -> None:
     ]
     snap = fold("t", "s", events)
     assert snap is not None and snap.title is None and snap.seq == 4
+
+
+def _interaction_events() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Two questions' records as the host logs them: one answered, one left claimed."""
+    params = {"sessionId": "s", "toolCall": {"toolCallId": "c"}, "options": []}
+    first = Interaction.opened("s", "session/request_permission", params)
+    second = Interaction.opened("s", "elicitation/create", {"message": "name?"})
+    views = [first.view(), second.view()]
+    first.end(State.CANCELLED, 2.0)
+    second.claim_for("p", "a", "1", 30, now=1.0)
+    views += [first.view(), second.view()]
+    bodies = [{"type": EventType.INTERACTION, "interaction": v} for v in views]
+    return bodies, views
+
+
+def test_the_snapshot_keeps_the_pending_interactions_until_they_end() -> None:
+    """What a host taking the session over cancels: the last record of each interaction
+    left open or claimed; the events leave the session's listing alone."""
+    bodies, views = _interaction_events()
+    events = [ev(1, CREATED), *(ev(n + 2, body) for n, body in enumerate(bodies))]
+    both = fold("t", "s", events[:3])
+    assert both is not None and both.interactions == views[:2]
+    left = fold("t", "s", events)
+    assert left is not None and left.interactions == [views[3]]
+    assert all(is_index_neutral(body) for body in bodies)
+    ended = cancelled_for_host_loss(views[3], 5.0)
+    assert (ended["revision"], ended["state"]["type"]) == ("3", "cancelled")
+    assert ended["state"]["_meta"] == {"acpBroker/reason": "host_lost"}
+    gone = fold("t", "s", [*events, ev(6, {"type": EventType.INTERACTION, "interaction": ended})])
+    assert gone is not None and gone.interactions == []
+
+
+async def test_the_store_keeps_the_pending_interactions_as_the_fold_does() -> None:
+    bodies, _ = _interaction_events()
+    store = connect(None)
+    try:
+        log = SessionLog(store)
+        await log.create("tenant", "sess_i", CREATED)
+        for body in bodies:
+            await log.append("tenant", "sess_i", body)
+        events = await log.read("tenant", "sess_i")
+        assert fold("tenant", "sess_i", events) == await log.snapshot("tenant", "sess_i")
+    finally:
+        await store.aclose()
 
 
 meta_values = st.none() | json_values

@@ -38,9 +38,15 @@ from ..store.client import Store
 from ..store.errors import StoreError
 from ..store.events import EventType, LogEvent
 from ..store.keys import host_inbox, host_queue
+from ..store.leases import held_or_due
 from ..store.log import SessionLog, SessionMissing
 
 log = logging.getLogger(__name__)
+
+
+HOLDER_GAP_PAUSE = 0.2
+"""Seconds between looks for a session's holder while its lease key is missing but it is
+still listed as held (a renewal comes every third of the lease's time)."""
 
 
 class RemoteAgents(AgentGateway):
@@ -217,9 +223,19 @@ class RemoteAgents(AgentGateway):
     async def interact(
         self, tenant: str, session_id: str, action: str, params: JsonObject, principal: str
     ) -> JsonObject:
+        """The holding host's answer; ``{}`` when no host holds the session (nothing is
+        pending). A lease key missing while the session is still listed as held (a late
+        renewal, a takeover under way) is waited out, within the routing deadline: answered
+        "nothing" then, a pending question looked answered, or a claim looked lost."""
         fields = {"action": action, "params": params, "principal": principal}
-        reply = await self._answered(Op.INTERACT, tenant, session_id, fields, holder_only=True)
-        return reply if isinstance(reply, dict) else {}
+        deadline = time.monotonic() + self.route_deadline
+        while True:
+            reply = await self._answered(Op.INTERACT, tenant, session_id, fields, holder_only=True)
+            if reply or time.monotonic() > deadline:
+                return reply if isinstance(reply, dict) else {}
+            if not await held_or_due(self.redis, tenant, session_id):
+                return {}
+            await asyncio.sleep(HOLDER_GAP_PAUSE)
 
     async def release(self, tenant: str, session_id: str) -> None:
         await self._answered(Op.RELEASE, tenant, session_id, {}, holder_only=True)

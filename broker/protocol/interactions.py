@@ -361,3 +361,23 @@ def info_update(view: JsonObject) -> JsonObject:
     """An interaction's new state as every viewer hears of it (v1 and v2): a
     ``session_info_update`` whose ``_meta`` carries the record."""
     return {"sessionUpdate": "session_info_update", "_meta": {EVENT_META: view}}
+
+
+HOST_LOST = "host_lost"
+"""Why an interaction a lost agent host left pending was cancelled (``_meta`` reason)."""
+REASON_META = "acpBroker/reason"
+
+
+def cancelled_for_host_loss(view: JsonObject, now: float) -> JsonObject:
+    """The terminal record of an interaction (its last logged ``view``) whose agent host
+    died while it was pending: ``cancelled`` (the draft's state for a question its asker
+    no longer needs), one revision on, with ``_meta["acpBroker/reason"]`` ``host_lost``
+    (the draft has no reason field). Its claim, if any, ends with it."""
+    given = str(view.get("revision") or "0")
+    revision = (int(given) if given.isdigit() else 0) + 1
+    state: JsonObject = {
+        "type": State.CANCELLED.value,
+        "cancelledAt": iso(now),
+        "_meta": {REASON_META: HOST_LOST},
+    }
+    return {**view, "revision": str(revision), "state": state}

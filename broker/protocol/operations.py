@@ -38,9 +38,14 @@ MUTATIONS: Final = frozenset(
         "session/delete",
         "session_access/grant",
         "session_access/revoke",
+        "interaction/claim",
+        "interaction/release",
+        "interaction/respond",
     }
 )
-"""The ACP methods an operation id makes safe to send again (the ones that change state)."""
+"""The ACP methods an operation id makes safe to send again (the ones that change state;
+the draft requires one on each ``interaction/*`` change: a retried answer is answered with
+the first outcome, not refused as late)."""
 REPEATABLE: Final = frozenset(
     {
         "session/cancel",

@@ -62,6 +62,9 @@ class SessionSnapshot:
     """The session's ACL: each entry's JSON by entry id (``auth.roles.AclEntry``)."""
     acl_revision: int = 0
     """How many ACL changes the log holds (the draft's ``aclRevision``)."""
+    interactions: list[JsonObject] = field(default_factory=list)
+    """The pending interactions (``open`` or ``claimed``) the log leaves, each its last
+    logged record: what a host taking the session over ends (their agent is gone)."""
 
     @classmethod
     def from_hashes(
@@ -98,6 +101,11 @@ class SessionSnapshot:
             floor=int(snap.get("floor", 0)),
             acl={k[len(ACL_PREFIX) :]: v for k, v in snap.items() if k.startswith(ACL_PREFIX)},
             acl_revision=int(snap.get(ACL_REVISION, 0)),
+            interactions=[
+                json.loads(value)
+                for key, value in snap.items()
+                if key.startswith(INTERACTION_FIELD_PREFIX)
+            ],
         )
 
     @property
@@ -122,8 +130,14 @@ def is_activity(body: Mapping[str, Any]) -> bool:
     return body.get("type") in _ACTIVITY
 
 
+INTERACTION_FIELD_PREFIX = "i:"
+"""Snapshot fields ``i:<interactionId>``: a pending interaction's last record (JSON),
+removed when it ends."""
+_PENDING_INTERACTION_STATES = frozenset({"open", "claimed"})
+
 _UNLISTED_FIELDS = frozenset({"prompt", "agentSid", ACL_REVISION, *WINDOW_SNAPSHOT_FIELDS})
-"""Snapshot fields no listing shows (see ``index.row_of``; the ACL's ``acl:*`` neither)."""
+"""Snapshot fields no listing shows (see ``index.row_of``; the ACL's ``acl:*`` and the
+pending interactions' ``i:*`` neither)."""
 
 
 def is_index_neutral(body: Mapping[str, Any], ops: Iterable[SnapshotOp] | None = None) -> bool:
@@ -135,10 +149,11 @@ def is_index_neutral(body: Mapping[str, Any], ops: Iterable[SnapshotOp] | None =
     if body.get("type") in (EventType.CREATED, EventType.DELETED, EventType.STATUS):
         return False
     found = snapshot_ops(body) if ops is None else ops
-    return all(
-        op in ("set", "del") and (name in _UNLISTED_FIELDS or name.startswith(ACL_PREFIX))
-        for op, name, _ in found
-    )
+    return all(op in ("set", "del") and _unlisted(name) for op, name, _ in found)
+
+
+def _unlisted(name: str) -> bool:
+    return name in _UNLISTED_FIELDS or name.startswith((ACL_PREFIX, INTERACTION_FIELD_PREFIX))
 
 
 def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
@@ -165,6 +180,8 @@ def snapshot_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
         return [("set", "status", Status.DELETED), ("del", "prompt", "")]
     if kind == EventType.SESSION_ACCESS:
         return _access_ops(body)
+    if kind == EventType.INTERACTION:
+        return _interaction_ops(body.get("interaction") or {})
     return []
 
 
@@ -175,6 +192,16 @@ def _access_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:
     if body.get("change") == "revoke":
         return [("del", name, ""), revision]
     return [("set", name, dumps(body["entry"])), revision]
+
+
+def _interaction_ops(record: Mapping[str, Any]) -> list[SnapshotOp]:
+    """A pending interaction is kept in the snapshot until it ends, so that a host taking
+    the session over finds what the lost one left waiting without reading the log."""
+    name = f"{INTERACTION_FIELD_PREFIX}{record.get('interactionId', '')}"
+    state = (record.get("state") or {}).get("type")
+    if state in _PENDING_INTERACTION_STATES:
+        return [("set", name, dumps(record))]
+    return [("del", name, "")]
 
 
 def _created_ops(body: Mapping[str, Any]) -> list[SnapshotOp]:

@@ -56,6 +56,14 @@ def _member(tenant: str, session_id: str) -> str:
     return f"{tenant}\t{session_id}"
 
 
+async def held_or_due(redis: Store, tenant: str, session_id: str) -> bool:
+    """Whether a host holds the session or one is due to take it over: its lease is listed
+    (the listing outlives a lease key that lapsed under a late renewal, or with its host,
+    until the session is let go). A missing lease key is then a gap, not "nobody"."""
+    score = await commands(redis).zscore(leases_key(), _member(tenant, session_id))
+    return score is not None and float(score) > 0
+
+
 def parse_member(member: str) -> tuple[str, str]:
     tenant, _, session_id = member.partition("\t")
     return tenant, session_id

@@ -54,6 +54,8 @@ INTERACTION_ID_META = "acpBroker/interactionId"
 ENDED_KEPT = 50
 """Ended interactions a session remembers (a late answer to one is a clear conflict)."""
 ACTIONS = frozenset({"list", "claim", "release", "respond"})
+EXPIRY_MARGIN = 0.01
+"""Seconds past a claim's expiry its timer is set again for, when it ran early."""
 
 AskClients = Callable[[JsonObject], Awaitable[Answered]]
 
@@ -246,6 +248,14 @@ class HostInteractions:
 
     async def _expire(self, held: HeldSession, pending: Pending) -> None:
         """A claim's time is up: the interaction is open again, and every window sees so."""
+        claim = pending.record.claim
+        early = claim.expires - time.time() if claim is not None else 0.0
+        if pending.record.state == State.CLAIMED and early > 0:
+            # The timer ran ahead of the wall clock the claim's expiry is in (an event
+            # loop's timers are coarser, and count from the time its iteration began):
+            # due again when the claim is over, or it would never reopen.
+            self._expire_later(held, pending, early + EXPIRY_MARGIN)
+            return
         before = copy.deepcopy(pending.record)
         if not pending.record.expire_claim(time.time()):
             return

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from broker.protocol import capabilities
+from broker.protocol.interactions import cancelled_for_host_loss
 from broker.protocol.jsonrpc import INTERNAL_ERROR, JsonObject, RpcError, session_not_found
 from broker.protocol.trace import trace_fields, with_trace
 from broker.store.events import EventType, SessionSnapshot, Status
@@ -134,6 +136,8 @@ class SessionRestorer:
             held = self.sessions.hold(tenant, session_id, process, agent_sid, fence)
             await self.recorder.append(held, _NO_RESTORE_NOTICE)
             await self.recorder.append(held, {"type": EventType.BOUND, "agentSessionId": agent_sid})
+        if snapshot.interactions:
+            await self._cancel_stranded(held, snapshot)
         if snapshot.prompt_id:
             await self.recorder.end_prompt(held, snapshot.prompt_id, error=_ABANDONED_PROMPT)
         if snapshot.status != Status.RUNNING:
@@ -141,3 +145,23 @@ class SessionRestorer:
         await self.recorder.log_window(held, reply)
         await self.recorder.make_ready(held)
         return {**reply, "sessionId": session_id}
+
+    async def _cancel_stranded(self, held: HeldSession, snapshot: SessionSnapshot) -> None:
+        """The interactions the lost host left pending end ``cancelled``: the agent that
+        asked died with it, so no answer can reach it; logged (before the abandoned turn's
+        end) so every attachment sees the question end rather than wait on it forever.
+        Read again now that this host's lease fences the lost one out: what it wrote before
+        (an answer) counts, nothing after does."""
+        now = time.time()
+        current = await self.recorder.log.snapshot(snapshot.tenant, snapshot.session_id)
+        ended = [
+            {"type": EventType.INTERACTION, "interaction": cancelled_for_host_loss(view, now)}
+            for view in current.interactions
+        ]
+        if not ended:
+            return
+        await self.recorder.append_all(held, ended)
+        log.info(
+            "session %s: %d interaction(s) its lost host left pending cancelled",
+            held.session_id, len(ended),
+        )  # fmt: skip

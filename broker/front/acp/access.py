@@ -39,6 +39,8 @@ READ_METHODS = frozenset({"session/list", "session/load", "session/resume"})
 WRITE_METHODS = MUTATIONS | frozenset(
     {"interaction/claim", "interaction/release", "interaction/respond"}
 )
+FORBIDDEN_DATA: JsonObject = {"condition": "forbidden", "retryable": False}
+"""``data`` of a refusal for want of a scope (the ACP Remote drafts' condition)."""
 LOGINS_PER_SECOND = 1.0
 """In-band logins a connection may try per second (bursts of two): a guesser is slow."""
 OPEN_METHODS = frozenset({"initialize", "authenticate", "auth/login", "auth/logout"})
@@ -87,7 +89,11 @@ class Access:
             raise RpcError(AUTH_REQUIRED, "the credential has expired: authenticate again")
         scope = needed_scope(request.method)
         if not principal.may(scope):
-            raise RpcError(AUTH_REQUIRED, f"forbidden: {request.method} needs the {scope} scope")
+            raise RpcError(
+                AUTH_REQUIRED,
+                f"forbidden: {request.method} needs the {scope} scope",
+                FORBIDDEN_DATA,  # the drafts' condition: a client tells it from a login prompt
+            )
 
     async def login(self, params: JsonObject, attempts: Pace) -> Principal:
         """ACP ``authenticate`` / ``auth/login``: the principal the token in ``_meta`` names.

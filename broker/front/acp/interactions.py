@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ...errors.interactions import not_allowed
+from ...errors.interactions import not_allowed, unknown_interaction
 from ...protocol.commands import AgentGateway
 from ...protocol.interactions import attachment_id
 from ...protocol.jsonrpc import METHOD_NOT_FOUND, JsonObject, Request, RpcError
@@ -53,6 +53,8 @@ async def interaction_request(
     reply = await methods.host.interact(conn.tenant, session_id, action, params, principal)
     if action == "list":
         return {"interactions": reply.get("interactions", [])}
+    if "interaction" not in reply:  # no host holds the session: nothing is pending
+        raise unknown_interaction(str(params.get("interactionId") or ""))
     return reply
 
 
