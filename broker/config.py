@@ -322,6 +322,15 @@ class Settings(BaseSettings):
     before it fails; one no connection could ever answer fails at once."""
     answer_timeout: float = Field(default=30.0, gt=0)
     """How long a front keeps trying to hand a client's answer to the agent host."""
+    presence_ttl: float = Field(default=15.0, gt=0)
+    """Seconds a front's presence entry lives unless the front refreshes it (it does every
+    third of this): a killed front's attachments leave presence within this."""
+    presence_idle_after: float = Field(default=300.0, gt=0)
+    """Seconds without a request on a session after which its attachment shows ``away``."""
+    attach_barrier_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a ``session/attach`` waits for its ``session/ready`` before it expires."""
+    attach_buffer_events: int = Field(default=10_000, ge=16)
+    """Events an attachment buffers until its ``session/ready``; past that it expires."""
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Where a role running alone (``worker agent-host``/``projector``) serves ``/metrics``,
     ``/livez`` and ``/readyz`` (0: any free port; unset: nowhere). ``serve`` uses its HTTP

@@ -87,6 +87,8 @@ class Conn:
     id: str = "c1"
     protocol_version: int | None = 1
     client_capabilities: dict[str, Any] = field(default_factory=dict)
+    principal: Any = None
+    display_name: str | None = None
 
     def deliver(self, session_id: str, event: LogEvent, *, alone: bool = False) -> None:
         raise AssertionError("the fake hub hands nothing out")

@@ -29,6 +29,7 @@ from workers.projector.archiving import STOP_AT_ENV, Archiver
 
 from .conftest import ROOT, subprocess_env
 from .support.client import acp_client, wait_for
+from .support.nodes import all_left
 from .support.wire import CheckedClient
 from .test_acp_v2 import position, resume
 
@@ -164,7 +165,6 @@ async def test_v1_and_v2_windows_on_an_archived_session(broker: Broker, url: str
     session_id = await client.new(cwd="/tmp/project")
     await client.prompt(session_id, "/notool first prompt")
     await client.prompt(session_id, "/notool second prompt")
-    hot_log = await broker.log.read(TENANT, session_id)
 
     hot_v1 = await acp_client(url)
     await hot_v1.conn.load_session(session_id=session_id, cwd="/tmp/project", mcp_servers=[])
@@ -177,6 +177,9 @@ async def test_v1_and_v2_windows_on_an_archived_session(broker: Broker, url: str
     await client.close()
     await hot_v1.close()
     await hot_v2.close()
+    # The windows' presence (logged as they come and go) settles before the log is kept.
+    await wait_for(lambda: all_left(broker, session_id), what="the windows' leaving logged")
+    hot_log = await broker.log.read(TENANT, session_id)
 
     await archive_now(broker, session_id)
     assert not await commands(broker.redis).exists(SessionKeys(TENANT, session_id).log)

@@ -131,7 +131,7 @@ async def test_killing_a_front_node_an_agent_host_and_a_projector_loses_nothing(
                 m["params"]
                 for e in events
                 for m in session_updates(e, watcher.session_id)
-                if e.type != "prompt"
+                if e.type not in ("prompt", "presence")  # presence: to followers only
             ]
             got = [u for u in watcher.seen if u["update"]["sessionUpdate"] != "user_message_chunk"]
             assert got == expected, watcher.session_id

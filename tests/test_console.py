@@ -32,6 +32,7 @@ from .conftest import AGENTS, ROOT, demo_agent, make_settings
 from .support.balancer import Backend, balancer
 from .support.broker_process import broker_process
 from .support.browser import chromium, chromium_missing
+from .support.client import RawClient
 from .support.redis_server import redis_server
 from .support.roles import role_process
 from .support.seed import BASE_MS, seed_many
@@ -201,6 +202,50 @@ async def test_a_permission_answered_in_one_page_disappears_from_the_other(
         await expect(transcript(page)).to_contain_text("allowed", timeout=WAIT_MS)
         await expect(page.locator(".tool-status")).to_have_text("completed")
         await wait_idle(page)
+
+
+async def test_beside_a_session_who_is_present_its_queue_and_its_questions(
+    node: Broker, context: Any
+) -> None:
+    """Two pages on a session and an editor window: every page lists the three present,
+    the question the agent waits on, and the editor's prompt queued behind that turn; each
+    goes as it ends (the answer, the queued turn's start, the editor leaving)."""
+    a, b = await two_pages_on_a_new_session(context, node)
+    session_id = session_of(a.url)
+    editor = await RawClient.connect(f"ws://127.0.0.1:{node.port}/acp")
+    info = {"name": "Zed", "version": "1"}
+    await editor.call(
+        "initialize", {"protocolVersion": 1, "clientCapabilities": {}, "clientInfo": info}
+    )
+    load = {"sessionId": session_id, "cwd": "/srv/console", "mcpServers": []}
+    assert "result" in await editor.call("session/load", load)
+    for page in (a, b):
+        present = page.get_by_role("list", name="Present")
+        await expect(present.get_by_role("listitem")).to_have_count(3, timeout=WAIT_MS)
+        await expect(present).to_contain_text("Zed")
+    await prompt(a, "ask")
+    for page in (a, b):
+        pending = page.get_by_role("list", name="Pending interactions")
+        await expect(pending).to_contain_text("permission", timeout=WAIT_MS)
+    await editor.send_prompt(1, session_id, "after the question")
+    for page in (a, b):
+        queued = page.get_by_role("list", name="Queued prompts")
+        await expect(queued).to_have_text("after the question", timeout=WAIT_MS)
+    await b.get_by_role("button", name="Allow").click()
+    assert (await editor.reply_to(1))["result"]["stopReason"] == "end_turn"
+    for page in (a, b):
+        await expect(
+            page.get_by_role("list", name="Pending interactions").get_by_role("listitem")
+        ).to_have_count(0, timeout=WAIT_MS)
+        await expect(
+            page.get_by_role("list", name="Queued prompts").get_by_role("listitem")
+        ).to_have_count(0, timeout=WAIT_MS)
+    await editor.close()
+    for page in (a, b):
+        present = page.get_by_role("list", name="Present")
+        await expect(present.get_by_role("listitem")).to_have_count(2, timeout=WAIT_MS)
+        await expect(present).not_to_contain_text("Zed")
+    assert page_errors(a) == [] and page_errors(b) == []
 
 
 async def test_renaming_in_one_page_retitles_the_other_and_the_list(

@@ -30,6 +30,7 @@ from .conftest import make_settings
 from .support.acp_http import JSON, HttpAcp, is_response
 from .support.broker_process import broker_process
 from .support.client import RawClient, text, tool_result_text, wait_for
+from .support.nodes import broker_pair
 from .support.roles import role_process
 
 CWD = "/work/operations"
@@ -38,15 +39,8 @@ CWD = "/work/operations"
 @pytest.fixture
 async def fronts(redis_url: str) -> AsyncIterator[list[Broker]]:
     """Two broker nodes (front and agent host each) on one real Redis."""
-    nodes = []
-    for _ in range(2):
-        node = Broker(make_settings(), redis=connect(redis_url))
-        await node.start()
-        nodes.append(node)
-    yield nodes
-    for node in nodes:
-        await node.stop()
-        await node.redis.aclose()
+    async with broker_pair(redis_url) as nodes:
+        yield nodes
 
 
 def _url(node: Broker) -> str:

@@ -25,6 +25,7 @@ from workers.projector.archiving import Archiver, run_archiving
 
 from .conftest import make_settings
 from .support.client import acp_client, wait_for
+from .support.nodes import all_left
 from .support.redis_server import restartable_redis
 from .test_archive import archive_now
 
@@ -64,8 +65,10 @@ async def test_an_archived_session_keeps_a_compact_snapshot_and_no_lease(
     keys = SessionKeys(TENANT, session_id)
     assert await redis.exists(keys.meta)
     assert await redis.get(keys.lease), "the host holds the session while it runs"
-    hot_log = await broker.log.read(TENANT, session_id)
     await client.close()
+    # The window's leaving (presence, logged after the fact) is in the log before it is kept.
+    await wait_for(lambda: all_left(broker, session_id), what="the window's leaving logged")
+    hot_log = await broker.log.read(TENANT, session_id)
 
     await archive_now(broker, session_id)
 

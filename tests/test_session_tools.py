@@ -39,6 +39,7 @@ TOOLS = {
     "session_delete",
     "interaction_list",
     "interaction_respond",
+    "session_presence",
 }
 ALLOW = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
 
@@ -544,7 +545,7 @@ async def test_scopes_and_every_route_against_the_openapi_document(
             schema = schemathesis.openapi.from_url(f"{http_url}/v1/openapi.json")
             statuses: list[int] = []
             operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-            assert len(operations) == 14
+            assert len(operations) == 15
             for operation in operations:
 
                 @given(case=operation.as_strategy())

@@ -12,6 +12,7 @@ import pytest
 from broker.model.events import EventType
 from broker.store import hosts
 from broker.store.bus import CommandBus, CommandMarks
+from broker.store.client import commands
 from broker.store.errors import StoreError, StoreReplyError, group_missing
 from broker.store.feeds import ChangeFeeds
 from broker.store.index import ACP_LISTING, SessionIndex
@@ -21,6 +22,7 @@ from broker.store.live import LiveFeed, Message, Publisher, open_live_feed
 from broker.store.log import SessionLog, SessionMissing
 from broker.store.names import new_session_id
 from broker.store.operations import Claim, OperationKey, OperationLedger
+from broker.store.presence import PresenceStore, presence_key
 from broker.store.quotas import RateCounters, TenantFull, check_session_quota
 from broker.store.retention import RetentionSets
 from broker.store.tokens import TokenRecords
@@ -231,6 +233,24 @@ async def test_an_operation_record_is_claimed_once_fenced_settled_and_forgotten(
     gone = OperationKey(TENANT, "", "rest", "gone")
     await ledger.forget(gone, await ledger.begin(gone, "fp", 60))
     assert await ledger.read(gone, "fp") is None
+
+
+async def test_presence_entries_are_put_refreshed_lapse_and_leave(store: Any) -> None:
+    lasting, lapsing = PresenceStore(store, 60.0), PresenceStore(store, 0.001)
+    first = await lasting.put(TENANT, "sess_p", {"attachment_a": {"state": "online"}})
+    second = await lapsing.put(TENANT, "sess_p", {"attachment_b": {"state": "online"}})
+    assert second == first + 1
+    await lasting.refresh(TENANT, "sess_p", {"attachment_a": {"state": "away"}})
+    await asyncio.sleep(0.01)  # past attachment_b's 1 ms: the lapse under test
+    read = await lasting.read(TENANT, "sess_p")
+    assert read.entries == {"attachment_a": {"state": "away"}} and read.revision == second
+    assert read.expired == {"attachment_b": {"state": "online"}}
+    assert await lasting.remove(TENANT, "sess_p", "attachment_b") == second + 1
+    assert await lasting.remove(TENANT, "sess_p", "attachment_b") is None  # once
+    assert await lasting.remove(TENANT, "sess_p", "attachment_a") == second + 2
+    # The last one out took the hash: nothing stays; a new one counts on past the old.
+    assert not await commands(store).exists(presence_key(TENANT, "sess_p"))
+    assert await lasting.put(TENANT, "sess_p", {"attachment_c": {}}) > second + 2
 
 
 async def test_rate_counters_add_up_across_callers(store: Any) -> None:

@@ -14,6 +14,8 @@ export const BATCHED_REPLAY_META = "acpBroker/batchedReplay";
 // rather than polled; it advertises the same key in its own capabilities' _meta.
 export const LIST_CHANGED_META = "acpBroker/listChanged";
 export const LIST_CHANGED_METHOD = "_acpBroker/session/list_changed";
+// Who is attached to a session, as session_info_update changes (presence.js shows them).
+export const PRESENCE_META = "acpBroker/presence";
 export const TOKEN_SUBPROTOCOL = "acp-broker.bearer.";
 
 export class RpcError extends Error {
@@ -81,7 +83,12 @@ export class AcpClient extends EventTarget {
       protocolVersion: PROTOCOL_VERSION,
       info: { name: "acp-broker-console", title: "acp-broker console", version: "0.1.0" },
       capabilities: {
-        _meta: { [SHARED_ASKS_META]: true, [BATCHED_REPLAY_META]: true, [LIST_CHANGED_META]: true },
+        _meta: {
+          [SHARED_ASKS_META]: true,
+          [BATCHED_REPLAY_META]: true,
+          [LIST_CHANGED_META]: true,
+          [PRESENCE_META]: true,
+        },
       },
     };
     try {

@@ -6,6 +6,7 @@
 // balancer it reaches whichever node that gives, and resumes from the last position seen.
 import { AcpClient, LIST_CHANGED_META, LIST_CHANGED_METHOD, RpcError } from "./acp.js";
 import { SessionList, sessionHash } from "./sessions.js";
+import { SessionSide } from "./presence.js";
 import { Transcript, loadMarkdown } from "./transcript.js";
 
 performance.mark("app-start");
@@ -28,6 +29,7 @@ const state = {
   client: null,
   list: null,
   transcript: null,
+  side: null, // presence, queued prompts, pending interactions (presence.js)
   token: sessionStorage.getItem(TOKEN_KEY) || "",
   session: null, // { id, cwd, epoch, seq }
   opened: false,
@@ -108,6 +110,7 @@ function start() {
   state.transcript = new Transcript($("transcript"));
   state.transcript.onTitle = (title) => setTitle(title);
   state.transcript.onState = (value) => setRunState(value);
+  state.side = new SessionSide({ present: $("present"), queue: $("queued"), pending: $("pending"), fetchRest });
   state.list = new SessionList({
     root: $("sessions"),
     sentinel: $("sessions-more"),
@@ -282,6 +285,7 @@ async function resumeFromPosition(session) {
 function showSession(session, title) {
   state.session = session;
   state.transcript.clear();
+  state.side.reset(session.id);
   clearPermissions();
   $("empty").hidden = true;
   $("session").hidden = false;
@@ -354,6 +358,7 @@ function notified(method, params) {
       session.seq = position.seq;
     }
     state.transcript.apply(update);
+    state.side.apply(update);
   } else if (method === "$/cancel_request") {
     settled(params.requestId);
   }

@@ -217,6 +217,7 @@ class FrontNode:
         loops = RoleLoops("front")
         loops.add("keepalive", self.keepalive.run)
         loops.add("http-lease-renewal", self.streamable.renew)
+        loops.add("presence", self.methods.presence.run)
         if self.authenticator.enabled:
             loops.add("credential-watch", self.credentials.run)
         return loops

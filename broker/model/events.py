@@ -34,6 +34,7 @@ class EventType(StrEnum):
     PROMPT_WITHDRAWN = "prompt_withdrawn"  # a queued prompt cancelled before its turn
     CANCEL_IGNORED = "cancel_ignored"  # a cancel of an activity not there to cancel
     INTERACTION = "interaction"  # a pending interaction's new state (opened, claimed, resolved…)
+    PRESENCE = "presence"  # an attachment joined, left, or went away (idle) or back online
     SESSION_ACCESS = "session_access"  # an ACL entry granted (or replaced) or revoked
 
 

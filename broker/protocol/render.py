@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import fastjson
 from ..model.events import EventType, JsonObject, LogEvent
-from . import interactions
+from . import interactions, presence
 from .jsonrpc import invalid_params, notification
 
 POSITION_META = "acpBroker/position"
@@ -162,6 +162,8 @@ def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
         return [queue_update(body)]
     if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
         return [interactions.info_update(body["interaction"])]
+    if kind == EventType.PRESENCE:
+        return [presence.info_update(body)]
     if kind == EventType.SESSION_ACCESS:
         return [access_update(body)]
     return []

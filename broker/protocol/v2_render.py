@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from .. import fastjson
 from ..model.events import EventType, LogEvent
-from . import interactions, v2_translate
+from . import interactions, presence, v2_translate
 from .jsonrpc import JsonObject, notification
 from .render import (
     UPDATE_AT,
@@ -79,6 +79,8 @@ def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
         return [queue_update(body)]
     if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
         return [interactions.info_update(body["interaction"])]
+    if kind == EventType.PRESENCE:
+        return [presence.info_update(body)]
     if kind == EventType.SESSION_ACCESS:
         return [access_update(body)]
     return []

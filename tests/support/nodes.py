@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY
 
 from broker.front.node import FrontNode
 from broker.front.pages import PageCache
 from broker.serve import Broker
+from broker.store.client import connect
 
 from .client import wait_for
 
@@ -32,6 +33,25 @@ async def running_front(node: NodeT) -> AsyncIterator[NodeT]:
         await node.stop()
 
 
+@contextlib.asynccontextmanager
+async def broker_pair(redis_url: str, **settings: Any) -> AsyncIterator[list[Broker]]:
+    """Two broker nodes (front and agent host each) on one real Redis, with ``settings``
+    (the tests' defaults otherwise), until the block ends."""
+    from ..conftest import make_settings  # the tests' settings (conftest imports no support)
+
+    nodes: list[Broker] = []
+    try:
+        for _ in range(2):
+            node = Broker(make_settings(**settings), redis=connect(redis_url))
+            nodes.append(node)
+            await node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.stop()
+            await node.redis.aclose()
+
+
 def holding(cache: PageCache, count: int) -> Callable[[], bool]:
     """A condition to wait for: ``cache`` holds ``count`` pages."""
     return lambda: len(cache) == count
@@ -50,3 +70,12 @@ def asked_of_the_cache() -> dict[str, float]:
         or 0.0
         for outcome in ("hit", "miss", "bypass")
     }
+
+
+async def all_left(node: Broker, session_id: str) -> bool:
+    """Whether every window that attached to the session has left it, as its log says (a
+    ``presence`` event ``left`` for each ``joined``): what a test that compares logs waits
+    for once its windows closed, since the fronts log presence changes after the fact."""
+    events = await node.log.read(node.settings.tenant, session_id)
+    changes = [e.body.get("change") for e in events if e.type == "presence"]
+    return changes.count("joined") == changes.count("left")

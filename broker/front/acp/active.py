@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from ...protocol import capabilities, jsonrpc, v2, v2_render
+from ...protocol.interactions import attachment_id
 from ...protocol.jsonrpc import JsonObject
+from ...protocol.presence import follows_presence
 from ...protocol.render import (
     StoredUpdates,
     client_sees_notices,
@@ -36,9 +38,11 @@ from .session_lru import used
 from .session_state import ActiveSession
 
 if TYPE_CHECKING:
+    from ...auth.principal import Principal
     from ...config import Settings
     from ...store.log import SessionLog
     from ..fanout import FanoutHub
+    from ..presence import PresenceBoard
     from .lifetime import Lifetime
     from .outbox import Outbox
 
@@ -46,6 +50,9 @@ _TURN_SCAN = 256
 """Events read per step when looking back for the prompt turn a v2 viewer joins in."""
 BATCHED_REPLAY_META = "acpBroker/batchedReplay"
 """The v2 client capability (``capabilities._meta``) that asks for replays in batches."""
+ATTACHMENT_EXPIRED = "_acpBroker/attachment_expired"
+"""The notification that tells a draft client its attachment expired before its
+``session/ready`` (the draft's attachment expiry control message)."""
 REPLAY_BATCH_CHARS = 64 * 1024
 """The most a replay's batch frame holds (a browser delivers a page one message at a time,
 and 10,000 of them cost it more than parsing the same text in 40 arrays)."""
@@ -57,6 +64,8 @@ class Negotiated(Protocol):
     id: str
     protocol_version: int | None
     client_capabilities: JsonObject
+    principal: Principal | None
+    display_name: str | None
 
     def deliver(self, session_id: str, event: LogEvent, *, alone: bool = False) -> None:
         """The hub's subscriber is the connection: it hands live events on to
@@ -74,6 +83,7 @@ class ActiveSessions:
     """The sessions active on one connection, and how far each one's events were sent."""
 
     __slots__ = (
+        "_follows_presence",
         "_hub",
         "_interactions",
         "_lifetime",
@@ -81,6 +91,7 @@ class ActiveSessions:
         "_notices",
         "_outbox",
         "_owner",
+        "_presence",
         "_settings",
         "_v2",
         "active",
@@ -94,9 +105,11 @@ class ActiveSessions:
         hub: FanoutHub,
         outbox: Outbox,
         lifetime: Lifetime,
+        presence: PresenceBoard | None = None,
     ) -> None:
         """``owner``: the connection, weakly (it holds this part: no cycle for the collector
-        to find; one reference shared by its parts)."""
+        to find; one reference shared by its parts); ``presence``: the front's attachments
+        (None: none kept)."""
         self.active: dict[str, ActiveSession] = {}
         self._owner = owner
         self._settings = settings
@@ -107,6 +120,8 @@ class ActiveSessions:
         self._notices: bool | None = None  # settled at initialize (see sees_notices)
         self._v2 = False
         self._interactions = False  # whether it is sent interaction records (see below)
+        self._follows_presence = False  # whether it asked for presence at initialize
+        self._presence = presence
 
     @property
     def _conn(self) -> Negotiated:
@@ -118,8 +133,9 @@ class ActiveSessions:
 
     async def activate(
         self, tenant: str, session_id: str, *, replay_after: int | None, replay_now: bool
-    ) -> None:
-        """Make a session active here and hold its live events until :meth:`release`.
+    ) -> int:
+        """Make a session active here and hold its live events until :meth:`release`;
+        returns the seq of the replay/live boundary (live events are those after it).
 
         ``replay_after`` None: send only what comes next. Otherwise send every
         event after that seq, now (``replay_now``, for load) or on release.
@@ -137,11 +153,13 @@ class ActiveSessions:
         except BaseException:
             self.active.pop(session_id, None)
             raise
+        if self._presence is not None:  # an implicit attach (session/attach names it)
+            self._presence.joined(conn, tenant, session_id)
         if replay_after is None or replay_after >= head:
             session.delivered = head
             if conn.protocol_version == v2.V2:  # v1 has no turns to find: no coroutine made
                 session.turn = await self._join_turn(session, head, announce=True)
-            return
+            return head
         epoch, rows = await self._log.read_rows(tenant, session_id, after=replay_after, until=head)
         if not rows or rows[0][0] != replay_after + 1:
             gap = await self._gap(tenant, session_id, replay_after)
@@ -155,6 +173,7 @@ class ActiveSessions:
         else:
             assert session.held is not None
             session.held[:0] = events_of(rows, epoch)
+        return head
 
     async def _gap(self, tenant: str, session_id: str, after: int) -> jsonrpc.RpcError | None:
         """What refuses a replay after ``after`` when the log no longer holds the events
@@ -218,11 +237,32 @@ class ActiveSessions:
             for _, waiter in session.waiters or ():
                 if not waiter.done():
                     waiter.set_result(None)
+            if self._presence is not None:
+                self._presence.left(self._conn.id, session_id)
             await self._hub.leave(session.tenant, session_id, self._conn)
+
+    async def expire(self, session_id: str, reason: str) -> None:
+        """End a draft attachment that did not cross its delivery barrier in time (or whose
+        buffer filled first): its buffer dropped, the client told
+        (``_acpBroker/attachment_expired``)."""
+        session = self.active.get(session_id)
+        if session is None or session.barrier is None:
+            return
+        session.held = None
+        await self.deactivate(session_id)
+        params = {
+            "sessionId": session_id,
+            "attachmentId": attachment_id(session_id, self._conn.id),
+            "reason": reason,
+        }
+        notice = jsonrpc.notification(ATTACHMENT_EXPIRED, params)
+        self._outbox.send_text(jsonrpc.encode(notice))
 
     async def leave_all(self) -> None:
         """Leave every session (the connection ended)."""
         for session in list(self.active.values()):
+            if self._presence is not None:
+                self._presence.left(self._conn.id, session.session_id)
             await self._hub.leave(session.tenant, session.session_id, self._conn)
         self.active.clear()
 
@@ -282,8 +322,12 @@ class ActiveSessions:
             ended = session.prompt_ends.pop(str(event.body.get("promptId")), None)
             if ended is not None and not ended.done():
                 ended.set_result(event)
-        if session.held is not None:
-            session.held.append(event)
+        held = session.held
+        if held is not None:
+            held.append(event)
+            if session.barrier is not None and len(held) > self._settings.attach_buffer_events:
+                reason = "its buffer filled before session/ready"
+                self._lifetime.spawn(self.expire(session_id, reason))
             return
         # What :meth:`_delivered` does, in this call: this runs once per event and connection.
         seq = event.seq
@@ -362,7 +406,11 @@ class ActiveSessions:
         notices = self._notices
         if notices is None:
             notices = self.sees_notices
-        if event.type == EventType.INTERACTION and not self._interactions:
+        subscribed = session.subscriptions
+        if subscribed is not None:  # a draft attachment: its subscriptions decide
+            if _category(event) not in subscribed:
+                return []
+        elif not self._follows(event.type):
             return []
         if self._v2:
             turn, session.turn = session.turn, v2_render.next_turn(event, session.turn)
@@ -378,6 +426,15 @@ class ActiveSessions:
         frames = event.frames.get("v1:notices" if notice else "v1")
         return _frames(event, session.session_id, notice) if frames is None else frames
 
+    def _follows(self, kind: str) -> bool:
+        """Whether an implicit attachment is sent events of ``kind`` (interaction records
+        and presence only when its ``initialize`` asked)."""
+        if kind == EventType.INTERACTION:
+            return self._interactions
+        if kind == EventType.PRESENCE:
+            return self._follows_presence
+        return True
+
     @property
     def sees_notices(self) -> bool:
         """Whether this client takes ``notice`` updates (else it gets agent message stand-ins)."""
@@ -391,6 +448,7 @@ class ActiveSessions:
             self._v2 = version == v2.V2
             self._notices = client_sees_notices(version, conn.client_capabilities)
             self._interactions = follows_interactions(conn.client_capabilities)
+            self._follows_presence = follows_presence(conn.client_capabilities)
         return self._notices
 
     @property
@@ -401,6 +459,15 @@ class ActiveSessions:
         if self._conn.protocol_version != v2.V2:
             return False
         return capabilities.opted_in(self._conn.client_capabilities, BATCHED_REPLAY_META)
+
+
+def _category(event: LogEvent) -> str:
+    """The draft's subscription an event is delivered under."""
+    if event.type == EventType.INTERACTION:
+        return "pending_interactions"
+    if event.type == EventType.PRESENCE:
+        return "presence"
+    return "events"
 
 
 def _wake_waiters(session: ActiveSession) -> None:

@@ -90,6 +90,7 @@ class ClientConnection:
         "_waiting_bytes",
         "client_capabilities",
         "client_instance",
+        "display_name",
         "id",
         "intake",
         "lifetime",
@@ -135,6 +136,9 @@ class ClientConnection:
         self.protocol_version: int | None = None
         self.client_capabilities: JsonObject = {}
         self.client_instance = ""
+        self.display_name: str | None = None
+        """The name the client shares with the session's peers (presence), from
+        ``initialize``."""
         """The client installation's id given at ``initialize`` (``""``: none given)."""
         self.taps: dict[Any, Callable[[Any], None]] | None = None
         """Who hears a request's result as :meth:`reply` sends it, by request id (the
@@ -154,7 +158,13 @@ class ClientConnection:
         pinged = isinstance(ws, PingedConnection)
         self.intake = Intake(owner, methods, self.outbox, lifetime, loop, holds=pinged)
         self.sessions = ActiveSessions(
-            owner, settings, methods.log, methods.hub, self.outbox, lifetime
+            owner,
+            settings,
+            methods.log,
+            methods.hub,
+            self.outbox,
+            lifetime,
+            getattr(methods, "presence", None),  # the front's; none in a bare method table
         )
 
     # -- reading ----------------------------------------------------------------------------
@@ -328,7 +338,7 @@ class ClientConnection:
 
     async def activate(
         self, tenant: str, session_id: str, *, replay_after: int | None, replay_now: bool
-    ) -> None:
+    ) -> int:
         """See :meth:`~.active.ActiveSessions.activate`; the least recently used idle
         sessions are let go first when the connection has no room (:mod:`.session_lru`)."""
         sessions = self.sessions
@@ -337,7 +347,7 @@ class ClientConnection:
             await sessions.deactivate(session_id)
         if len(sessions.active) >= self.methods.settings.max_sessions_per_connection:
             await make_room(self, self.methods.log.snapshots)  # the least recently used idle go
-        await sessions.activate(
+        return await sessions.activate(
             tenant, session_id, replay_after=replay_after, replay_now=replay_now
         )
 

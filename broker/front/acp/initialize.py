@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ... import fastjson
 from ...config import Settings
-from ...protocol import capabilities, v2
+from ...protocol import capabilities, presence, v2
 from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import INVALID_REQUEST, JsonObject, Request, RpcError, invalid_params
 from ...protocol.operations import client_instance_id
@@ -63,6 +63,7 @@ class Initializer:
         caps = request.params.get(caps_field)
         conn.client_capabilities = caps if isinstance(caps, dict) else {}
         conn.client_instance = client_instance_id(request.params)
+        conn.display_name = presence.display_name(request.params)
         conn.protocol_version = negotiated
         if self.list_changes is not None:
             self.list_changes.follow(conn)

@@ -35,14 +35,17 @@ from ...store.cursors import CursorCodec
 from ...store.events import EventType, SessionSnapshot
 from ...store.index import SessionIndex, normalize_cwd
 from ...store.log import SessionLog, SessionMissing
+from ...store.presence import PresenceStore
 from ...store.quotas import check_session_quota
 from ...store.retry import retrying
 from ...store.window import with_window
 from ..fanout import FanoutHub
 from ..list_changes import ListChanges
 from ..pages import PageCache
+from ..presence import PresenceBoard
 from ..session_acl import SessionAcl, needed_permission
 from .access import Access, connection_limit
+from .attach import ATTACH_METHODS
 from .connection import ClientConnection
 from .dispatch import DEFERRED, StepAnswer
 from .initialize import AGENTS_META as AGENTS_META
@@ -82,6 +85,8 @@ class AcpMethods:
     """The front's list page cache (None: every page is read from Redis)."""
     list_changes: ListChanges | None = None
     """The connections told of their tenant's list changes (those that ask, at initialize)."""
+    presence: PresenceBoard = field(init=False, repr=False)
+    """The front's attachments: who is present on each session (``front/presence.py``)."""
     initializer: Initializer = field(init=False, repr=False)
     """``initialize``: the negotiation, and its results kept as text."""
     listing: AcpListing = field(init=False, repr=False)
@@ -93,6 +98,8 @@ class AcpMethods:
         self.listing = AcpListing(self.settings, self.index, self.cursors, self.pages)
         self.acl = SessionAcl(self.log)
         self.initializer = Initializer(self.settings, self.host, self.access, self.list_changes)
+        store = PresenceStore(self.index.redis, self.settings.presence_ttl)
+        self.presence = PresenceBoard(self.settings, self.log, store)
 
     async def dispatch(self, conn: ClientConnection, request: Request) -> Any:
         if request.method == "initialize":
@@ -422,6 +429,7 @@ class AcpMethods:
         if session is None:
             raise session_not_found(session_id, "active session")
         used(session)  # the least recently used idle sessions are let go first (session_lru)
+        self.presence.touch(conn.id, session_id)
         return session_id
 
     async def project(self, tenant: str, session_id: str) -> None:
@@ -521,5 +529,6 @@ V1_HANDLERS: Mapping[str, MethodHandler] = {
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
     **INTERACTION_METHODS,
+    **ATTACH_METHODS,
     **SESSION_ACCESS_METHODS,
 }

@@ -19,6 +19,7 @@ from typing import Any
 from ...protocol import v2, v2_render
 from ...protocol.jsonrpc import REQUEST_CANCELLED, Request, RpcError, invalid_params
 from ...protocol.turns import WITHDRAWN, client_prompt_id
+from .attach import ATTACH_METHODS
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .interactions import INTERACTION_METHODS
@@ -121,6 +122,7 @@ V2_HANDLERS: Mapping[str, MethodHandler] = {
     "session/delete": AcpMethods.session_delete,
     "session/list": AcpMethods.session_list,
     **INTERACTION_METHODS,
+    **ATTACH_METHODS,
     **SESSION_ACCESS_METHODS,
     "auth/login": AcpMethods.authenticate,
     "auth/logout": AcpMethods.logout,

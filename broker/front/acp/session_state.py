@@ -26,6 +26,11 @@ class ActiveSession:
     prompts: dict[str, asyncio.Future[LogEvent]] | None = None  # by promptId, when asked
     prompt_ends: dict[str, asyncio.Future[LogEvent]] | None = None  # by promptId, when asked
     used: int = 0  # when the client last used it (session_lru: the least recent go first)
+    subscriptions: frozenset[str] | None = None
+    """A draft attachment's subscriptions (``session/attach``): what it is sent; None: an
+    implicit attachment, sent what its ``initialize`` asked for."""
+    barrier: str | None = None
+    """A draft attachment's delivery barrier until its ``session/ready`` (events held)."""
 
 
 @dataclass(eq=False)

@@ -25,6 +25,7 @@ from ...auth.roles import Permission
 from ...store.events import JsonObject
 from ..approval import API_SCOPE
 from .interaction_tools import InteractionTools
+from .presence_tools import PresenceTools, presence_lines
 from .session_tools import SessionTools, SessionView, TurnView
 from .tool_inputs import ToolInput, input_schema
 from .tool_models import (
@@ -158,6 +159,12 @@ RESPOND = (
     "answer is recorded before the agent hears it, and every window shows who answered. "
     "Refused with revision_conflict when it was answered, withdrawn or claimed meanwhile."
 )
+PRESENCE = (
+    "Lists who has the session open now, on every broker node: a line per window with its "
+    "participant id (a pseudonym, stable within this session), the name its client shared, "
+    "its roles, whether it is online or away (idle), and when it was last active. Advisory: "
+    "nothing is authorized by it."
+)
 DELETE = (
     "Deletes the session for everyone, as session/delete does; it then lists as DELETED. "
     "Deleting it again returns its line again."
@@ -228,6 +235,10 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         )
         return "\n".join(interaction_lines([done]))
 
+    async def present(tools: SessionTools, caller: Principal, inputs: SessionRef, base: str) -> str:
+        present = await PresenceTools(tools).present(caller.tenant, inputs.id)
+        return "\n".join(presence_lines(present))
+
     defined: list[SessionTool[Any]] = [
         SessionTool("session_create", "Create a session", CREATE, CreateSessionTool, create,
                     open_world=True),
@@ -247,5 +258,8 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         SessionTool("interaction_respond", "Answer an interaction", RESPOND,
                     InteractionRespond, respond, scope=API_SCOPE,
                     permission=Permission.APPROVE),
+        SessionTool("session_presence", "Who is present", PRESENCE, SessionRef, present,
+                    scope=Scope.READ, read_only=True, idempotent=True,
+                    permission=Permission.PRESENCE),
     ]  # fmt: skip
     return {entry.name: entry for entry in defined}

@@ -34,6 +34,7 @@ def openapi_document() -> JsonObject:
             "/v1/sessions": {"get": _list_operation(), "post": tool_paths.create_operation()},
             **tool_paths.session_paths(),
             **tool_paths.interaction_paths(),
+            **tool_paths.presence_paths(),
             **tool_paths.access_paths(),
         },
         "security": [{"bearer": []}],

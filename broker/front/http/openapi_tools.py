@@ -326,6 +326,27 @@ def access_paths() -> JsonObject:
     }
 
 
+def presence_paths() -> JsonObject:
+    """``/v1/sessions/{id}/presence``."""
+    return {
+        "/v1/sessions/{id}/presence": {
+            "parameters": [_id_parameter()],
+            "get": {
+                "operationId": "sessionPresence",
+                "summary": "Who is attached to the session now",
+                "description": "Every window attached to the session, on every front node: "
+                "pseudonymous participant and attachment ids, the name a client shared, "
+                "roles, `online` or `away` (idle), last activity. Advisory: never used for "
+                "authorization; a front node that died leaves within `presence_ttl`.",
+                "responses": {
+                    "200": _json("The session's presence.", "SessionPresence"),
+                    **_problems("read", "404"),
+                },
+            },
+        },
+    }
+
+
 ACCESS_ENTRY_SCHEMA: JsonObject = {
     "type": "object",
     "required": ["entryId", "subject", "roles"],

@@ -25,6 +25,7 @@ from ..approval import API_SCOPE
 from .event_stream import MEDIA_TYPE, EventStream, resume_after
 from .interaction_tools import InteractionTools
 from .keyed import REPLAYED, KeyedMutations
+from .presence_tools import PresenceTools
 from .rest import SESSIONS_PATH, HttpAnswer, json_answer, problem
 from .session_tools import SessionTools, SessionView, TurnView, request_base
 from .tool_inputs import BODY_WORDING, ToolInput
@@ -53,6 +54,7 @@ ALLOWED = {
     ONE_SESSION + "/events": "GET",
     ONE_SESSION + "/interactions": "GET",
     ONE_SESSION + "/interactions/{iid}/respond": "POST",
+    ONE_SESSION + "/presence": "GET",
     ONE_SESSION + "/access": "GET, POST",
     ONE_SESSION + "/access/{entry}": "DELETE",
 }
@@ -80,6 +82,7 @@ class SessionRoutes:
         self.stream = stream
         self.mutations = KeyedMutations(tools.redis, tools.settings, self._caller)
         self.asks = InteractionTools(tools)
+        self.presence = PresenceTools(tools)
 
     def routes(self) -> list[Route]:
         """The routes, to go before the catch-all REST route (which answers the rest)."""
@@ -98,6 +101,7 @@ class SessionRoutes:
                 self._keyed(self.respond),
                 methods=["POST"],
             ),
+            Route(ONE_SESSION + "/presence", self._guard(self.present), methods=["GET"]),
             Route(ONE_SESSION + "/access", self._guard(self.access_list), methods=["GET"]),
             Route(ONE_SESSION + "/access", self._keyed(self.access_grant), methods=["POST"]),
             Route(
@@ -270,6 +274,11 @@ class SessionRoutes:
         caller, session_id = await self._on_session(request, Scope.READ, Permission.READ)
         listed = await self.asks.pending(caller, session_id)
         return _response(json_answer(200, {"sessionId": session_id, "interactions": listed}))
+
+    async def present(self, request: Request) -> Response:
+        """Who is attached to the session now, on every front."""
+        caller, session_id = await self._on_session(request, Scope.READ, Permission.PRESENCE)
+        return _response(json_answer(200, await self.presence.present(caller.tenant, session_id)))
 
     async def respond(self, request: Request) -> Response:
         """Answer one (``API_SCOPE``: who may answer, as the ACP methods' rule)."""

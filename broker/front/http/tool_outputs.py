@@ -18,6 +18,7 @@ from .tool_inputs import output_schema
 
 REF = "#/components/schemas/{model}"
 _NULLABLE_TEXT = WithJsonSchema({"type": ["string", "null"]})
+_DATE_TIME: JsonObject = {"format": "date-time"}
 
 
 class Session(TypedDict):
@@ -93,7 +94,52 @@ class Problem(TypedDict):
     code: Annotated[str, WithJsonSchema({"type": "string", "enum": [str(c) for c in ErrorCode]})]
 
 
-DOCUMENTS = (Session, SessionList, SessionWithLink, Turn, Cancelled, Problem)
+class Participant(TypedDict):
+    """One attachment (a window) on the session, as its peers may see it: pseudonyms and
+    what the client chose to share, never a token, a subject, an address or a connection."""
+
+    attachmentId: Annotated[str, Field(description="The window's attachment (a pseudonym).")]
+    participantId: Annotated[
+        str, Field(description="Who it is, within this session only (a pseudonym).")
+    ]
+    displayName: NotRequired[
+        Annotated[str, Field(description="The name its client shared at `initialize`.")]
+    ]
+    roles: list[Literal["observer", "controller", "approver", "owner"]]
+    state: Annotated[
+        Literal["online", "away"],
+        Field(description="`away` after `presence_idle_after` seconds without a request."),
+    ]
+    lastActiveAt: Annotated[
+        str,
+        Field(
+            description="Its last request (whole seconds).",
+            json_schema_extra={"format": "date-time"},
+        ),
+    ]
+
+
+class SessionPresence(TypedDict):
+    """Who is attached to a session now, on every front node (advisory: never used for
+    authorization; a front that died leaves within `presence_ttl`)."""
+
+    sessionId: str
+    presenceRevision: Annotated[
+        str, Field(description="Counts the changes (a decimal string); each delta carries one.")
+    ]
+    participants: list[Participant]
+
+
+DOCUMENTS = (
+    Session,
+    SessionList,
+    SessionWithLink,
+    Turn,
+    Cancelled,
+    Problem,
+    Participant,
+    SessionPresence,
+)
 
 
 def session_object(row: JsonObject) -> Session:
