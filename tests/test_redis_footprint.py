@@ -198,7 +198,10 @@ async def test_an_archiving_failure_is_one_line(
             assert len(failures) == 1, [r.getMessage() for r in failures]
             [failure] = failures
             assert failure.levelno == logging.ERROR and failure.exc_info is None
-            assert failure.getMessage().startswith("archiving failed: ConnectionError")
+            # The store's own class, then the client's words it wraps (one line either way).
+            assert failure.getMessage().startswith(
+                "archiving failed: StoreConnectionLost: ConnectionError"
+            )
             assert "\n" not in failure.getMessage()
             server.start()
             await wait_for(lambda: "archiving recovered" in caplog.text, 20.0, "a recovery line")
