@@ -64,6 +64,9 @@ class Hub:
     async def leave(self, tenant: str, session_id: str, subscriber: Any) -> None:
         self.left.append(session_id)
 
+    def deaf_to(self, tenant: str, session_id: str, subscriber: Any, kinds: frozenset[str]) -> None:
+        pass  # every event here is handed to every subscriber
+
 
 @dataclass
 class Log:

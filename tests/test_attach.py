@@ -11,6 +11,7 @@ import pytest
 
 from broker.front.acp.active import ATTACHMENT_EXPIRED
 from broker.serve import Broker
+from broker.store.events import EventType, events_of
 
 from .support.client import RawClient, wait_for
 from .support.nodes import broker_pair
@@ -88,15 +89,24 @@ async def log_seq(node: Broker, session_id: str) -> int:
 
 
 def held_on(node: Broker, session_id: str) -> int:
-    """Events a front holds behind an attachment's barrier (the most any connection does)."""
+    """The last seq a front holds behind an attachment's barrier (the furthest any
+    connection does; 0: none)."""
     return max(
         (
-            len(c.active[session_id].held or [])
+            held[-1].seq
             for c in node.front.connections
-            if session_id in c.active
+            if session_id in c.active and (held := c.active[session_id].held)
         ),
         default=0,
     )
+
+
+async def last_event_seq(node: Broker, session_id: str) -> int:
+    """The seq of the log's last event that is not a presence change (which an attachment
+    that did not subscribe to presence is not handed, held or not)."""
+    epoch, rows = await node.log.read_rows(node.settings.tenant, session_id)
+    events = [e for e in events_of(rows, epoch) if e.type != EventType.PRESENCE]
+    return events[-1].seq
 
 
 def delivered_seqs(client: RawClient, session_id: str) -> list[str]:
@@ -135,7 +145,7 @@ async def test_attach_buffers_until_ready_then_replays_and_tails_in_order(
     assert "session.write" in attached["effectivePermissions"]
     # A turn runs while the barrier stands: its events wait at the front, none is sent.
     await prompt(window, session_id, "/chunks 2")
-    head = await log_seq(a, session_id)
+    head = await last_event_seq(a, session_id)
     await wait_for(lambda: held_on(b, session_id) >= head, what="the turn held at front b")
     listed = await viewer.call("session/list", {})
     assert "result" in listed

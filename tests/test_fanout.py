@@ -331,3 +331,29 @@ async def _caught_up(hub: FanoutHub, window: _Window, message: dict[str, Any]) -
     catch-up read worked)."""
     await hub._on_messages([message])
     return bool(window.events) and window.events[-1].seq == json.loads(message["data"])["seq"]
+
+
+async def test_an_opt_in_event_nobody_here_takes_is_handed_to_nobody(redis_url: str) -> None:
+    """Windows that all said they drop presence changes are not handed one (a connect storm
+    on one session logs one a window); once one takes them, every window is handed each
+    (each drops what it did not ask for), and other events reach all of them throughout."""
+    await _created(redis_url, "sess_p")
+    store = connect(redis_url)
+    log = SessionLog(store)
+    presence = {"type": EventType.PRESENCE, "change": "joined"}
+    try:
+        async with _hub(redis_url) as hub:
+            windows = [_Window("w1"), _Window("w2")]
+            for window in windows:
+                await hub.join("t", "sess_p", window)
+                hub.deaf_to("t", "sess_p", window, frozenset({EventType.PRESENCE}))
+            await log.append("t", "sess_p", presence)
+            await log.append("t", "sess_p", {"type": EventType.NOTICE, "text": "one"})
+            await wait_for(lambda: all(len(w.events) == 1 for w in windows), 10.0)
+            assert [[e.type for e in w.events] for w in windows] == [[EventType.NOTICE]] * 2
+            hub.deaf_to("t", "sess_p", windows[0], frozenset())
+            await log.append("t", "sess_p", presence)
+            await wait_for(lambda: all(len(w.events) == 2 for w in windows), 10.0)
+            assert {w.events[-1].type for w in windows} == {EventType.PRESENCE}
+    finally:
+        await store.aclose()

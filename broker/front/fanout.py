@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from .. import fastjson
 from ..errors.failures import FailureLog
 from ..lifetimes import RoleLoops
+from ..model.events import EventType
 from ..ops import metrics, tracing
 from ..ops.health import Unhealthy
 from ..store.client import Store
@@ -83,6 +84,10 @@ class SessionFeed:
     confirmed: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    deaf: dict[Subscriber, frozenset[str]] = field(default_factory=dict)
+    """The opt-in event types (:data:`OPT_IN`) each subscriber is known not to take."""
+    deaf_counts: dict[str, int] = field(default_factory=dict)
+    """How many subscribers are deaf to each opt-in event type (from :attr:`deaf`)."""
     behind: int = 0  # the snapshot's seq at the last position check, if it was ahead of us
     rewound: int = 0  # the seq delivered here that the log was last found behind (reported)
     heard: bool = False  # whether an event was handed out since the last position check
@@ -216,6 +221,7 @@ class FanoutHub:
         if feed is None:
             return
         feed.subscribers.discard(subscriber)
+        _count_deaf(feed, subscriber, frozenset())
         if not feed.subscribers and feed.ready.done():
             del self._feeds[channel]
             metrics.SESSIONS_ACTIVE.set(len(self._feeds))
@@ -223,6 +229,17 @@ class FanoutHub:
             # nobody reads, until the resubscription after a fault drops it.
             with contextlib.suppress(Exception):
                 await self._subscriptions().sunsubscribe(channel)
+
+    def deaf_to(
+        self, tenant: str, session_id: str, subscriber: Subscriber, kinds: frozenset[str]
+    ) -> None:
+        """``subscriber`` takes none of the opt-in event types ``kinds`` of the session (it
+        would drop them): an event of a type every subscriber is deaf to is handed to none,
+        rather than to each to drop (a connect storm on one session logs a presence change a
+        window, which only a few follow)."""
+        feed = self._feeds.get(SessionKeys(tenant, session_id).channel)
+        if feed is not None and subscriber in feed.subscribers:
+            _count_deaf(feed, subscriber, kinds & OPT_IN)
 
     def reached(self, tenant: str, session_id: str) -> int:
         """The last seq of the session handed out here (0: none): this front's appends pass
@@ -356,6 +373,8 @@ class FanoutHub:
         feed.last = event.seq
         feed.heard = True
         subscribers = list(feed.subscribers)
+        if feed.deaf_counts.get(event.type, 0) >= len(subscribers):
+            subscribers = []  # an opt-in type nobody here takes
         with tracing.span("acp-broker fanout", seq=event.seq, connections=len(subscribers)):
             for subscriber in subscribers:
                 subscriber.deliver(feed.keys.session_id, event, alone=alone)
@@ -434,3 +453,19 @@ def _fail(future: asyncio.Future[None], exc: BaseException) -> None:
         future.exception()
     else:
         future.cancel()
+
+
+OPT_IN: frozenset[str] = frozenset({EventType.INTERACTION, EventType.PRESENCE})
+"""The event types a connection takes only when it asked for them."""
+
+
+def _count_deaf(feed: SessionFeed, subscriber: Subscriber, kinds: frozenset[str]) -> None:
+    """Record ``kinds`` as what ``subscriber`` is deaf to (replacing what it was)."""
+    before = feed.deaf.pop(subscriber, frozenset())
+    if kinds:
+        feed.deaf[subscriber] = kinds
+    counts = feed.deaf_counts
+    for kind in before - kinds:
+        counts[kind] -= 1
+    for kind in kinds - before:
+        counts[kind] = counts.get(kind, 0) + 1

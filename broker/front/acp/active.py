@@ -33,6 +33,7 @@ from ...protocol.render import (
     session_update_frames,
 )
 from ...store.events import EventRow, EventType, LogEvent, event_of, events_of
+from ..fanout import OPT_IN
 from .access import session_limit
 from .session_lru import used
 from .session_state import ActiveSession
@@ -153,6 +154,7 @@ class ActiveSessions:
         except BaseException:
             self.active.pop(session_id, None)
             raise
+        self._hub.deaf_to(tenant, session_id, conn, self._deaf_kinds(session))
         if self._presence is not None:  # an implicit attach (session/attach names it)
             self._presence.joined(conn, tenant, session_id)
         if replay_after is None or replay_after >= head:
@@ -215,6 +217,20 @@ class ActiveSessions:
                 return turn
             until = after
         return None
+
+    def subscribe(self, session_id: str, subscriptions: frozenset[str]) -> None:
+        """Make the active session a draft attachment sent only ``subscriptions``."""
+        session = self.active[session_id]
+        session.subscriptions = subscriptions
+        self._hub.deaf_to(session.tenant, session_id, self._conn, self._deaf_kinds(session))
+
+    def _deaf_kinds(self, session: ActiveSession) -> frozenset[str]:
+        """The opt-in event types this connection drops for ``session`` (see
+        :meth:`_frames`), for the hub to hand them to nobody when nobody takes them."""
+        if session.subscriptions is not None:
+            return frozenset(k for k in OPT_IN if _CATEGORIES[k] not in session.subscriptions)
+        self.sees_notices  # noqa: B018  # settles the flags _follows reads
+        return frozenset(k for k in OPT_IN if not self._follows(k))
 
     def hold(self, session_id: str) -> None:
         """Hold the session's live events back until :meth:`release` (a reply goes first)."""
@@ -461,13 +477,16 @@ class ActiveSessions:
         return capabilities.opted_in(self._conn.client_capabilities, BATCHED_REPLAY_META)
 
 
+_CATEGORIES: dict[str, str] = {
+    EventType.INTERACTION: "pending_interactions",
+    EventType.PRESENCE: "presence",
+}
+"""The draft's subscription each opt-in event type is delivered under (any other: events)."""
+
+
 def _category(event: LogEvent) -> str:
     """The draft's subscription an event is delivered under."""
-    if event.type == EventType.INTERACTION:
-        return "pending_interactions"
-    if event.type == EventType.PRESENCE:
-        return "presence"
-    return "events"
+    return _CATEGORIES.get(event.type, "events")
 
 
 def _wake_waiters(session: ActiveSession) -> None:

@@ -138,8 +138,8 @@ async def session_attach(methods: SessionMethods, conn: ClientConnection, reques
     roles, permissions = session_roles(conn.principal, session_id)
     effective = [s for s in wanted if s != "presence" or Permission.PRESENCE in permissions]
     barrier = f"barrier_{secrets.token_hex(12)}"
+    conn.sessions.subscribe(session_id, frozenset(effective))
     session = conn.active[session_id]
-    session.subscriptions = frozenset(effective)
     session.barrier = barrier
     conn.hold(session_id)
     conn.spawn(_expire_unready(conn, session_id, barrier))
