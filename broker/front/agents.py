@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..auth.principal import Principal
+from ..auth.roles import Authority
 from ..config import AgentSpec
 from ..protocol import capabilities, commands
 from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
@@ -180,10 +182,11 @@ class RemoteAgents(AgentGateway):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
-        author: str = "",
+        author: Principal | None = None,
     ) -> PromptOutcome:
         """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event;
-        ``author``: the principal who alone may withdraw it while it is queued.
+        ``author``: the principal who alone may withdraw it while it is queued, and whose
+        roles and scopes (as now: ``Authority``) must still allow it when its turn comes.
 
         The turn ends with its host's reply, or with the ``prompt_end`` event the host that
         took the session over wrote (its first host died mid-turn)."""
@@ -192,7 +195,10 @@ class RemoteAgents(AgentGateway):
         ended: asyncio.Future[LogEvent] = loop.create_future()
         self._prompts[prompt_id] = ended
         self._started[prompt_id] = loop.create_future()
-        fields = {"params": params, "origin": origin, "promptId": prompt_id, "author": author}
+        fields: JsonObject = {"params": params, "origin": origin, "promptId": prompt_id}
+        if author is not None:
+            fields["author"] = author.subject
+            fields["authority"] = Authority.of(author).to_json()
         sending = asyncio.ensure_future(self._answered(Op.PROMPT, tenant, session_id, fields))
         try:
             done, _ = await asyncio.wait({sending, ended}, return_when=asyncio.FIRST_COMPLETED)

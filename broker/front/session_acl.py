@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import fastjson
 from ..auth.principal import Principal, anonymous
 from ..auth.roles import (
     AclEntry,
     Permission,
     Role,
+    acl_entries,
     effective,
     grant_entry,
     owners_left,
@@ -197,9 +197,7 @@ class SessionAcl:
 
 def acl_of(snapshot: SessionSnapshot) -> AclView:
     """The ACL a session's snapshot holds."""
-    entries = [AclEntry.from_json(fastjson.loads(raw)) for raw in snapshot.acl.values()]
-    entries.sort(key=lambda e: e.entry_id)
-    return AclView(entries, snapshot.acl_revision)
+    return AclView(acl_entries(snapshot.acl.values()), snapshot.acl_revision)
 
 
 def grant_params(params: Mapping[str, Any]) -> AclEntry:

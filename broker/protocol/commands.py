@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ..auth.principal import Principal
 from ..model.events import JsonObject, LogEvent, Position
 from .jsonrpc import INTERNAL_ERROR, RpcError
 
@@ -221,10 +222,11 @@ class AgentGateway(Protocol):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
-        author: str = "",
+        author: Principal | None = None,
     ) -> PromptOutcome:
         """Run a turn; ``author``: the principal who sent it (who alone may withdraw it
-        while it is queued; ``""``: anyone may)."""
+        while it is queued, and who must still hold ``session.write`` when its turn comes;
+        None: anyone may, nothing is checked)."""
         ...
 
     async def cancel(

@@ -176,7 +176,7 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
             return result
         session_id = view.row["sessionId"]
         turn = await tools.prompt(
-            caller.tenant, session_id, inputs.prompt, inputs.wait, base, caller.subject
+            caller.tenant, session_id, inputs.prompt, inputs.wait, base, caller
         )
         return f"{result}\n{turn_text(turn)}"
 
@@ -189,7 +189,7 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
         tools: SessionTools, caller: Principal, inputs: SessionPrompt, base: str
     ) -> str:
         turn = await tools.prompt(
-            caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller.subject
+            caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller
         )
         return turn_text(turn)
 

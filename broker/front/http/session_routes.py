@@ -193,7 +193,7 @@ class SessionRoutes:
             return response
         document: SessionWithLink = json.loads(bytes(response.body))
         turn = await self.tools.prompt(
-            tenant, document["id"], inputs.prompt, inputs.wait, base, caller.subject
+            tenant, document["id"], inputs.prompt, inputs.wait, base, caller
         )
         document["turn"] = turn_document(document["id"], turn)
         return self._created(document)
@@ -220,7 +220,7 @@ class SessionRoutes:
         inputs = _inputs(PromptInput, await _body(request, required=True))
         base = self._base(request)
         turn = await self.tools.prompt(
-            caller.tenant, session_id, inputs.text, inputs.wait, base, caller.subject
+            caller.tenant, session_id, inputs.text, inputs.wait, base, caller
         )
         status = 200 if turn.report.ended else 202
         return _response(json_answer(status, turn_document(session_id, turn)))

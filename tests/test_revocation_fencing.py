@@ -1,0 +1,90 @@
+"""A revoke fences what it takes away: work already accepted under the revoked authority is
+decided again when it would commit (the ACP Remote security draft), over real connections
+on two front nodes of one real Redis, agents as real subprocesses.
+
+The principal that loses its rights is the ``observer`` token (read-write scopes, tenant
+role observer): what more it may do comes only from the owner's per-session grant, which
+the owner then revokes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.auth.roles import entry_id_for
+from broker.protocol.render import QUEUE_META
+from broker.protocol.turns import PROMPT_ID_META, WITHDRAWN_META
+from broker.store.events import EventType
+from broker.store.log import SessionLog
+
+from .support.client import RawClient, text, wait_for
+from .test_session_roles import TENANT, Team, _grant, _loaded, _session
+from .test_session_roles import team as team  # the fixture: two fronts, the tenant's tokens
+
+TURN_WAIT = 60.0
+"""Seconds a turn (an agent subprocess's, on two busy cores) may take to end."""
+
+
+def _named(session_id: str, words: str, activity: str) -> dict[str, Any]:
+    return {"sessionId": session_id, "prompt": text(words), "_meta": {PROMPT_ID_META: activity}}
+
+
+async def _send_prompt(client: RawClient, msg_id: str, params: dict[str, Any]) -> None:
+    await client.send(
+        {"jsonrpc": "2.0", "id": msg_id, "method": "session/prompt", "params": params}
+    )
+
+
+async def _revoke(owner: RawClient, session_id: str, subject: str) -> None:
+    params = {"sessionId": session_id, "entryId": entry_id_for(subject)}
+    reply = await owner.call("session_access/revoke", params)
+    assert "result" in reply, reply
+
+
+async def _events(team: Team, session_id: str, kind: str) -> list[dict[str, Any]]:
+    events = await SessionLog(team.nodes[0].redis).read(TENANT, session_id)
+    return [e.body for e in events if e.type == kind]
+
+
+def _queue_changes(client: RawClient, session_id: str) -> list[tuple[str, str]]:
+    return [
+        (u["update"]["_meta"][QUEUE_META]["change"], u["update"]["_meta"][QUEUE_META]["activityId"])
+        for u in client.updates(session_id)
+        if QUEUE_META in (u["update"].get("_meta") or {})
+    ]
+
+
+async def test_a_queued_prompt_whose_author_lost_write_is_withdrawn_not_run(team: Team) -> None:
+    owner, sid = await _session(team)
+    subject = team.subjects["observer"]
+    assert "result" in await _grant(owner, sid, subject, ["controller"])
+    author = await _loaded(team.nodes[1], team.tokens["observer"], sid)
+    await _send_prompt(owner, "run", _named(sid, "/slow 4", "act-run"))
+    await owner.read_chunks(sid, 1, timeout=TURN_WAIT)
+    await _send_prompt(author, "wait", _named(sid, "/notool queued", "act-wait"))
+    await owner.read_until(lambda: ("queued", "act-wait") in _queue_changes(owner, sid), 30)
+    await _revoke(owner, sid, subject)  # while it waits: its turn has not come
+    withdrawn = await author.reply_to("wait", TURN_WAIT)
+    assert withdrawn["result"] == {"stopReason": "cancelled", "_meta": {WITHDRAWN_META: True}}
+    assert (await owner.reply_to("run", TURN_WAIT))["result"]["stopReason"] == "end_turn"
+    # Every attachment sees it leave the queue; the log says why; it never ran.
+    await owner.read_until(lambda: ("withdrawn", "act-wait") in _queue_changes(owner, sid), 30)
+    [gone] = await _events(team, sid, EventType.PROMPT_WITHDRAWN)
+    assert gone["promptId"] == "act-wait" and gone["reason"] == "revoked", gone
+    ran = [e["promptId"] for e in await _events(team, sid, EventType.PROMPT)]
+    assert ran == ["act-run"]
+    await owner.close()
+    await author.close()
+
+
+async def test_a_queued_prompt_whose_author_keeps_write_runs(team: Team) -> None:
+    owner, sid = await _session(team)
+    controller = await _loaded(team.nodes[1], team.tokens["controller"], sid)
+    await _send_prompt(owner, "run", _named(sid, "/slow 2", "act-run"))
+    await owner.read_chunks(sid, 1, timeout=TURN_WAIT)
+    await _send_prompt(controller, "wait", _named(sid, "/notool queued", "act-wait"))
+    await owner.read_until(lambda: ("queued", "act-wait") in _queue_changes(owner, sid), 30)
+    # Its credential's own roles allow it: no ACL entry of its was ever needed.
+    assert (await controller.reply_to("wait", TURN_WAIT))["result"]["stopReason"] == "end_turn"
+    await owner.close()
+    await controller.close()
