@@ -17,7 +17,7 @@ from broker.protocol.turns import PROMPT_ID_META, WITHDRAWN_META
 from broker.store.events import EventType
 from broker.store.log import SessionLog
 
-from .support.client import RawClient, text, wait_for
+from .support.client import RawClient, text
 from .test_session_roles import TENANT, Team, _grant, _loaded, _session
 from .test_session_roles import team as team  # the fixture: two fronts, the tenant's tokens
 
