@@ -14,10 +14,12 @@ from typing import Any
 from broker.auth.roles import entry_id_for
 from broker.protocol.render import QUEUE_META
 from broker.protocol.turns import PROMPT_ID_META, WITHDRAWN_META
+from broker.serve import Broker
 from broker.store.events import EventType
 from broker.store.log import SessionLog
 
-from .support.client import RawClient, text
+from .support.client import RawClient, text, wait_for
+from .test_interactions import ALLOW, asks, logged
 from .test_session_roles import TENANT, Team, _grant, _loaded, _session
 from .test_session_roles import team as team  # the fixture: two fronts, the tenant's tokens
 
@@ -88,3 +90,48 @@ async def test_a_queued_prompt_whose_author_keeps_write_runs(team: Team) -> None
     assert (await controller.reply_to("wait", TURN_WAIT))["result"]["stopReason"] == "end_turn"
     await owner.close()
     await controller.close()
+
+
+async def test_a_revoke_that_takes_approve_reopens_the_claims_it_held(team: Team) -> None:
+    owner, sid = await _session(team)
+    subject = team.subjects["observer"]
+    assert "result" in await _grant(owner, sid, subject, ["approver"])
+    approver = await _loaded(team.nodes[1], team.tokens["observer"], sid, remote=True)
+    await owner.send_prompt(1, sid, "read it")  # the demo agent asks to read a file
+    await owner.read_until(lambda: asks(owner), 30)
+    [pending] = (await approver.call("interaction/list", {"sessionId": sid}))["result"][
+        "interactions"
+    ]
+    claim = {"sessionId": sid, "interactionId": pending["interactionId"]}
+    taken = await approver.call("interaction/claim", {**claim, "expectedRevision": "1"})
+    held = taken["result"]["interaction"]
+    assert held["state"]["type"] == "claimed" and held["revision"] == "2", taken
+    await _revoke(owner, sid, subject)
+    # The claim is fenced: the interaction is open again, logged at the next revision.
+    node = team.nodes[0]
+    reopened = await wait_for(
+        lambda: _last_state(node, sid, "3"), timeout=30, what="the claim reopened"
+    )
+    assert reopened["state"]["type"] == "open", reopened
+    answer = {
+        **claim,
+        "claimId": held["state"]["claimId"],
+        "fencingToken": held["state"]["fencingToken"],
+        "response": ALLOW,
+    }
+    refused = await approver.call("interaction/respond", answer)
+    assert refused["error"]["data"]["condition"] == "forbidden", refused
+    # Granted approve again, its old claim is still not current: the answer is refused.
+    assert "result" in await _grant(owner, sid, subject, ["approver"])
+    stale = await approver.call("interaction/respond", answer)
+    assert stale["error"]["data"]["condition"] == "revision_conflict", stale
+    await owner.send({"jsonrpc": "2.0", "id": asks(owner)[0]["id"], "result": ALLOW})
+    assert (await owner.reply_to(1, TURN_WAIT))["result"]["stopReason"] == "end_turn"
+    await owner.close()
+    await approver.close()
+
+
+async def _last_state(node: Broker, session_id: str, revision: str) -> dict[str, Any] | None:
+    """The interaction's last logged record, once it is at ``revision``."""
+    records = await logged(node, session_id)
+    return records[-1] if records and records[-1]["revision"] == revision else None

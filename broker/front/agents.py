@@ -227,13 +227,21 @@ class RemoteAgents(AgentGateway):
         )
 
     async def interact(
-        self, tenant: str, session_id: str, action: str, params: JsonObject, principal: str
+        self,
+        tenant: str,
+        session_id: str,
+        action: str,
+        params: JsonObject,
+        principal: str,
+        authority: Authority | None = None,
     ) -> JsonObject:
         """The holding host's answer; ``{}`` when no host holds the session (nothing is
         pending). A lease key missing while the session is still listed as held (a late
         renewal, a takeover under way) is waited out, within the routing deadline: answered
         "nothing" then, a pending question looked answered, or a claim looked lost."""
-        fields = {"action": action, "params": params, "principal": principal}
+        fields: JsonObject = {"action": action, "params": params, "principal": principal}
+        if authority is not None:
+            fields["authority"] = authority.to_json()
         deadline = time.monotonic() + self.route_deadline
         while True:
             reply = await self._answered(Op.INTERACT, tenant, session_id, fields, holder_only=True)
@@ -242,6 +250,14 @@ class RemoteAgents(AgentGateway):
             if not await held_or_due(self.redis, tenant, session_id):
                 return {}
             await asyncio.sleep(HOLDER_GAP_PAUSE)
+
+    async def fence(self, tenant: str, session_id: str) -> None:
+        """The revoke is done whatever happens here: a claim its host could not be told to
+        fence still ends at its expiry, so a failure is logged, not raised."""
+        try:
+            await self._answered(Op.FENCE, tenant, session_id, {}, holder_only=True)
+        except (RpcError, StoreError) as exc:
+            log.warning("could not fence the claims of session %s: %s", session_id, exc)
 
     async def release(self, tenant: str, session_id: str) -> None:
         await self._answered(Op.RELEASE, tenant, session_id, {}, holder_only=True)

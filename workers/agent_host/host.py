@@ -305,6 +305,15 @@ class AgentHost(AgentEvents):
                 self.cancel_grace, self._check_cancelled, held, held.prompt_task
             )
 
+    async def fence(self, tenant: str, session_id: str) -> None:
+        """The session's ACL lost entries: claims held without ``session.approve`` now reopen
+        (:meth:`.interactions.HostInteractions.fence`)."""
+        held = self.sessions.by_id.get(session_id)
+        if held is None or held.tenant != tenant or not held.interactions:
+            return
+        snapshot = await self.log.snapshot(tenant, session_id)
+        await self.requests.interactions.fence(held, acl_entries(snapshot.acl.values()))
+
     async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
         """Pass a session request (set_mode, set_config_option) to the agent that holds it."""
         held = await self.restorer.require(tenant, session_id, {})

@@ -380,8 +380,14 @@ class HostWorker:
             held = host.sessions.by_id.get(sid)
             held = held if held is not None and held.tenant == tenant else None
             return await host.requests.interactions.act(
-                held, str(command["action"]), command["params"], str(command["principal"])
+                held,
+                str(command["action"]),
+                command["params"],
+                str(command["principal"]),
+                authority_of(command),
             )
+        if op == Op.FENCE:
+            return await host.fence(tenant, sid)
         if op == Op.STOP:
             return await host.stop_session(tenant, sid)
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")

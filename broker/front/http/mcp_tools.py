@@ -188,9 +188,7 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     async def prompt(
         tools: SessionTools, caller: Principal, inputs: SessionPrompt, base: str
     ) -> str:
-        turn = await tools.prompt(
-            caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller
-        )
+        turn = await tools.prompt(caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller)
         return turn_text(turn)
 
     async def cancel(

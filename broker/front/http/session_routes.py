@@ -168,6 +168,7 @@ class SessionRoutes:
         await self.tools.live(caller.tenant, session_id)
         params = {"sessionId": session_id, "entryId": request.path_params["entry"]}
         done = await self.tools.acl.revoke(caller, params)
+        await self.tools.agents.fence(caller.tenant, session_id)  # claims it took authority from
         return _response(json_answer(200, done))
 
     def _base(self, request: Request) -> str:
