@@ -9,10 +9,12 @@ the owner then revokes.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from broker.auth.roles import entry_id_for
-from broker.protocol.render import QUEUE_META
+from broker.auth.tokens import TokenStore
+from broker.protocol.render import LET_GO_META, QUEUE_META
 from broker.protocol.turns import PROMPT_ID_META, WITHDRAWN_META
 from broker.serve import Broker
 from broker.store.events import EventType
@@ -20,7 +22,7 @@ from broker.store.log import SessionLog
 
 from .support.client import RawClient, text, wait_for
 from .test_interactions import ALLOW, asks, logged
-from .test_session_roles import TENANT, Team, _grant, _loaded, _session
+from .test_session_roles import CWD, TENANT, Team, _forbidden, _grant, _loaded, _session
 from .test_session_roles import team as team  # the fixture: two fronts, the tenant's tokens
 
 TURN_WAIT = 60.0
@@ -135,3 +137,39 @@ async def _last_state(node: Broker, session_id: str, revision: str) -> dict[str,
     """The interaction's last logged record, once it is at ``revision``."""
     records = await logged(node, session_id)
     return records[-1] if records and records[-1]["revision"] == revision else None
+
+
+def _let_go(client: RawClient, session_id: str) -> list[dict[str, Any]]:
+    return [
+        u["update"]
+        for u in client.updates(session_id)
+        if (u["update"].get("_meta") or {}).get(LET_GO_META)
+    ]
+
+
+async def test_a_revoke_that_takes_read_stops_delivery_on_every_front(team: Team) -> None:
+    owner, sid = await _session(team)
+    # A guest's credential holds no role of its own: what it may do, its entry alone gives.
+    guest, info = await TokenStore(team.nodes[0].redis).create(TENANT, ["read", "write"], "g", [])
+    subject = f"token:{info.id}"
+    assert "result" in await _grant(owner, sid, subject, ["observer"])
+    guests = [await _loaded(node, guest, sid, notices=True) for node in team.nodes]
+    watcher = await _loaded(team.nodes[1], team.tokens["observer"], sid)
+    await _revoke(owner, sid, subject)
+    for client in guests:
+        await client.read_until(partial(_let_go, client, sid), 30)
+        [notice] = _let_go(client, sid)
+        assert notice["sessionUpdate"] == "notice" and "revoked" in notice["description"], notice
+    seen = [len(client.updates(sid)) for client in guests]
+    # The session goes on for the others; none of it reaches the guest's connections.
+    assert (await owner.call("session/prompt", {"sessionId": sid, "prompt": text("/notool on")}))[
+        "result"
+    ]["stopReason"] == "end_turn"
+    await watcher.read_until(lambda: watcher.chunks(sid), 30)
+    assert [len(client.updates(sid)) for client in guests] == seen
+    for client in guests:
+        load = {"sessionId": sid, "cwd": CWD, "mcpServers": []}
+        _forbidden(await client.call("session/load", load), "session.read")
+        await client.close()
+    await owner.close()
+    await watcher.close()

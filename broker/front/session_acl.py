@@ -32,6 +32,7 @@ from ..auth.roles import (
     Role,
     acl_entries,
     effective,
+    entry_id_for,
     grant_entry,
     owners_left,
     parse_time,
@@ -193,6 +194,17 @@ class SessionAcl:
         if change == "grant":
             body["entry"] = entry.to_json()
         await self.log.append(tenant, session_id, body)
+
+
+def revoke_takes(body: Mapping[str, Any], principal: Principal | None, need: Permission) -> bool:
+    """Whether ``body`` (a ``session_access`` event) revokes ``principal``'s entry, and
+    ``need`` with it: a subject has one entry on a session, so once it goes, the roles of
+    its credential are all the principal holds there (no read needed to decide)."""
+    if principal is None or body.get("change") != "revoke":
+        return False
+    if body.get("entryId") != entry_id_for(principal.subject):
+        return False
+    return need not in permissions_of(tenant_roles(principal), principal)
 
 
 def acl_of(snapshot: SessionSnapshot) -> AclView:

@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from ...auth.principal import Principal
+from ...auth.roles import Permission
 from ...protocol import capabilities, jsonrpc, v2, v2_render
 from ...protocol.jsonrpc import JsonObject
 from ...protocol.render import (
@@ -31,8 +33,9 @@ from ...protocol.render import (
     session_update_frames,
 )
 from ...store.events import EventRow, EventType, LogEvent, event_of, events_of
+from ..session_acl import revoke_takes
 from .access import session_limit
-from .session_lru import used
+from .session_lru import let_go_notice, used
 from .session_state import ActiveSession
 
 if TYPE_CHECKING:
@@ -57,6 +60,7 @@ class Negotiated(Protocol):
     id: str
     protocol_version: int | None
     client_capabilities: JsonObject
+    principal: Principal | None
 
     def deliver(self, session_id: str, event: LogEvent, *, alone: bool = False) -> None:
         """The hub's subscriber is the connection: it hands live events on to
@@ -220,6 +224,25 @@ class ActiveSessions:
                     waiter.set_result(None)
             await self._hub.leave(session.tenant, session_id, self._conn)
 
+    def _narrowed(self, session_id: str) -> None:
+        """A revoke took ``session.read`` from the connection's principal: the session stops
+        being active here at once (no event after the revoke reaches it), and the client
+        is told so; loading it again is refused (``forbidden``)."""
+        session = self.active.pop(session_id, None)
+        if session is None:
+            return
+        for _, waiter in session.waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+        self._lifetime.spawn(self._hub.leave(session.tenant, session_id, self._conn))
+        if self.sees_notices:
+            text = (
+                "Your access to this session was revoked: it is no longer followed on this "
+                "connection, and loading it again is refused."
+            )
+            notice = let_go_notice(session_id, "Access to the session revoked", text)
+            self._outbox.send_text(jsonrpc.encode(notice))
+
     async def leave_all(self) -> None:
         """Leave every session (the connection ended)."""
         for session in list(self.active.values()):
@@ -295,6 +318,10 @@ class ActiveSessions:
         frames = self._frames(session, event, False)
         if event.type == EventType.DELETED:
             self._lifetime.spawn(self.deactivate(session_id))
+        elif event.type == EventType.SESSION_ACCESS and revoke_takes(
+            event.body, self._conn.principal, Permission.READ
+        ):
+            self._narrowed(session_id)
         send = self._outbox.send_event
         for text in frames:
             send(text, alone)
