@@ -63,7 +63,8 @@ async def test_a_queued_prompt_whose_author_lost_write_is_withdrawn_not_run(team
     subject = team.subjects["observer"]
     assert "result" in await _grant(owner, sid, subject, ["controller"])
     author = await _loaded(team.nodes[1], team.tokens["observer"], sid)
-    await _send_prompt(owner, "run", _named(sid, "/slow 4", "act-run"))
+    # Long enough for the queueing and the revoke to come first, on two busy cores.
+    await _send_prompt(owner, "run", _named(sid, "/slow 8", "act-run"))
     await owner.read_chunks(sid, 1, timeout=TURN_WAIT)
     await _send_prompt(author, "wait", _named(sid, "/notool queued", "act-wait"))
     await owner.read_until(lambda: ("queued", "act-wait") in _queue_changes(owner, sid), 30)
