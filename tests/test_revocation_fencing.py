@@ -58,17 +58,23 @@ def _queue_changes(client: RawClient, session_id: str) -> list[tuple[str, str]]:
     ]
 
 
+async def _running_until_answered(owner: RawClient, session_id: str) -> None:
+    """The owner's turn (``act-run``, request ``run``) runs until the owner answers the
+    agent's question: the turn the others queue behind, ended when the test says."""
+    await _send_prompt(owner, "run", _named(session_id, "read it", "act-run"))
+    await owner.read_until(lambda: asks(owner), TURN_WAIT)
+
+
 async def test_a_queued_prompt_whose_author_lost_write_is_withdrawn_not_run(team: Team) -> None:
     owner, sid = await _session(team)
     subject = team.subjects["observer"]
     assert "result" in await _grant(owner, sid, subject, ["controller"])
     author = await _loaded(team.nodes[1], team.tokens["observer"], sid)
-    # Long enough for the queueing and the revoke to come first, on two busy cores.
-    await _send_prompt(owner, "run", _named(sid, "/slow 8", "act-run"))
-    await owner.read_chunks(sid, 1, timeout=TURN_WAIT)
+    await _running_until_answered(owner, sid)
     await _send_prompt(author, "wait", _named(sid, "/notool queued", "act-wait"))
     await owner.read_until(lambda: ("queued", "act-wait") in _queue_changes(owner, sid), 30)
     await _revoke(owner, sid, subject)  # while it waits: its turn has not come
+    await owner.send({"jsonrpc": "2.0", "id": asks(owner)[0]["id"], "result": ALLOW})
     withdrawn = await author.reply_to("wait", TURN_WAIT)
     assert withdrawn["result"] == {"stopReason": "cancelled", "_meta": {WITHDRAWN_META: True}}
     assert (await owner.reply_to("run", TURN_WAIT))["result"]["stopReason"] == "end_turn"
@@ -85,10 +91,10 @@ async def test_a_queued_prompt_whose_author_lost_write_is_withdrawn_not_run(team
 async def test_a_queued_prompt_whose_author_keeps_write_runs(team: Team) -> None:
     owner, sid = await _session(team)
     controller = await _loaded(team.nodes[1], team.tokens["controller"], sid)
-    await _send_prompt(owner, "run", _named(sid, "/slow 2", "act-run"))
-    await owner.read_chunks(sid, 1, timeout=TURN_WAIT)
+    await _running_until_answered(owner, sid)
     await _send_prompt(controller, "wait", _named(sid, "/notool queued", "act-wait"))
     await owner.read_until(lambda: ("queued", "act-wait") in _queue_changes(owner, sid), 30)
+    await owner.send({"jsonrpc": "2.0", "id": asks(owner)[0]["id"], "result": ALLOW})
     # Its credential's own roles allow it: no ACL entry of its was ever needed.
     assert (await controller.reply_to("wait", TURN_WAIT))["result"]["stopReason"] == "end_turn"
     await owner.close()
