@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from broker.auth.principal import Principal
 from broker.front.acp.active import ActiveSessions
 from broker.front.acp.lifetime import Lifetime
 from broker.protocol.jsonrpc import RpcError
@@ -90,7 +91,7 @@ class Conn:
     id: str = "c1"
     protocol_version: int | None = 1
     client_capabilities: dict[str, Any] = field(default_factory=dict)
-    principal: Any = None
+    principal: Principal | None = None
     display_name: str | None = None
 
     def deliver(self, session_id: str, event: LogEvent, *, alone: bool = False) -> None:

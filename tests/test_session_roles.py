@@ -89,10 +89,14 @@ def _url(node: Broker) -> str:
     return f"ws://127.0.0.1:{node.port}/acp"
 
 
-async def _client(node: Broker, token: str, remote: bool = False) -> RawClient:
+async def _client(
+    node: Broker, token: str, remote: bool = False, notices: bool = False
+) -> RawClient:
     headers = {"Authorization": f"Bearer {token}"}
     client = await RawClient.connect(_url(node), additional_headers=headers)
     caps: dict[str, Any] = {"remote": {"core": {}}} if remote else {}
+    if notices:  # a v1 client is sent the broker's notices when it says it takes them
+        caps["session"] = {"notices": {}}
     reply = await client.call("initialize", {"protocolVersion": 1, "clientCapabilities": caps})
     assert "result" in reply, reply
     return client
@@ -104,8 +108,10 @@ async def _session(team: Team) -> tuple[RawClient, str]:
     return owner, await owner.new_session(CWD)
 
 
-async def _loaded(node: Broker, token: str, session_id: str, remote: bool = False) -> RawClient:
-    client = await _client(node, token, remote)
+async def _loaded(
+    node: Broker, token: str, session_id: str, remote: bool = False, notices: bool = False
+) -> RawClient:
+    client = await _client(node, token, remote, notices)
     reply = await client.call(
         "session/load", {"sessionId": session_id, "cwd": CWD, "mcpServers": []}
     )

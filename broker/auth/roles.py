@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from .. import fastjson
 from .principal import Principal, Scope
 
 
@@ -64,18 +65,27 @@ grants nothing on a session by itself)."""
 
 def scope_bound(principal: Principal) -> frozenset[Permission]:
     """Every permission ``principal``'s scopes allow."""
+    return bound_of(principal.scopes)
+
+
+def bound_of(scopes: Iterable[str]) -> frozenset[Permission]:
+    """Every permission credential scopes ``scopes`` allow."""
     allowed: set[Permission] = set()
-    for scope in principal.scopes:
+    for scope in scopes:
         allowed |= SCOPE_BOUNDS.get(scope, frozenset())
     return frozenset(allowed)
 
 
 def permissions_of(roles: Iterable[Role], principal: Principal) -> frozenset[Permission]:
     """The permissions ``roles`` grant ``principal``, bounded by its credential's scopes."""
+    return _granted(roles) & scope_bound(principal)
+
+
+def _granted(roles: Iterable[Role]) -> frozenset[Permission]:
     granted: set[Permission] = set()
     for role in roles:
         granted |= BUNDLES[role]
-    return frozenset(granted) & scope_bound(principal)
+    return frozenset(granted)
 
 
 def parse_roles(names: Iterable[str]) -> frozenset[Role]:
@@ -172,11 +182,24 @@ def grant_entry(
     return AclEntry(entry_id_for(principal_id), principal_id, parse_roles(names), expires_at)
 
 
+def acl_entries(stored: Iterable[str]) -> list[AclEntry]:
+    """A session's ACL entries from their stored JSON (a snapshot's ``acl`` fields), in
+    entry id order."""
+    entries = [AclEntry.from_json(fastjson.loads(raw)) for raw in stored]
+    entries.sort(key=lambda e: e.entry_id)
+    return entries
+
+
 def acl_roles(entries: Iterable[AclEntry], principal: Principal, now: float) -> frozenset[Role]:
     """The roles the live entries of a session's ACL give ``principal``."""
+    return subject_roles(entries, principal.subject, now)
+
+
+def subject_roles(entries: Iterable[AclEntry], subject: str, now: float) -> frozenset[Role]:
+    """The roles the live entries of a session's ACL give principal ``subject``."""
     roles: set[Role] = set()
     for entry in entries:
-        if entry.principal_id == principal.subject and entry.live(now):
+        if entry.principal_id == subject and entry.live(now):
             roles |= entry.roles
     return frozenset(roles)
 
@@ -185,6 +208,37 @@ def effective(entries: Iterable[AclEntry], principal: Principal, now: float) -> 
     """``principal``'s roles on a session: its live ACL entries' roles and its credential's
     tenant roles (their permissions are then bounded by its scopes: :func:`permissions_of`)."""
     return acl_roles(entries, principal, now) | tenant_roles(principal)
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """What an operation that commits later (a queued prompt) was accepted with: its
+    author's subject, its credential's tenant roles and scopes as they were then (never
+    the credential itself). At commit, :meth:`allows` decides by the same rule as the front
+    (:func:`effective`, :func:`permissions_of`) with the session's ACL as it is then, so a
+    revoke in between fences the operation."""
+
+    subject: str
+    roles: frozenset[Role]
+    scopes: frozenset[str]
+
+    @classmethod
+    def of(cls, principal: Principal) -> Authority:
+        return cls(principal.subject, tenant_roles(principal), frozenset(principal.scopes))
+
+    def allows(self, entries: Iterable[AclEntry], permission: Permission, now: float) -> bool:
+        roles = subject_roles(entries, self.subject, now) | self.roles
+        return permission in _granted(roles) & bound_of(self.scopes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subject": self.subject, "roles": sorted(self.roles), "scopes": sorted(self.scopes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Authority:
+        """An authority as :meth:`to_json` wrote it (a front's command: trusted)."""
+        return cls(
+            str(data["subject"]), parse_roles(data["roles"]), frozenset(map(str, data["scopes"]))
+        )
 
 
 def owners_left(entries: Iterable[AclEntry], removed: str, now: float) -> bool:

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..auth.principal import Principal
+from ..auth.roles import Authority
 from ..config import AgentSpec
 from ..protocol import capabilities, commands
 from ..protocol.commands import AgentGateway, Op, PromptOutcome, Reply
@@ -180,10 +182,11 @@ class RemoteAgents(AgentGateway):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
-        author: str = "",
+        author: Principal | None = None,
     ) -> PromptOutcome:
         """Run a turn; ``prompt_id`` (default: a fresh one) names its ``prompt`` event;
-        ``author``: the principal who alone may withdraw it while it is queued.
+        ``author``: the principal who alone may withdraw it while it is queued, and whose
+        roles and scopes (as now: ``Authority``) must still allow it when its turn comes.
 
         The turn ends with its host's reply, or with the ``prompt_end`` event the host that
         took the session over wrote (its first host died mid-turn)."""
@@ -192,7 +195,10 @@ class RemoteAgents(AgentGateway):
         ended: asyncio.Future[LogEvent] = loop.create_future()
         self._prompts[prompt_id] = ended
         self._started[prompt_id] = loop.create_future()
-        fields = {"params": params, "origin": origin, "promptId": prompt_id, "author": author}
+        fields: JsonObject = {"params": params, "origin": origin, "promptId": prompt_id}
+        if author is not None:
+            fields["author"] = author.subject
+            fields["authority"] = Authority.of(author).to_json()
         sending = asyncio.ensure_future(self._answered(Op.PROMPT, tenant, session_id, fields))
         try:
             done, _ = await asyncio.wait({sending, ended}, return_when=asyncio.FIRST_COMPLETED)
@@ -221,13 +227,21 @@ class RemoteAgents(AgentGateway):
         )
 
     async def interact(
-        self, tenant: str, session_id: str, action: str, params: JsonObject, principal: str
+        self,
+        tenant: str,
+        session_id: str,
+        action: str,
+        params: JsonObject,
+        principal: str,
+        authority: Authority | None = None,
     ) -> JsonObject:
         """The holding host's answer; ``{}`` when no host holds the session (nothing is
         pending). A lease key missing while the session is still listed as held (a late
         renewal, a takeover under way) is waited out, within the routing deadline: answered
         "nothing" then, a pending question looked answered, or a claim looked lost."""
-        fields = {"action": action, "params": params, "principal": principal}
+        fields: JsonObject = {"action": action, "params": params, "principal": principal}
+        if authority is not None:
+            fields["authority"] = authority.to_json()
         deadline = time.monotonic() + self.route_deadline
         while True:
             reply = await self._answered(Op.INTERACT, tenant, session_id, fields, holder_only=True)
@@ -236,6 +250,14 @@ class RemoteAgents(AgentGateway):
             if not await held_or_due(self.redis, tenant, session_id):
                 return {}
             await asyncio.sleep(HOLDER_GAP_PAUSE)
+
+    async def fence(self, tenant: str, session_id: str) -> None:
+        """The revoke is done whatever happens here: a claim its host could not be told to
+        fence still ends at its expiry, so a failure is logged, not raised."""
+        try:
+            await self._answered(Op.FENCE, tenant, session_id, {}, holder_only=True)
+        except (RpcError, StoreError) as exc:
+            log.warning("could not fence the claims of session %s: %s", session_id, exc)
 
     async def release(self, tenant: str, session_id: str) -> None:
         await self._answered(Op.RELEASE, tenant, session_id, {}, holder_only=True)

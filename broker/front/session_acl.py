@@ -25,13 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import fastjson
 from ..auth.principal import Principal, anonymous
 from ..auth.roles import (
     AclEntry,
     Permission,
     Role,
+    acl_entries,
     effective,
+    entry_id_for,
     grant_entry,
     owners_left,
     parse_time,
@@ -198,11 +199,20 @@ class SessionAcl:
         await self.log.append(tenant, session_id, body)
 
 
+def revoke_takes(body: Mapping[str, Any], principal: Principal | None, need: Permission) -> bool:
+    """Whether ``body`` (a ``session_access`` event) revokes ``principal``'s entry, and
+    ``need`` with it: a subject has one entry on a session, so once it goes, the roles of
+    its credential are all the principal holds there (no read needed to decide)."""
+    if principal is None or body.get("change") != "revoke":
+        return False
+    if body.get("entryId") != entry_id_for(principal.subject):
+        return False
+    return need not in permissions_of(tenant_roles(principal), principal)
+
+
 def acl_of(snapshot: SessionSnapshot) -> AclView:
     """The ACL a session's snapshot holds."""
-    entries = [AclEntry.from_json(fastjson.loads(raw)) for raw in snapshot.acl.values()]
-    entries.sort(key=lambda e: e.entry_id)
-    return AclView(entries, snapshot.acl_revision)
+    return AclView(acl_entries(snapshot.acl.values()), snapshot.acl_revision)
 
 
 def grant_params(params: Mapping[str, Any]) -> AclEntry:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ..auth.principal import Principal
+from ..auth.roles import Authority
 from ..model.events import JsonObject, LogEvent, Position
 from .jsonrpc import INTERNAL_ERROR, RpcError
 
@@ -62,6 +64,7 @@ class Op(StrEnum):
     STOP = "stop"  # stop holding the session, recorded STOPPED (a resume brings it back)
     CLIENT_REPLY = "creply"  # a front's answer to a client request (see module doc)
     INTERACT = "interact"  # action, params, principal: a pending interaction's list/claim/…
+    FENCE = "fence"  # the session's ACL lost entries: claims whose authority went reopen
 
 
 class Reply(StrEnum):
@@ -221,10 +224,11 @@ class AgentGateway(Protocol):
         params: JsonObject,
         origin: str,
         prompt_id: str | None = None,
-        author: str = "",
+        author: Principal | None = None,
     ) -> PromptOutcome:
         """Run a turn; ``author``: the principal who sent it (who alone may withdraw it
-        while it is queued; ``""``: anyone may)."""
+        while it is queued, and who must still hold ``session.write`` when its turn comes;
+        None: anyone may, nothing is checked)."""
         ...
 
     async def cancel(
@@ -240,10 +244,22 @@ class AgentGateway(Protocol):
     async def release(self, tenant: str, session_id: str) -> None: ...
 
     async def interact(
-        self, tenant: str, session_id: str, action: str, params: JsonObject, principal: str
+        self,
+        tenant: str,
+        session_id: str,
+        action: str,
+        params: JsonObject,
+        principal: str,
+        authority: Authority | None = None,
     ) -> JsonObject:
         """List, claim, release or answer the session's pending interactions at the host
-        holding it (``{}`` when none holds it: it has none)."""
+        holding it (``{}`` when none holds it: it has none). ``authority``: what a claim's
+        principal holds it with (checked again by :meth:`fence`)."""
+        ...
+
+    async def fence(self, tenant: str, session_id: str) -> None:
+        """A revoke changed the session's ACL: the host holding it reopens each claim whose
+        holder no longer has ``session.approve`` (nothing when no host holds it)."""
         ...
 
     async def stop(self, tenant: str, session_id: str) -> None:

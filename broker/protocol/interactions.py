@@ -235,6 +235,12 @@ class Interaction:
         self.state = State.OPEN
         self.revision += 1
 
+    def reopen(self) -> None:
+        """``claimed`` → ``open``: the claim's holder lost the authority it claimed with."""
+        self.claim = None
+        self.state = State.OPEN
+        self.revision += 1
+
     def expire_claim(self, now: float) -> bool:
         """A claim past its expiry: the interaction is ``open`` again (True when it was)."""
         if self.state == State.CLAIMED and self.claim is not None and self.claim.expires <= now:

@@ -16,9 +16,11 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from broker.auth.roles import Authority, Permission, acl_entries
 from broker.config import DEFAULT_AGENT_ENV, AgentSpec
 from broker.errors.failures import describe
 from broker.protocol import capabilities
@@ -37,7 +39,7 @@ from .reaper import IdleReaper
 from .recorder import SessionRecorder
 from .restorer import SessionRestorer
 from .sandbox import SandboxPolicy
-from .sessions import HeldSession, HeldSessions
+from .sessions import HeldSession, HeldSessions, Queued
 from .stopper import SessionStopper
 
 log = logging.getLogger(__name__)
@@ -178,11 +180,14 @@ class AgentHost(AgentEvents):
         origin: str,
         prompt_id: str | None = None,
         author: str = "",
+        authority: Authority | None = None,
     ) -> PromptOutcome:
         """Run one prompt turn; the log records the prompt, every update and the outcome.
         Sent while a turn runs, it waits its turn (:mod:`.queue`); ``author`` alone may
-        withdraw it then. A copy of a prompt this session took already (the same
-        ``prompt_id``) is not run again: it gets the first's outcome (:mod:`.copies`)."""
+        withdraw it then, and ``authority`` (what its author was accepted with) must still
+        allow ``session.write`` when its turn comes. A copy of a prompt this session took
+        already (the same ``prompt_id``) is not run again: it gets the first's outcome
+        (:mod:`.copies`)."""
         held = await self.restorer.require(tenant, session_id, params)
         capabilities.check_prompt(held.agent.name, held.agent.capabilities, params.get("prompt"))
         prompt_id = prompt_id or secrets.token_hex(8)
@@ -191,7 +196,7 @@ class AgentHost(AgentEvents):
             log.info("prompt %s was taken already: its copy gets its outcome", prompt_id)
             return await asyncio.shield(first)
         try:
-            outcome = await self._prompt(held, params, origin, prompt_id, author)
+            outcome = await self._prompt(held, params, origin, prompt_id, author, authority)
         except BaseException as exc:
             held.prompts.settle(prompt_id, exc)
             raise
@@ -199,13 +204,23 @@ class AgentHost(AgentEvents):
         return outcome
 
     async def _prompt(
-        self, held: HeldSession, params: JsonObject, origin: str, prompt_id: str, author: str
+        self,
+        held: HeldSession,
+        params: JsonObject,
+        origin: str,
+        prompt_id: str,
+        author: str,
+        authority: Authority | None,
     ) -> PromptOutcome:
         """The first copy of a prompt: run now, or once its turn comes."""
         queued_seq = None
         if queue.busy(held):  # a turn runs: this one waits its turn (see .queue)
-            entry = await queue.enter(held, self.recorder, prompt_id, origin, params, author)
+            entry = await queue.enter(
+                held, self.recorder, prompt_id, origin, params, author, authority
+            )
             withdrawn = entry.turn.result()
+            if withdrawn is None and not await self._may_commit(held, entry):
+                withdrawn = await queue.revoked(held, self.recorder, entry)
             if withdrawn is not None:  # cancelled before its turn
                 return PromptOutcome(dict(WITHDRAWN), withdrawn)
             held.queue.remove(entry)
@@ -220,6 +235,20 @@ class AgentHost(AgentEvents):
             held.prompt_task = None
             held.prompt_origin = held.prompt_id = None
             queue.wake_next(held)
+
+    async def _may_commit(self, held: HeldSession, entry: Queued) -> bool:
+        """Whether ``entry``'s author may still prompt the session, its turn come: a revoke
+        since it was accepted fences it (the session's ACL as it is now, with the roles and
+        scopes its credential had then). It stays first in the queue meanwhile."""
+        if entry.authority is None:
+            return True
+        try:
+            snapshot = await self.log.snapshot(held.tenant, held.session_id)
+        except BaseException:
+            queue.leave(held, entry)
+            raise
+        entries = acl_entries(snapshot.acl.values())
+        return entry.authority.allows(entries, Permission.WRITE, time.time())
 
     async def _turn(
         self,
@@ -275,6 +304,15 @@ class AgentHost(AgentEvents):
             asyncio.get_running_loop().call_later(
                 self.cancel_grace, self._check_cancelled, held, held.prompt_task
             )
+
+    async def fence(self, tenant: str, session_id: str) -> None:
+        """The session's ACL lost entries: claims held without ``session.approve`` now reopen
+        (:meth:`.interactions.HostInteractions.fence`)."""
+        held = self.sessions.by_id.get(session_id)
+        if held is None or held.tenant != tenant or not held.interactions:
+            return
+        snapshot = await self.log.snapshot(tenant, session_id)
+        await self.requests.interactions.fence(held, acl_entries(snapshot.acl.values()))
 
     async def forward(self, tenant: str, session_id: str, method: str, params: JsonObject) -> Any:
         """Pass a session request (set_mode, set_config_option) to the agent that holds it."""

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.auth.roles import AclEntry, Authority, Permission
 from broker.errors.failures import describe
 from broker.errors.interactions import interaction_error, unknown_interaction
 from broker.protocol.interactions import (
@@ -67,6 +68,8 @@ class Pending:
     record: Interaction
     answer: asyncio.Future[JsonObject]
     expiry: asyncio.TimerHandle | None = None
+    claimant: Authority | None = None
+    """What its current claim's principal claimed with (None: unknown, never fenced)."""
     then: list[JsonObject] = field(default_factory=list)
     """What is logged with its end (the turn runs again), when the turn still runs."""
 
@@ -149,10 +152,15 @@ class HostInteractions:
         )
 
     async def act(
-        self, held: HeldSession | None, action: str, params: JsonObject, principal: str
+        self,
+        held: HeldSession | None,
+        action: str,
+        params: JsonObject,
+        principal: str,
+        authority: Authority | None = None,
     ) -> JsonObject:
         """``interaction/list``, ``claim``, ``release`` or ``respond`` by ``principal`` (its
-        authority already checked by the front)."""
+        authority already checked by the front; kept with a claim: :meth:`fence`)."""
         if action not in ACTIONS:
             raise RpcError(INVALID_PARAMS, f"unknown interaction action {action!r}")
         if action == "list":
@@ -181,6 +189,7 @@ class HostInteractions:
             if action == "claim":
                 ttl = claim_ttl(params.get("requestedTtlSeconds"))
                 record.claim_for(participant, attachment, params.get("expectedRevision"), ttl, now)
+                pending.claimant = authority
                 self._expire_later(held, pending, ttl)
             else:
                 record.release(
@@ -191,6 +200,22 @@ class HostInteractions:
             raise interaction_error(exc.condition, str(exc), exc.current) from None
         await self._logged(held, pending, before)
         return {"interaction": pending.record.view()}
+
+    async def fence(self, held: HeldSession, entries: list[AclEntry]) -> None:
+        """The session's ACL is now ``entries`` (a revoke): each claim whose holder lost
+        ``session.approve`` by it is fenced, the interaction open again (logged, a new
+        revision), so the old claim's answer is refused (``revision_conflict``)."""
+        now = time.time()
+        for pending in list(held.interactions.values()):
+            claimant = pending.claimant
+            if pending.record.state != State.CLAIMED or claimant is None:
+                continue
+            if claimant.allows(entries, Permission.APPROVE, now):
+                continue
+            before = copy.deepcopy(pending.record)
+            pending.record.reopen()
+            pending.claimant = None
+            await self._logged(held, pending, before)
 
     async def _resolve(
         self,

@@ -8,7 +8,9 @@ end in the log), the first waiting prompt runs. A queued prompt cancelled by its
 id (its prompt id) leaves the queue (``prompt_withdrawn``) and is answered
 ``{"stopReason": "cancelled"}`` (marked ``_meta["acpBroker/withdrawn"]``); a cancel of an
 activity that already ended is logged as ``cancel_ignored`` (a late cancel changes nothing,
-and says so).
+and says so). A queued prompt whose author lost ``session.write`` on the session before its
+turn came is not run: it is withdrawn the same way, with ``reason: "revoked"``
+(:func:`revoked`; the host decides at commit: ``Authority.allows``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from broker.auth.roles import Authority
 from broker.protocol.jsonrpc import JsonObject
-from broker.store.events import EventType
+from broker.store.events import EventType, Position
 
 from .sessions import HeldSession, Queued
 
@@ -37,6 +40,7 @@ async def enter(
     origin: str,
     params: JsonObject,
     author: str = "",
+    authority: Authority | None = None,
 ) -> Queued:
     """Log the prompt as queued and wait for its turn (or its withdrawal by ``author``)."""
     body: JsonObject = {
@@ -45,7 +49,7 @@ async def enter(
         "origin": origin,
         "prompt": params.get("prompt", []),
     }
-    entry = Queued(prompt_id, author=author)
+    entry = Queued(prompt_id, author=author, authority=authority)
     held.queue.append(entry)
     try:
         entry.seq = (await recorder.append(held, body)).seq
@@ -97,6 +101,21 @@ async def withdraw(held: HeldSession, recorder: SessionRecorder, activity_id: st
         held.queue.insert(index, entry)
         raise
     entry.turn.set_result(position)
+
+
+async def revoked(held: HeldSession, recorder: SessionRecorder, entry: Queued) -> Position:
+    """``entry``'s turn came but its author may no longer prompt the session: it leaves the
+    queue unrun, withdrawn with the reason logged (its request answered as withdrawn)."""
+    body: JsonObject = {
+        "type": EventType.PROMPT_WITHDRAWN,
+        "promptId": entry.prompt_id,
+        "stopReason": "cancelled",
+        "reason": "revoked",
+    }
+    try:
+        return await recorder.append(held, body)
+    finally:
+        leave(held, entry)  # the next waiting prompt goes, withdrawn logged or not
 
 
 def fail_all(held: HeldSession, error: BaseException) -> None:

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.auth.roles import Authority
 from broker.protocol.jsonrpc import JsonObject
 from broker.store.events import Position
 
@@ -26,6 +27,9 @@ class Queued:
     prompt_id: str
     author: str = ""
     """The principal who sent it, who alone may withdraw it (``""``: anyone may)."""
+    authority: Authority | None = None
+    """What its author was accepted with: checked again when its turn comes (None: the
+    front sent none, nothing to check)."""
     seq: int = 0
     """Its ``prompt_queued`` event's seq (its v2 user message is named after it)."""
     turn: asyncio.Future[Position | None] = field(

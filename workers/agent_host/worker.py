@@ -25,6 +25,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from broker.auth.roles import Authority
 from broker.config import Settings
 from broker.errors.failures import FailureLog, describe
 from broker.errors.store import rpc_failure
@@ -360,6 +361,7 @@ class HostWorker:
                 command["origin"],
                 command.get("promptId"),
                 author=str(command.get("author") or ""),
+                authority=authority_of(command),
             )
             return commands.prompt_reply(outcome)
         if op == Op.CANCEL:
@@ -378,8 +380,14 @@ class HostWorker:
             held = host.sessions.by_id.get(sid)
             held = held if held is not None and held.tenant == tenant else None
             return await host.requests.interactions.act(
-                held, str(command["action"]), command["params"], str(command["principal"])
+                held,
+                str(command["action"]),
+                command["params"],
+                str(command["principal"]),
+                authority_of(command),
             )
+        if op == Op.FENCE:
+            return await host.fence(tenant, sid)
         if op == Op.STOP:
             return await host.stop_session(tenant, sid)
         raise RpcError(INTERNAL_ERROR, f"unknown command {op!r}")
@@ -481,3 +489,9 @@ def checked_command(command: Any) -> JsonObject:
         if not isinstance(command.get(name), str):
             raise ValueError(f"no {name} (a string)")
     return command
+
+
+def authority_of(command: JsonObject) -> Authority | None:
+    """What a prompt command's author was accepted with (None: its front sent none)."""
+    raw = command.get("authority")
+    return Authority.from_json(raw) if isinstance(raw, dict) else None

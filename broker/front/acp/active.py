@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from ...auth.principal import Principal
+from ...auth.roles import Permission
 from ...protocol import capabilities, jsonrpc, v2, v2_render
 from ...protocol.interactions import attachment_id
 from ...protocol.jsonrpc import JsonObject
@@ -34,8 +36,9 @@ from ...protocol.render import (
 )
 from ...store.events import EventRow, EventType, LogEvent, event_of, events_of
 from ..fanout import OPT_IN
+from ..session_acl import revoke_takes
 from .access import session_limit
-from .session_lru import used
+from .session_lru import let_go_notice, used
 from .session_state import ActiveSession
 
 if TYPE_CHECKING:
@@ -274,6 +277,27 @@ class ActiveSessions:
         notice = jsonrpc.notification(ATTACHMENT_EXPIRED, params)
         self._outbox.send_text(jsonrpc.encode(notice))
 
+    def _narrowed(self, session_id: str) -> None:
+        """A revoke took ``session.read`` from the connection's principal: the session stops
+        being active here at once (no event after the revoke reaches it), and the client
+        is told so; loading it again is refused (``forbidden``)."""
+        session = self.active.pop(session_id, None)
+        if session is None:
+            return
+        for _, waiter in session.waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._presence is not None:
+            self._presence.left(self._conn.id, session_id)
+        self._lifetime.spawn(self._hub.leave(session.tenant, session_id, self._conn))
+        if self.sees_notices:
+            text = (
+                "Your access to this session was revoked: it is no longer followed on this "
+                "connection, and loading it again is refused."
+            )
+            notice = let_go_notice(session_id, "Access to the session revoked", text)
+            self._outbox.send_text(jsonrpc.encode(notice))
+
     async def leave_all(self) -> None:
         """Leave every session (the connection ended)."""
         for session in list(self.active.values()):
@@ -355,6 +379,10 @@ class ActiveSessions:
         frames = self._frames(session, event, False)
         if event.type == EventType.DELETED:
             self._lifetime.spawn(self.deactivate(session_id))
+        elif event.type == EventType.SESSION_ACCESS and revoke_takes(
+            event.body, self._conn.principal, Permission.READ
+        ):
+            self._narrowed(session_id)
         send = self._outbox.send_event
         for text in frames:
             send(text, alone)

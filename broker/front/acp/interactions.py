@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ...auth.roles import Authority
 from ...errors.interactions import not_allowed, unknown_interaction
 from ...protocol.commands import AgentGateway
 from ...protocol.interactions import attachment_id
@@ -50,7 +51,10 @@ async def interaction_request(
     params: JsonObject = {k: v for k, v in request.params.items() if k != "sessionId"}
     # Until attachments are made by session/attach, a connection is its own attachment.
     params["attachmentId"] = attachment_id(session_id, conn.id)
-    reply = await methods.host.interact(conn.tenant, session_id, action, params, principal)
+    authority = Authority.of(conn.principal) if conn.principal is not None else None
+    reply = await methods.host.interact(
+        conn.tenant, session_id, action, params, principal, authority
+    )
     if action == "list":
         return {"interactions": reply.get("interactions", [])}
     if "interaction" not in reply:  # no host holds the session: nothing is pending

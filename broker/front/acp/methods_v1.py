@@ -327,7 +327,7 @@ class AcpMethods:
             raise invalid_params("prompt must be a list of content blocks")
         prompt_id = client_prompt_id(request.params)  # named: see protocol.turns
         outcome = await self.host.prompt(
-            conn.tenant, session_id, request.params, conn.id, prompt_id, author_of(conn)
+            conn.tenant, session_id, request.params, conn.id, prompt_id, conn.principal
         )
         await self.project(conn.tenant, session_id)
         await conn.wait_delivered(session_id, outcome.position.seq)

@@ -23,7 +23,7 @@ from .attach import ATTACH_METHODS
 from .connection import ClientConnection
 from .dispatch import DEFERRED
 from .interactions import INTERACTION_METHODS
-from .methods_v1 import AcpMethods, MethodHandler, author_of
+from .methods_v1 import AcpMethods, MethodHandler
 from .session_access import SESSION_ACCESS_METHODS
 
 ACCEPT_TIMEOUT = 10.0
@@ -94,7 +94,7 @@ async def _run_turn(
     methods: AcpMethods, conn: ClientConnection, session_id: str, request: Request, prompt_id: str
 ) -> Any:
     outcome = await methods.host.prompt(
-        conn.tenant, session_id, request.params, conn.id, prompt_id, author_of(conn)
+        conn.tenant, session_id, request.params, conn.id, prompt_id, conn.principal
     )
     await methods.project(conn.tenant, session_id)
     return outcome.result

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ...protocol.commands import AgentGateway
 from ...protocol.jsonrpc import JsonObject, Request, session_not_found
 from ...store.log import SessionMissing
 from ..session_acl import SessionAcl
@@ -21,6 +22,7 @@ class AclMethods(Protocol):
     """What these methods need of the connection's ACP methods (``AcpMethods``)."""
 
     acl: SessionAcl
+    host: AgentGateway
 
 
 async def session_access_request(
@@ -38,7 +40,9 @@ async def session_access_request(
         params: JsonObject = {**request.params, "sessionId": session_id}
         if action == "grant":
             return await methods.acl.grant(principal, params)
-        return await methods.acl.revoke(principal, params)
+        revoked = await methods.acl.revoke(principal, params)
+        await methods.host.fence(conn.tenant, session_id)  # claims it took authority from
+        return revoked
     except SessionMissing:
         raise session_not_found(session_id) from None
 

@@ -25,7 +25,7 @@ from ...store.events import SessionSnapshot
 from .access import session_limit
 from .session_state import ActiveSession
 
-__all__ = ["LET_GO_META", "make_room", "pick", "used"]
+__all__ = ["LET_GO_META", "let_go_notice", "make_room", "pick", "used"]
 
 _CLOCK = itertools.count(1)
 
@@ -91,14 +91,17 @@ def _running(snapshot: SessionSnapshot | None) -> bool:
 
 
 def _notice(session_id: str, bound: int) -> jsonrpc.JsonObject:
-    body = {
-        "severity": "info",
-        "title": "Session no longer followed here",
-        "text": (
-            f"This connection follows at most {bound} sessions: this one, used least recently "
-            "and idle, was let go for a new one. Load or resume it to follow it again."
-        ),
-    }
+    text = (
+        f"This connection follows at most {bound} sessions: this one, used least recently "
+        "and idle, was let go for a new one. Load or resume it to follow it again."
+    )
+    return let_go_notice(session_id, "Session no longer followed here", text)
+
+
+def let_go_notice(session_id: str, title: str, text: str) -> jsonrpc.JsonObject:
+    """The ``notice`` update that tells a client ``session_id`` is no longer active on its
+    connection (``_meta[LET_GO_META]``), and why."""
+    body = {"severity": "info", "title": title, "text": text}
     update = broker_notice(body)
     update["_meta"] = {**update["_meta"], LET_GO_META: True}
     params = {"sessionId": session_id, "update": update}

@@ -183,7 +183,7 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
             return result
         session_id = view.row["sessionId"]
         turn = await tools.prompt(
-            caller.tenant, session_id, inputs.prompt, inputs.wait, base, caller.subject
+            caller.tenant, session_id, inputs.prompt, inputs.wait, base, caller
         )
         return f"{result}\n{turn_text(turn)}"
 
@@ -195,9 +195,7 @@ def tool_set(line: LineRenderer) -> dict[str, SessionTool[Any]]:
     async def prompt(
         tools: SessionTools, caller: Principal, inputs: SessionPrompt, base: str
     ) -> str:
-        turn = await tools.prompt(
-            caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller.subject
-        )
+        turn = await tools.prompt(caller.tenant, inputs.id, inputs.text, inputs.wait, base, caller)
         return turn_text(turn)
 
     async def cancel(

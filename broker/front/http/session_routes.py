@@ -172,6 +172,7 @@ class SessionRoutes:
         await self.tools.live(caller.tenant, session_id)
         params = {"sessionId": session_id, "entryId": request.path_params["entry"]}
         done = await self.tools.acl.revoke(caller, params)
+        await self.tools.agents.fence(caller.tenant, session_id)  # claims it took authority from
         return _response(json_answer(200, done))
 
     def _base(self, request: Request) -> str:
@@ -197,7 +198,7 @@ class SessionRoutes:
             return response
         document: SessionWithLink = json.loads(bytes(response.body))
         turn = await self.tools.prompt(
-            tenant, document["id"], inputs.prompt, inputs.wait, base, caller.subject
+            tenant, document["id"], inputs.prompt, inputs.wait, base, caller
         )
         document["turn"] = turn_document(document["id"], turn)
         return self._created(document)
@@ -224,7 +225,7 @@ class SessionRoutes:
         inputs = _inputs(PromptInput, await _body(request, required=True))
         base = self._base(request)
         turn = await self.tools.prompt(
-            caller.tenant, session_id, inputs.text, inputs.wait, base, caller.subject
+            caller.tenant, session_id, inputs.text, inputs.wait, base, caller
         )
         status = 200 if turn.report.ended else 202
         return _response(json_answer(status, turn_document(session_id, turn)))

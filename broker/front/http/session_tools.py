@@ -323,11 +323,17 @@ class SessionTools:
         return None
 
     async def prompt(
-        self, tenant: str, session_id: str, text: str, wait: float, base: str, author: str = ""
+        self,
+        tenant: str,
+        session_id: str,
+        text: str,
+        wait: float,
+        base: str,
+        author: Principal | None = None,
     ) -> TurnView:
         """Run one turn (after the turns before it in the session's queue); what it produced
         once it ended, waits for a person, or ``wait`` seconds passed (it runs on then, live
-        in every window). ``author``: the caller's principal subject, who alone may
+        in every window). ``author``: the caller's principal, who alone may
         withdraw it while it is queued (from REST, MCP or ACP alike)."""
         snapshot = await self.live(tenant, session_id)
         if snapshot.status in (Status.STOPPED, Status.ERROR):
@@ -358,7 +364,12 @@ class SessionTools:
     # -- internals ----------------------------------------------------------------------------
 
     async def _turn(
-        self, tenant: str, session_id: str, params: JsonObject, prompt_id: str, author: str
+        self,
+        tenant: str,
+        session_id: str,
+        params: JsonObject,
+        prompt_id: str,
+        author: Principal | None,
     ) -> None:
         """The turn, to its end (it outlives a tool call's wait), then the index told."""
         await self.agents.prompt(tenant, session_id, params, TOOL_ORIGIN, prompt_id, author)
