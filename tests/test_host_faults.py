@@ -77,7 +77,7 @@ async def test_a_queued_command_whose_xack_fails_runs_and_the_queue_is_read_on(
                     (Reply.REPLY.value, rid),
                 ]
             assert not any(loop.done() for loop in worker.loops())
-            assert "acknowledging queued commands failed: NoPermissionError" in caplog.text
+            assert "acknowledging queued commands failed: StoreForbidden: " in caplog.text
         finally:
             await worker.stop()
             await listener.aclose()

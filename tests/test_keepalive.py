@@ -220,10 +220,11 @@ async def _tracked_after_churn() -> tuple[int, int, int]:
 def test_churning_connections_leaves_no_garbage_for_the_cyclic_collector() -> None:
     # On the loop a front runs on (uvloop; the standard loop's transports reference
     # themselves). A connection left in a cycle is ~16-50 tracked objects: 2,000 of them
-    # would add 32,000 at least.
+    # would add 32,000 at least; the bound leaves room for the caches a loaded run fills
+    # (505 has been seen under the suite: a quarter of an object a connection).
     before, after, still_open = loops.run(_tracked_after_churn(), "uvloop")
     assert still_open == 0
-    assert after - before < 500, f"{after - before} more tracked objects after {CHURN} connections"
+    assert after - before < 1000, f"{after - before} more tracked objects after {CHURN} connections"
 
 
 def test_a_visit_takes_as_many_slots_as_hold_a_batch_of_connections() -> None:
