@@ -4,6 +4,7 @@ filter, and a front killed -9 whose windows leave within the stated bound."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -116,6 +117,34 @@ async def test_snapshot_and_deltas_across_two_fronts(fronts: list[Broker]) -> No
     assert names(await present(a, session_id)) == ["Alice"]
     await alice.close()
     await viewer.close()
+
+
+async def test_a_burst_of_windows_is_each_a_change_with_its_own_revision(
+    fronts: list[Broker],
+) -> None:
+    """Twenty windows open one session at once (the board writes them in a few batches):
+    a follower hears each join once, in order, every one with a revision of its own."""
+    a, b = fronts
+    alice = await window(a, "Alice")
+    session_id = await alice.new_session("/srv/p")
+    burst = [await window(b, f"w{i}", follows=False) for i in range(20)]
+    await asyncio.gather(*(load(w, session_id) for w in burst))
+
+    def joined() -> list[dict[str, Any]]:
+        return [
+            d
+            for d in deltas(alice, session_id)
+            if d["change"] == "joined" and d["participant"].get("displayName") != "Alice"
+        ]
+
+    await alice.read_until(lambda: len(joined()) >= 20, 30)
+    names_seen = [d["participant"].get("displayName") for d in joined()]
+    assert sorted(names_seen) == sorted(f"w{i}" for i in range(20))
+    revisions = [int(d["presenceRevision"]) for d in joined()]
+    assert revisions == sorted(set(revisions)), revisions  # distinct, rising
+    assert len(names(await present(a, session_id))) == 21
+    for w in [*burst, alice]:
+        await w.close()
 
 
 def _snapshot(client: RawClient, session_id: str) -> dict[str, Any] | None:

@@ -35,10 +35,13 @@ from ..config import Settings
 from ..protocol import presence
 from ..protocol.interactions import attachment_id, participant_id
 from ..protocol.jsonrpc import JsonObject
-from ..store.log import SessionLog
+from ..store.log import SessionArchived, SessionLog
 from ..store.presence import PresenceStore
 
 log = logging.getLogger(__name__)
+
+BATCH = 512
+"""The most changes one write of the loop takes."""
 
 MAX_QUEUED_WRITES = 10_000
 """Presence writes a front keeps waiting for the store; past it new ones are dropped (a
@@ -92,6 +95,17 @@ class Attachment:
 
 Write = Callable[[], Awaitable[None]]
 
+LEFT = "left"
+"""The change an attachment's end is logged as."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change for the loop to write: ``joined``, ``state`` (an entry put) or ``left``."""
+
+    kind: str
+    attachment: Attachment
+
 
 class PresenceBoard:
     """This front's attachments (see the module's docstring)."""
@@ -102,7 +116,7 @@ class PresenceBoard:
         self.store = store
         self.attachments: dict[tuple[str, str], Attachment] = {}
         """By (connection id, session id)."""
-        self._writes: asyncio.Queue[Write] = asyncio.Queue(MAX_QUEUED_WRITES)
+        self._changes: asyncio.Queue[Change] = asyncio.Queue(MAX_QUEUED_WRITES)
 
     # -- changes, from the connections -------------------------------------------------------
 
@@ -124,14 +138,14 @@ class PresenceBoard:
             conn.display_name,
         )
         self.attachments[key] = attachment
-        self._queue(lambda: self._put(attachment, "joined"))
+        self._queue(Change("joined", attachment))
         return attachment
 
     def left(self, conn_id: str, session_id: str) -> None:
         """The connection's attachment to the session ended (no-op when it has none)."""
         attachment = self.attachments.pop((conn_id, session_id), None)
         if attachment is not None:
-            self._queue(lambda: self._remove(attachment))
+            self._queue(Change(LEFT, attachment))
 
     def touch(self, conn_id: str, session_id: str) -> None:
         """A request on the session from the connection: active now (``online`` again)."""
@@ -141,7 +155,7 @@ class PresenceBoard:
         attachment.last_active = time.time()
         if attachment.state != presence.ONLINE:
             attachment.state = presence.ONLINE
-            self._queue(lambda: self._put(attachment, "state"))
+            self._queue(Change("state", attachment))
 
     async def snapshot(self, tenant: str, session_id: str) -> tuple[int, list[JsonObject]]:
         """The session's presence revision and entries, across every front (lapsed ones
@@ -157,18 +171,39 @@ class PresenceBoard:
         next_tick = time.monotonic() + period
         while True:
             wait = next_tick - time.monotonic()
-            write: Write | None = None
+            first: Change | None = None
             if wait > 0:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for may swallow the
                 # loop's own cancellation when an item arrives in the same step.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
-                        write = await self._writes.get()
-            if write is not None:
-                await self._run_write(write)
+                        first = await self._changes.get()
+            if first is not None:
+                await self._run_write(functools.partial(self._write, self._drained(first)))
                 continue
             await self._tick()
             next_tick = time.monotonic() + period
+
+    def _drained(self, first: Change) -> list[Change]:
+        """``first`` and every change queued behind it now (at most :data:`BATCH`)."""
+        batch = [first]
+        while len(batch) < BATCH and not self._changes.empty():
+            batch.append(self._changes.get_nowait())
+        return batch
+
+    async def _write(self, batch: list[Change]) -> None:
+        """The changes in order: each run of entries put between two leavings is written
+        per session at once, and logged in one append (a connect storm's joins are a few
+        writes, not one a window)."""
+        run: list[Change] = []
+        for change in batch:
+            if change.kind != LEFT:
+                run.append(change)
+                continue
+            await self._put_all(run)
+            run = []
+            await self._remove(change.attachment)
+        await self._put_all(run)
 
     async def _run_write(self, write: Write) -> None:
         try:
@@ -176,9 +211,9 @@ class PresenceBoard:
         except Exception as exc:  # advisory: a lapse is repaired by the next refresh
             log.warning("presence write failed: %s", exc)
 
-    def _queue(self, write: Write) -> None:
+    def _queue(self, change: Change) -> None:
         try:
-            self._writes.put_nowait(write)
+            self._changes.put_nowait(change)
         except asyncio.QueueFull:
             log.warning("presence writes queue full: a change dropped")
 
@@ -197,14 +232,30 @@ class PresenceBoard:
     # -- store and log -----------------------------------------------------------------------
 
     async def _put(self, attachment: Attachment, change: str) -> None:
-        key = (attachment.conn_id, attachment.session_id)
-        if change != "joined" and self.attachments.get(key) is None:
-            return  # it left meanwhile: its leaving is queued after this
-        entry = attachment.entry()
-        revision = await self.store.put(
-            attachment.tenant, attachment.session_id, {attachment.attachment_id: entry}
-        )
-        await self._logged(attachment.tenant, attachment.session_id, change, revision, entry)
+        await self._put_all([Change(change, attachment)])
+
+    async def _put_all(self, changes: list[Change]) -> None:
+        """Put the entries of ``changes`` (those still attached), one write per session
+        whose revision counts each change, and log them in one append."""
+        by_session: dict[tuple[str, str], list[Change]] = {}
+        for change in changes:
+            attachment = change.attachment
+            key = (attachment.conn_id, attachment.session_id)
+            if change.kind != "joined" and self.attachments.get(key) is not attachment:
+                continue  # it left meanwhile: its leaving is written after this
+            by_session.setdefault((attachment.tenant, attachment.session_id), []).append(change)
+        logged: list[tuple[str, str, JsonObject, str]] = []
+        for (tenant, session_id), run in by_session.items():
+            entries = [(c, c.attachment.entry()) for c in run]
+            revision = await self.store.put(
+                tenant, session_id, {c.attachment.attachment_id: e for c, e in entries}, len(run)
+            )
+            first = revision - len(run) + 1
+            for offset, (c, entry) in enumerate(entries):
+                body = presence.event_body(c.kind, first + offset, entry)
+                logged.append((tenant, session_id, body, ""))
+        if logged:
+            await self._log_all(logged)
 
     async def _remove(self, attachment: Attachment) -> None:
         revision = await self.store.remove(
@@ -227,4 +278,12 @@ class PresenceBoard:
     async def _logged(
         self, tenant: str, session_id: str, change: str, revision: int, entry: JsonObject
     ) -> None:
-        await self.log.append(tenant, session_id, presence.event_body(change, revision, entry))
+        body = presence.event_body(change, revision, entry)
+        await self._log_all([(tenant, session_id, body, "")])
+
+    async def _log_all(self, items: list[tuple[str, str, JsonObject, str]]) -> None:
+        """Append presence events, in one round trip. An archived session's presence is in
+        its hash only: its log is not brought back to Redis because a window looks at it."""
+        for outcome in await self.log.append_many(items, restore=False):
+            if isinstance(outcome, Exception) and not isinstance(outcome, SessionArchived):
+                log.warning("presence change not logged: %s", outcome)

@@ -131,11 +131,15 @@ class LogAppender:
         self,
         items: Sequence[tuple[str, str, JsonObject, str]],
         calls: Sequence[str] | None = None,
+        *,
+        restore: bool = True,
     ) -> list[Position | Exception]:
         """Append several events (``(tenant, session id, body, fence)``, in this order) in one
         round trip and one script call (``lua/append_batch.lua``): each one is what
         :meth:`append` does, ``calls[i]`` naming the i-th. Returns each one's position, or
-        the exception :meth:`append` would have raised for it.
+        the exception :meth:`append` would have raised for it. ``restore`` False: an event
+        of an archived session is not appended (its outcome is :class:`SessionArchived`)
+        rather than its log brought back for it.
 
         On a cluster one call may not span slots: it is one call per partition (every key of
         a session carries its partition's tag), the partitions' calls side by side. A
@@ -143,7 +147,7 @@ class LogAppender:
         gets its events in order, which is all the order anyone can see."""
         ids = list(calls) if calls is not None else call_ids(len(items))
         results = await self._append_many(items, ids)
-        for _ in range(3):
+        for _ in range(3 if restore else 0):
             archived = [i for i, r in enumerate(results) if isinstance(r, SessionArchived)]
             if not archived:
                 break

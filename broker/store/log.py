@@ -87,9 +87,11 @@ class SessionLog:
         self,
         items: Sequence[tuple[str, str, JsonObject, str]],
         calls: Sequence[str] | None = None,
+        *,
+        restore: bool = True,
     ) -> list[Position | Exception]:
         """See :meth:`.LogAppender.append_many`."""
-        return await self.appender.append_many(items, calls)
+        return await self.appender.append_many(items, calls, restore=restore)
 
     async def read(
         self,

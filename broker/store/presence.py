@@ -75,9 +75,12 @@ class PresenceStore:
         self.ttl_ms = int(ttl * 1000)
         self._remove = commands(redis).register_script(_REMOVE)
 
-    async def put(self, tenant: str, session_id: str, entries: dict[str, JsonObject]) -> int:
+    async def put(
+        self, tenant: str, session_id: str, entries: dict[str, JsonObject], changes: int = 1
+    ) -> int:
         """Write (or refresh) ``entries`` by attachment id, each good for the TTL from now;
-        returns the revision after the change, bumped once for the whole write."""
+        returns the revision after the write, which counts ``changes`` changes (the
+        revisions before it, down to ``changes - 1`` less, are the earlier ones')."""
         key = presence_key(tenant, session_id)
         expires = _now_ms() + self.ttl_ms
         mapping = {
@@ -89,7 +92,7 @@ class PresenceStore:
             # A hash made again (its last entry left) counts on from its time, in micro-
             # seconds: a revision never goes back, so a client's older snapshot stays older.
             pipe.hsetnx(key, REVISION_FIELD, _now_ms() * 1000)
-            pipe.hincrby(key, REVISION_FIELD, 1)
+            pipe.hincrby(key, REVISION_FIELD, changes)
             _extend(pipe, key, self.ttl_ms)
             replies = await pipe.execute()
         return int(replies[2])
