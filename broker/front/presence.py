@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..auth.principal import Principal
-from ..auth.roles import default_roles, permissions_of
+from ..auth.roles import effective, permissions_of, tenant_roles
 from ..config import Settings
 from ..protocol import presence
 from ..protocol.interactions import attachment_id, participant_id
 from ..protocol.jsonrpc import JsonObject
-from ..store.log import SessionArchived, SessionLog
+from ..store.events import SessionSnapshot
+from ..store.log import SessionArchived, SessionLog, SessionMissing
 from ..store.presence import PresenceStore
+from .session_acl import acl_of
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,19 @@ class Attendee(Protocol):
     display_name: str | None
 
 
-def session_roles(principal: Principal | None, session_id: str) -> tuple[list[str], list[str]]:
+def session_roles(
+    principal: Principal | None, snapshot: SessionSnapshot | None
+) -> tuple[list[str], list[str]]:
     """The roles ``principal`` holds on the session and the permissions they grant (sorted
-    names): the credential's default roles until per-session ACLs decide."""
+    names): its live entries in the session's ACL (``snapshot``; None: the session is not
+    known) and its credential's own roles, as every authorization decides
+    (:mod:`..session_acl`)."""
     if principal is None:
         return [], []
-    roles = default_roles(principal)
+    if snapshot is None:
+        roles = tenant_roles(principal)
+    else:
+        roles = effective(acl_of(snapshot).entries, principal, time.time())
     return sorted(roles), sorted(permissions_of(roles, principal))
 
 
@@ -76,6 +85,7 @@ class Attachment:
     participant_id: str
     roles: list[str]
     display_name: str | None
+    principal: Principal | None = None  # whose roles ``roles`` are (never shown)
     state: str = presence.ONLINE
     last_active: float = field(default_factory=time.time)
 
@@ -126,7 +136,7 @@ class PresenceBoard:
         found = self.attachments.get(key)
         if found is not None:
             return found
-        roles, _ = session_roles(conn.principal, session_id)
+        roles, _ = session_roles(conn.principal, None)  # its ACL's part: when written
         subject = conn.principal.subject if conn.principal is not None else ""
         attachment = Attachment(
             conn.id,
@@ -136,6 +146,7 @@ class PresenceBoard:
             participant_id(session_id, subject),
             roles,
             conn.display_name,
+            conn.principal,
         )
         self.attachments[key] = attachment
         self._queue(Change("joined", attachment))
@@ -246,6 +257,7 @@ class PresenceBoard:
             by_session.setdefault((attachment.tenant, attachment.session_id), []).append(change)
         logged: list[tuple[str, str, JsonObject, str]] = []
         for (tenant, session_id), run in by_session.items():
+            await self._with_session_roles(tenant, session_id, run)
             entries = [(c, c.attachment.entry()) for c in run]
             revision = await self.store.put(
                 tenant, session_id, {c.attachment.attachment_id: e for c, e in entries}, len(run)
@@ -256,6 +268,19 @@ class PresenceBoard:
                 logged.append((tenant, session_id, body, ""))
         if logged:
             await self._log_all(logged)
+
+    async def _with_session_roles(self, tenant: str, session_id: str, run: list[Change]) -> None:
+        """Give the joining attachments of ``run`` their roles on the session, its ACL read
+        once for all of them."""
+        joining = [c.attachment for c in run if c.kind == "joined"]
+        if not joining:
+            return
+        try:
+            snapshot: SessionSnapshot | None = await self.log.snapshot(tenant, session_id)
+        except SessionMissing:
+            snapshot = None
+        for attachment in joining:
+            attachment.roles, _ = session_roles(attachment.principal, snapshot)
 
     async def _remove(self, attachment: Attachment) -> None:
         revision = await self.store.remove(

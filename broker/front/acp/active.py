@@ -87,12 +87,11 @@ class ActiveSessions:
     """The sessions active on one connection, and how far each one's events were sent."""
 
     __slots__ = (
-        "_follows_presence",
         "_hub",
-        "_interactions",
         "_lifetime",
         "_log",
         "_notices",
+        "_opted",
         "_outbox",
         "_owner",
         "_presence",
@@ -123,8 +122,7 @@ class ActiveSessions:
         self._lifetime = lifetime
         self._notices: bool | None = None  # settled at initialize (see sees_notices)
         self._v2 = False
-        self._interactions = False  # whether it is sent interaction records (see below)
-        self._follows_presence = False  # whether it asked for presence at initialize
+        self._opted: frozenset[str] = frozenset()  # the OPT_IN types initialize asked for
         self._presence = presence
 
     @property
@@ -232,8 +230,8 @@ class ActiveSessions:
         :meth:`_frames`), for the hub to hand them to nobody when nobody takes them."""
         if session.subscriptions is not None:
             return frozenset(k for k in OPT_IN if _CATEGORIES[k] not in session.subscriptions)
-        self.sees_notices  # noqa: B018  # settles the flags _follows reads
-        return frozenset(k for k in OPT_IN if not self._follows(k))
+        self.sees_notices  # noqa: B018  # settles what initialize opted into
+        return OPT_IN - self._opted
 
     def hold(self, session_id: str) -> None:
         """Hold the session's live events back until :meth:`release` (a reply goes first)."""
@@ -251,6 +249,13 @@ class ActiveSessions:
         self._emit_many(session, held, replay=False)
 
     async def deactivate(self, session_id: str) -> None:
+        session = self._dropped(session_id)
+        if session is not None:
+            await self._hub.leave(session.tenant, session_id, self._conn)
+
+    def _dropped(self, session_id: str) -> ActiveSession | None:
+        """The session no longer active here (its waiters woken, its attachment ended);
+        the hub is left by the caller."""
         session = self.active.pop(session_id, None)
         if session is not None:
             for _, waiter in session.waiters or ():
@@ -258,7 +263,7 @@ class ActiveSessions:
                     waiter.set_result(None)
             if self._presence is not None:
                 self._presence.left(self._conn.id, session_id)
-            await self._hub.leave(session.tenant, session_id, self._conn)
+        return session
 
     async def expire(self, session_id: str, reason: str) -> None:
         """End a draft attachment that did not cross its delivery barrier in time (or whose
@@ -269,11 +274,8 @@ class ActiveSessions:
             return
         session.held = None
         await self.deactivate(session_id)
-        params = {
-            "sessionId": session_id,
-            "attachmentId": attachment_id(session_id, self._conn.id),
-            "reason": reason,
-        }
+        attachment = attachment_id(session_id, self._conn.id)
+        params = {"sessionId": session_id, "attachmentId": attachment, "reason": reason}
         notice = jsonrpc.notification(ATTACHMENT_EXPIRED, params)
         self._outbox.send_text(jsonrpc.encode(notice))
 
@@ -281,22 +283,12 @@ class ActiveSessions:
         """A revoke took ``session.read`` from the connection's principal: the session stops
         being active here at once (no event after the revoke reaches it), and the client
         is told so; loading it again is refused (``forbidden``)."""
-        session = self.active.pop(session_id, None)
+        session = self._dropped(session_id)
         if session is None:
             return
-        for _, waiter in session.waiters or ():
-            if not waiter.done():
-                waiter.set_result(None)
-        if self._presence is not None:
-            self._presence.left(self._conn.id, session_id)
         self._lifetime.spawn(self._hub.leave(session.tenant, session_id, self._conn))
         if self.sees_notices:
-            text = (
-                "Your access to this session was revoked: it is no longer followed on this "
-                "connection, and loading it again is refused."
-            )
-            notice = let_go_notice(session_id, "Access to the session revoked", text)
-            self._outbox.send_text(jsonrpc.encode(notice))
+            self._outbox.send_text(jsonrpc.encode(_revoked_notice(session_id)))
 
     async def leave_all(self) -> None:
         """Leave every session (the connection ended)."""
@@ -389,10 +381,10 @@ class ActiveSessions:
 
     def _replay(self, session: ActiveSession, epoch: str, rows: list[EventRow]) -> None:
         """Send a session's history (rows of log ``epoch``): a frame per message, or, to a
-        client that asked for them (:attr:`batches_replay`), the same messages in order in
+        client that asked for them (:func:`batches_replay`), the same messages in order in
         batch arrays."""
         texts = self._replayed(session, epoch, rows)
-        if not self.batches_replay:
+        if not batches_replay(self._conn):
             self._outbox.send_run(texts)
             return
         self._outbox.send_each_now(jsonrpc.pack_batches(texts, REPLAY_BATCH_CHARS))
@@ -454,7 +446,7 @@ class ActiveSessions:
         if subscribed is not None:  # a draft attachment: its subscriptions decide
             if _category(event) not in subscribed:
                 return []
-        elif not self._follows(event.type):
+        elif event.type in OPT_IN and event.type not in self._opted:
             return []
         if self._v2:
             turn, session.turn = session.turn, v2_render.next_turn(event, session.turn)
@@ -470,15 +462,6 @@ class ActiveSessions:
         frames = event.frames.get("v1:notices" if notice else "v1")
         return _frames(event, session.session_id, notice) if frames is None else frames
 
-    def _follows(self, kind: str) -> bool:
-        """Whether an implicit attachment is sent events of ``kind`` (interaction records
-        and presence only when its ``initialize`` asked)."""
-        if kind == EventType.INTERACTION:
-            return self._interactions
-        if kind == EventType.PRESENCE:
-            return self._follows_presence
-        return True
-
     @property
     def sees_notices(self) -> bool:
         """Whether this client takes ``notice`` updates (else it gets agent message stand-ins)."""
@@ -491,18 +474,13 @@ class ActiveSessions:
             # every event.
             self._v2 = version == v2.V2
             self._notices = client_sees_notices(version, conn.client_capabilities)
-            self._interactions = follows_interactions(conn.client_capabilities)
-            self._follows_presence = follows_presence(conn.client_capabilities)
+            # An implicit attachment takes interaction records and presence only if asked.
+            asked = {
+                EventType.INTERACTION: follows_interactions(conn.client_capabilities),
+                EventType.PRESENCE: follows_presence(conn.client_capabilities),
+            }
+            self._opted = frozenset(kind for kind, yes in asked.items() if yes)
         return self._notices
-
-    @property
-    def batches_replay(self) -> bool:
-        """Whether this client asked at ``initialize`` for replays in JSON-RPC batch arrays
-        (``capabilities._meta["acpBroker/batchedReplay"]: true``; ACP v2 only, whose
-        transports follow JSON-RPC's batch rules). Every other client gets one per frame."""
-        if self._conn.protocol_version != v2.V2:
-            return False
-        return capabilities.opted_in(self._conn.client_capabilities, BATCHED_REPLAY_META)
 
 
 _CATEGORIES: dict[str, str] = {
@@ -544,3 +522,21 @@ def _v2_frames(event: LogEvent, session_id: str, turn: int | None) -> list[str]:
         frames = [jsonrpc.encode(m) for m in v2_render.session_updates(event, session_id, turn)]
         event.frames[key] = frames
     return frames
+
+
+def batches_replay(conn: Negotiated) -> bool:
+    """Whether a client asked at ``initialize`` for replays in JSON-RPC batch arrays
+    (``capabilities._meta["acpBroker/batchedReplay"]: true``; ACP v2 only, whose transports
+    follow JSON-RPC's batch rules). Every other client gets one per frame."""
+    if conn.protocol_version != v2.V2:
+        return False
+    return capabilities.opted_in(conn.client_capabilities, BATCHED_REPLAY_META)
+
+
+def _revoked_notice(session_id: str) -> JsonObject:
+    """What a client that takes notices is told when a revoke took its read of a session."""
+    text = (
+        "Your access to this session was revoked: it is no longer followed on this "
+        "connection, and loading it again is refused."
+    )
+    return let_go_notice(session_id, "Access to the session revoked", text)

@@ -39,7 +39,7 @@ from ...store.events import LogEvent
 from ...store.log import SessionLog
 from ..fanout import FanoutHub
 from .access import LOGINS_PER_SECOND
-from .active import BATCHED_REPLAY_META, ActiveSessions
+from .active import BATCHED_REPLAY_META, ActiveSessions, batches_replay
 from .flow import Pace, waiting_bound
 from .intake import Dispatcher as RequestDispatcher
 from .intake import Intake
@@ -400,4 +400,4 @@ class ClientConnection:
     @property
     def batches_replay(self) -> bool:
         """Whether this client asked for replays in batch arrays (see :mod:`.active`)."""
-        return self.sessions.batches_replay
+        return batches_replay(self)
