@@ -15,7 +15,8 @@ back ``online``), and sweeps the lapsed entries of the sessions it has attachmen
 (logging their ``left``, once: the front whose delete took the entry logs it).
 
 Presence is never read to authorize anything; :func:`session_roles` is what an attachment's
-roles are (one place: the session ACLs will decide there).
+roles are (one place): presence shows the credential's tenant roles, an attach's answer
+adds the session's ACL entries it read with the snapshot.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..auth.principal import Principal
-from ..auth.roles import default_roles, permissions_of
+from ..auth.roles import AclEntry, effective, permissions_of
 from ..config import Settings
 from ..protocol import presence
 from ..protocol.interactions import attachment_id, participant_id
@@ -53,12 +54,16 @@ class Attendee(Protocol):
     display_name: str | None
 
 
-def session_roles(principal: Principal | None, session_id: str) -> tuple[list[str], list[str]]:
+def session_roles(
+    principal: Principal | None, session_id: str, entries: Iterable[AclEntry] = ()
+) -> tuple[list[str], list[str]]:
     """The roles ``principal`` holds on the session and the permissions they grant (sorted
-    names): the credential's default roles until per-session ACLs decide."""
+    names): its credential's tenant roles (those a token or JWT names, else the defaults)
+    and what its live entries among ``entries`` (the session's ACL) give it, by the rule
+    that authorizes (``auth.roles.effective``)."""
     if principal is None:
         return [], []
-    roles = default_roles(principal)
+    roles = effective(entries, principal, time.time())
     return sorted(roles), sorted(permissions_of(roles, principal))
 
 

@@ -33,6 +33,7 @@ from ...protocol.jsonrpc import JsonObject, Request, RpcError, invalid_params
 from ...protocol.operations import negotiates_remote
 from ...store.events import SessionSnapshot
 from ..presence import PresenceBoard, session_roles
+from ..session_acl import acl_of
 from .connection import ClientConnection
 from .params import session_id_of
 
@@ -135,7 +136,7 @@ async def session_attach(methods: SessionMethods, conn: ClientConnection, reques
         # The log no longer holds what follows the cursor: attach at the live boundary.
         head = await conn.activate(conn.tenant, session_id, replay_after=None, replay_now=False)
         unknown_cursor = True
-    roles, permissions = session_roles(conn.principal, session_id)
+    roles, permissions = session_roles(conn.principal, session_id, acl_of(snapshot).entries)
     effective = [s for s in wanted if s != "presence" or Permission.PRESENCE in permissions]
     barrier = f"barrier_{secrets.token_hex(12)}"
     conn.sessions.subscribe(session_id, frozenset(effective))
