@@ -27,12 +27,30 @@ Cases tested here, by the draft's names (the test and step that checks each):
   stranding (the host's loss cancels its questions, visibly, and the session goes on):
   :func:`_check_terminal`, :func:`_after_host_loss`.
 
-Left to the helpers building them (their places in this matrix):
+A second run per fault (:func:`test_roles_attachments_and_presence_through_a_fault`: two
+fronts, a short ``presence_ttl``) tests the rest, with five connections: ``owner`` (v1
+plain, made the session), ``follower`` (v2, attached with ``presence``), ``guest`` (v1,
+draft, a read-write token naming the ``observer`` role) and ``drafter`` (v2) on the front
+that may be killed, and the guest's second connection after the fault:
 
-* roles (observer, controller, approver, owner) beyond the read-only token's refusal;
-* attach, the delivery barrier (``session/ready``) and detach;
-* presence (snapshot, deltas, expiry across reconnect);
-* controller lease transfer fencing and private state: not implemented.
+* roles (an owner's grants across the fault; an observer refused, a controller accepted,
+  a revoke honoured on the other front; the roles an attachment shows):
+  :func:`_roles_before_the_fault`, :func:`_roles_after_the_fault`, :func:`_detach_mid_way`;
+* detach (idempotent, the session runs on; a re-attach after the fault is a new attachment
+  replaying from its cursor, without loss or duplicates): :func:`_detach_mid_way`,
+  :func:`_reattach`;
+* presence (the snapshot is exactly the windows attached, a killed front's lapsing within
+  ``presence_ttl``; the deltas reach a follower; nothing private): :func:`_presence_is`,
+  :func:`_nothing_private`;
+* private state, as the broker has it: an attachment is its connection's (another, even of
+  the same principal, can neither detach it nor cross its barrier): :func:`_private_state`;
+  a claim is its holder's (another's answer with it is refused): :func:`_claims_after_the_fault`;
+  the access changes every attachment hears name nobody: :func:`_roles_after_the_fault`.
+
+Not applicable (the broker has none of it): controller lease transfer fencing (the policy
+is ``ordered_multi_writer``: no controller lease), private drafts and per-user read state,
+session termination as a draft operation (``session/close`` is a detach here;
+``session/delete`` is the owner's: ``tests/test_session_roles.py``).
 """
 
 from __future__ import annotations
@@ -40,15 +58,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 
 from broker.auth.tokens import TokenStore
-from broker.protocol.render import QUEUE_META
+from broker.protocol.presence import ENTRY_FIELDS
+from broker.protocol.render import POSITION_META, QUEUE_META
 from broker.protocol.turns import PROMPT_ID_META
 from broker.store.client import commands, connect
 from broker.store.events import EventType
@@ -57,8 +78,11 @@ from broker.store.log import SessionLog
 
 from .support.client import RawClient, text, wait_for
 from .support.redis_server import RestartableRedis, restartable_redis
+from .test_attach import attach_params, ready_params, window_texts
 from .test_interactions import ALLOW, asks, interaction_updates
+from .test_presence import deltas, names
 from .test_scale_out import Deployment, _kill_holder, cluster_of
+from .test_session_roles import _forbidden, _grant
 
 pytestmark = pytest.mark.slow
 
@@ -73,12 +97,15 @@ REMOTE: dict[str, Any] = {"remote": {"core": {}}}
 
 @dataclass
 class Matrix:
-    """The deployment, its store, its two credentials (read-write, read-only), the session."""
+    """The deployment, its store, its credentials (read-write, read-only, and the guest's:
+    read-write, naming the ``observer`` role), the session."""
 
     redis: RestartableRedis
     deployment: Deployment
     writer: str
     reader: str
+    guest: str
+    guest_subject: str
     session_id: str = ""
 
     async def events(self) -> list[Any]:
@@ -92,20 +119,28 @@ class Matrix:
         return [e.body["interaction"] for e in await self.events() if e.type == "interaction"]
 
     async def join(
-        self, front: int, *, version: int = 1, remote: bool = True, token: str | None = None
+        self,
+        front: int,
+        *,
+        version: int = 1,
+        remote: bool = True,
+        token: str | None = None,
+        name: str = "conformance",
+        resume: bool = True,
     ) -> RawClient:
-        """A connection on front ``front`` with the session resumed on it (the whole log
-        replayed, for v1 a load)."""
+        """A connection on front ``front``, shown in presence as ``name``, with the session
+        resumed on it (the whole log replayed, for v1 a load) unless ``resume`` is false."""
         url = self.deployment.nodes[front].url
         headers = {"Authorization": f"Bearer {token or self.writer}"}
         client = await RawClient.connect(url, additional_headers=headers)
         caps = REMOTE if remote else {}
-        field = "clientCapabilities" if version == 1 else "capabilities"
+        field, info = (
+            ("clientCapabilities", "clientInfo") if version == 1 else ("capabilities", "info")
+        )
         init: dict[str, Any] = {"protocolVersion": version, field: caps}
-        if version == 2:
-            init["info"] = {"name": "conformance", "version": "1"}
+        init[info] = {"name": name, "version": "1"}
         assert "result" in await client.call("initialize", init)
-        if self.session_id:
+        if self.session_id and resume:
             params: dict[str, Any] = {"sessionId": self.session_id, "cwd": CWD, "mcpServers": []}
             if version == 1:
                 reply = await client.call("session/load", params, WAIT)
@@ -118,18 +153,21 @@ class Matrix:
 
 
 @contextlib.asynccontextmanager
-async def matrix(tmp_path: Path, hosts: int) -> AsyncIterator[Matrix]:
+async def matrix(
+    tmp_path: Path, hosts: int, front_env: dict[str, str] | None = None
+) -> AsyncIterator[Matrix]:
     with restartable_redis(aof=True) as redis:
         store = connect(redis.url)
         tokens = TokenStore(store)
         writer, _ = await tokens.create(TENANT, ["read", "write"])
         reader, _ = await tokens.create(TENANT, ["read"])
+        guest, info = await tokens.create(TENANT, ["read", "write"], "guest", ["observer"])
         await store.aclose()
-        auth = {"ACP_BROKER_AUTH": "on"}
+        env = {"ACP_BROKER_AUTH": "on", **(front_env or {})}
         async with cluster_of(
-            redis.url, tmp_path, fronts=2, hosts=hosts, front_env=auth
+            redis.url, tmp_path, fronts=2, hosts=hosts, front_env=env
         ) as deployment:
-            yield Matrix(redis, deployment, writer, reader)
+            yield Matrix(redis, deployment, writer, reader, guest, f"token:{info.id}")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -416,4 +454,236 @@ async def test_shared_session_conformance_through_a_fault(tmp_path: Path, fault:
         await _check_terminal(m, followers)
         await _check_one_order(m, followers)
         for client in (asker, claimer, peer, observer):
+            await client.close()
+
+
+# -- roles, attachments, presence, private state ----------------------------------------------
+
+PRESENCE_TTL = 3.0
+"""The fronts' ``presence_ttl`` in the attachment runs: a killed front's windows leave
+presence within it (their sweeps run every second)."""
+
+
+async def _attach(
+    m: Matrix, client: RawClient, subscriptions: list[str], after: int | None = None
+) -> dict[str, Any]:
+    """``session/attach`` (the whole log replayed, or what follows seq ``after``), then
+    ``session/ready``; returns the attach's result."""
+    replay: dict[str, Any] = {"type": "start"}
+    if after is not None:
+        epoch = (await _snapshot(m)).epoch
+        replay = {"type": "after_event", "sourceEventId": f"event_{epoch}_{after}"}
+    params = attach_params(m.session_id, subscriptions=subscriptions, replayFrom=replay)
+    reply = await client.call("session/attach", params, WAIT)
+    attached = reply["result"]
+    assert attached["recovery"]["type"] == "event_replay", attached
+    ready = await client.call("session/ready", ready_params(m.session_id, attached), WAIT)
+    assert ready["result"] == {}, ready
+    return dict(attached)
+
+
+async def _snapshot(m: Matrix) -> Any:
+    store = connect(m.redis.url)
+    try:
+        return await SessionLog(store).snapshot(TENANT, m.session_id)
+    finally:
+        await store.aclose()
+
+
+TURNS = {"/notool one": "act-one", "/notool two": "act-two", "/notool guest": "act-guest"}
+"""The prompts that run in the attachment runs, by their activity ids."""
+
+
+async def _turn(client: RawClient, m: Matrix, words: str) -> None:
+    """A prompt of ``client``'s (one of ``TURNS``) that runs to its end."""
+    reply = await client.call("session/prompt", _prompt(m.session_id, words, TURNS[words]), WAIT)
+    assert reply["result"]["stopReason"] == "end_turn", reply
+
+
+def _seqs(client: RawClient, session_id: str) -> list[int]:
+    """The log positions of the session's updates a client was sent, in order."""
+    return [
+        int(u["_meta"][POSITION_META]["seq"])
+        for u in client.updates(session_id)
+        if POSITION_META in (u.get("_meta") or {})
+    ]
+
+
+def _presence(client: RawClient, session_id: str) -> list[tuple[str, str]]:
+    """The presence changes a follower was sent: (change, display name)."""
+    return [
+        (d["change"], d.get("participant", {}).get("displayName", ""))
+        for d in deltas(client, session_id)
+    ]
+
+
+async def _present(m: Matrix, front: int) -> dict[str, Any]:
+    """``GET /v1/sessions/{id}/presence`` on front ``front``."""
+    base = f"http://127.0.0.1:{m.deployment.nodes[front].http_port}"
+    headers = {"Authorization": f"Bearer {m.writer}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=WAIT) as http:
+        answer = await http.get(f"/v1/sessions/{m.session_id}/presence")
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+async def _presence_is(m: Matrix, front: int, expected: list[str]) -> dict[str, Any]:
+    """Waits (bounded: a killed front's windows lapse after ``PRESENCE_TTL``) until the
+    snapshot shows exactly ``expected`` (display names); returns it."""
+    found: dict[str, Any] = {}
+
+    async def exact() -> bool:
+        found.update(await _present(m, front))
+        return names(found) == sorted(expected)
+
+    try:
+        await wait_for(exact, PRESENCE_TTL + WAIT, f"presence {expected}")
+    except (AssertionError, TimeoutError):
+        raise AssertionError(f"presence: {names(found)}, not {sorted(expected)}") from None
+    return found
+
+
+def _nothing_private(m: Matrix, shown: Any) -> None:
+    """Presence shows the entries' public fields only: no token, subject or address."""
+    for participant in shown["participants"]:
+        assert set(participant) <= set(ENTRY_FIELDS), participant
+    dumped = json.dumps(shown)
+    for private in (m.writer, m.reader, m.guest, "token:", "127.0.0.1"):
+        assert private not in dumped, private
+
+
+async def _roles_before_the_fault(m: Matrix, owner: RawClient, guest: RawClient) -> None:
+    """Roles: the owner grants the guest ``observer`` explicitly; its prompt is refused."""
+    granted = await _grant(owner, m.session_id, m.guest_subject, ["observer"])
+    assert granted["result"]["entry"]["roles"] == ["observer"], granted
+    _forbidden(
+        await guest.call("session/prompt", _prompt(m.session_id, "/notool no", "g0")),
+        "session.write",
+    )
+
+
+async def _roles_after_the_fault(
+    m: Matrix, owner: RawClient, guest: RawClient, elsewhere: RawClient
+) -> None:
+    """Roles: still an observer after the fault; granted ``controller``, its prompt runs;
+    revoked by the owner, its prompt is refused on ``elsewhere`` (the other front, when
+    both live)."""
+    refused = await guest.call("session/prompt", _prompt(m.session_id, "/notool no", "g1"), WAIT)
+    _forbidden(refused, "session.write")
+    granted = await _grant(owner, m.session_id, m.guest_subject, ["controller"])
+    await _turn(guest, m, "/notool guest")
+    revoked = await owner.call(
+        "session_access/revoke",
+        {"sessionId": m.session_id, "entryId": granted["result"]["entry"]["entryId"]},
+    )
+    assert "result" in revoked, revoked
+    again = await elsewhere.call("session/prompt", _prompt(m.session_id, "/notool no", "g2"), WAIT)
+    _forbidden(again, "session.write")
+    # The guest was told of each change, never whom it named.
+    assert m.guest_subject not in json.dumps(guest.updates(m.session_id))
+
+
+async def _detach_mid_way(
+    m: Matrix, owner: RawClient, drafter: RawClient
+) -> tuple[dict[str, Any], int, list[str]]:
+    """Detach: a draft client attaches, follows a turn, detaches (twice: a no-op); the
+    session runs on without it. Returns its attachment, the last seq it was sent (its
+    cursor) and the prompts it was shown."""
+    attached = await _attach(m, drafter, ["events"])
+    # Its roles: its credential's and the session's ACL's (it made the session: owner).
+    assert attached["roles"] == ["approver", "controller", "owner"], attached
+    await _turn(owner, m, "/notool one")
+    await drafter.read_until(lambda: "/notool one" in window_texts(drafter, m.session_id), WAIT)
+    detach = {**attach_params(m.session_id), "attachmentId": attached["attachmentId"]}
+    assert (await drafter.call("session/detach", detach, WAIT))["result"] == {}
+    cursor = _seqs(drafter, m.session_id)[-1]
+    assert (await drafter.call("session/detach", detach, WAIT))["result"] == {}
+    await _turn(owner, m, "/notool two")
+    assert "result" in await drafter.call("session/list", {}, WAIT)  # orders what came before
+    assert _seqs(drafter, m.session_id)[-1] == cursor, "delivery stopped at the detach"
+    return attached, cursor, window_texts(drafter, m.session_id)
+
+
+async def _private_state(m: Matrix, other: RawClient, attached: dict[str, Any]) -> None:
+    """Private state: one attachment is its connection's; another can neither detach it
+    nor cross its barrier (refused ``forbidden``, telling nothing of it)."""
+    foreign = {**attach_params(m.session_id), "attachmentId": attached["attachmentId"]}
+    refused = await other.call("session/detach", foreign, WAIT)
+    assert _condition(refused) == "forbidden", refused
+    refused = await other.call("session/ready", ready_params(m.session_id, attached), WAIT)
+    assert _condition(refused) == "forbidden", refused
+
+
+async def _reattach(
+    m: Matrix, drafter: RawClient, cursor: int, old: dict[str, Any], seen: list[str]
+) -> None:
+    """After the fault, a new connection re-attaches from its cursor: a new attachment id,
+    the replay strictly after the cursor, every prompt once overall."""
+    attached = await _attach(m, drafter, ["events"], after=cursor)
+    assert attached["attachmentId"] != old["attachmentId"]
+    ran = [e.body["promptId"] for e in await m.events() if e.type == EventType.PROMPT]
+    assert ran == list(TURNS.values()), ran
+    await drafter.read_until(
+        lambda: len(seen) + len(window_texts(drafter, m.session_id)) >= len(TURNS), WAIT
+    )
+    seqs = _seqs(drafter, m.session_id)
+    assert seqs and seqs[0] > cursor and seqs == sorted(seqs), seqs
+    # Each update once (a prompt's event is two: the user's message and the state).
+    sent = [json.dumps(u, sort_keys=True) for u in drafter.updates(m.session_id)]
+    assert len(sent) == len(set(sent)), sent
+    assert seen + window_texts(drafter, m.session_id) == list(TURNS)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_roles_attachments_and_presence_through_a_fault(tmp_path: Path, fault: str) -> None:
+    env = {"ACP_BROKER_PRESENCE_TTL": str(PRESENCE_TTL)}
+    async with matrix(tmp_path, hosts=2 if fault == "host" else 1, front_env=env) as m:
+        owner = await m.join(1, remote=False, name="Owner")  # front 1 lives through each fault
+        created = await owner.call("session/new", {"cwd": CWD, "mcpServers": []}, WAIT)
+        m.session_id = created["result"]["sessionId"]
+        follower = await m.join(1, version=2, name="Follower", resume=False)
+        await _attach(m, follower, ["events", "presence"])
+        guest = await m.join(0, token=m.guest, name="Guest")
+        drafter = await m.join(0, version=2, name="Drafter", resume=False)
+        await _roles_before_the_fault(m, owner, guest)
+        attached, cursor, seen = await _detach_mid_way(m, owner, drafter)
+        await _private_state(m, follower, attached)
+        await drafter.close()
+        shown = await _presence_is(m, 1, ["Follower", "Guest", "Owner"])
+        [entry] = [p for p in shown["participants"] if p["displayName"] == "Guest"]
+        assert entry["roles"] == ["observer"], entry
+
+        await _fault(m, fault)
+
+        live = 1 if fault == "front" else 0
+        elsewhere = guest
+        if fault == "front":  # the guest reconnects to the other front
+            guest = elsewhere = await m.join(1, token=m.guest, name="Guest")
+        else:
+            guest = await m.join(1, token=m.guest, name="Guest 2")
+        await _roles_after_the_fault(m, owner, guest, elsewhere)
+        drafter = await m.join(live, version=2, name="Drafter", resume=False)
+        await _reattach(m, drafter, cursor, attached, seen)
+        windows = ["Drafter", "Follower", "Guest", "Owner"]
+        if fault != "front":
+            windows.append("Guest 2")
+        shown = await _presence_is(m, 1, windows)
+        _nothing_private(m, shown)
+        _nothing_private(
+            m, {"participants": [d.get("participant", {}) for d in deltas(follower, m.session_id)]}
+        )
+
+        # The follower was sent each change: the drafter's coming, leaving and coming back,
+        # the guests' (the killed front's guest leaving after its TTL).
+        def drafts() -> list[str]:
+            return [c for c, name in _presence(follower, m.session_id) if name == "Drafter"]
+
+        await follower.read_until(lambda: drafts() == ["joined", "left", "joined"], WAIT)
+        assert ("joined", "Guest") in _presence(follower, m.session_id)
+        if fault == "front":  # the lapsed entry's leaving, logged by the live front's sweep
+            await follower.read_until(
+                lambda: ("left", "Guest") in _presence(follower, m.session_id), PRESENCE_TTL + WAIT
+            )
+        await _private_state(m, drafter, attached)  # the same principal's other attachment
+        for client in {id(c): c for c in (owner, follower, guest, elsewhere, drafter)}.values():
             await client.close()

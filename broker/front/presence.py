@@ -15,7 +15,8 @@ back ``online``), and sweeps the lapsed entries of the sessions it has attachmen
 (logging their ``left``, once: the front whose delete took the entry logs it).
 
 Presence is never read to authorize anything; :func:`session_roles` is what an attachment's
-roles are (one place: the session ACLs will decide there).
+roles are (one place): presence shows the credential's tenant roles, an attach's answer
+adds the session's ACL entries it read with the snapshot.
 """
 
 from __future__ import annotations

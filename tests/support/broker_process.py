@@ -60,6 +60,13 @@ class BrokerProcess:
     def running(self) -> bool:
         return self.proc.returncode is None
 
+    @property
+    def http_port(self) -> int:
+        """The port of its HTTP listener (REST, MCP), as its ready line says."""
+        match = re.search(r"and http://[^:]+:(\d+)", "".join(self.stdout_lines))
+        assert match, self.stdout_lines
+        return int(match[1])
+
     def log_text(self) -> str:
         """What the broker wrote to stderr so far."""
         try:
