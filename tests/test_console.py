@@ -531,7 +531,7 @@ async def _killed_front(redis_url: str, browser: Any, tmp_path: Path) -> None:
             env=front_env,
         ) as front1,
     ):
-        backends = [Backend(f.port, _http_port(f.stdout_lines)) for f in (front0, front1)]
+        backends = [Backend(f.port, f.http_port) for f in (front0, front1)]
         async with balancer(backends) as port:
             context = await browser.new_context()
             try:
@@ -562,9 +562,3 @@ async def _killed_front(redis_url: str, browser: Any, tmp_path: Path) -> None:
                 assert page_errors(page) == []
             finally:
                 await context.close()
-
-
-def _http_port(lines: list[str]) -> int:
-    match = re.search(r"and http://[^:]+:(\d+)", "".join(lines))
-    assert match, lines
-    return int(match[1])

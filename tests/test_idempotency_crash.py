@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -36,12 +35,6 @@ BODY = {"cwd": "/idem"}
 KEY = {"Idempotency-Key": "create-after-a-crash"}
 
 
-def _http_port(lines: list[str]) -> int:
-    match = re.search(r"and http://[^:]+:(\d+)", "".join(lines))
-    assert match, lines
-    return int(match[1])
-
-
 async def test_a_retry_creates_once_the_front_that_claimed_the_key_died(tmp_path: Path) -> None:
     with redis_server() as redis_url:
         redis = connect(redis_url)
@@ -55,18 +48,18 @@ async def test_a_retry_creates_once_the_front_that_claimed_the_key_died(tmp_path
             ):
                 os.kill(host.proc.pid, signal.SIGSTOP)  # alive, announced, answering nothing
                 try:
-                    first = asyncio.ensure_future(_post(_http_port(a.stdout_lines)))
+                    first = asyncio.ensure_future(_post(a.http_port))
                     await wait_for(lambda: _claimed(redis), what="the key to be claimed")
                     await a.kill()  # between the claim and the settle
                     first.cancel()
                 finally:
                     os.kill(host.proc.pid, signal.SIGCONT)
                 started = time.monotonic()
-                retried = await _post(_http_port(b.stdout_lines))
+                retried = await _post(b.http_port)
                 took = time.monotonic() - started
                 assert retried.status_code == 201, retried.text
                 assert took <= RETRY_WITHIN, took
-                again = await _post(_http_port(b.stdout_lines))
+                again = await _post(b.http_port)
                 assert again.status_code == 201 and again.json()["id"] == retried.json()["id"]
         finally:
             await redis.aclose()
