@@ -139,12 +139,14 @@ async def test_a_load_replays_the_history_before_the_live_events() -> None:
     assert outbox.said() == ["one", "two", "three"]
 
 
-async def test_a_position_no_longer_in_the_log_is_refused_and_the_session_left() -> None:
+async def test_a_log_whose_start_is_gone_is_lost_and_the_session_left() -> None:
+    """The store dropped the log and later events made it again (its start is gone): a
+    replay from before them is refused as a lost log, not a bad position."""
     hub = Hub(head=5)
     sessions, _ = _sessions(hub, Log([_row(4, "four"), _row(5, "five")]))  # its start cut
     with pytest.raises(RpcError) as refused:
         await sessions.activate("t", "s1", replay_after=1, replay_now=True)
-    assert refused.value.code == -32602
+    assert refused.value.code == -32002
     assert sessions.active == {} and hub.left == ["s1"]
 
 

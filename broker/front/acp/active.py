@@ -180,16 +180,14 @@ class ActiveSessions:
 
     async def _gap(self, tenant: str, session_id: str, after: int) -> jsonrpc.RpcError | None:
         """What refuses a replay after ``after`` when the log no longer holds the events
-        right after it: none left at all (the store dropped the log: an evicting Redis), or
-        its start was cut (replaying from there would leave a gap). None: no gap to refuse.
-        Seqs a rewound log skipped (``store/floors.py``), and a hub that handed out more
-        than the log now holds, leave a gap after a position too, but not at the log's start:
-        those are nothing to send."""
+        right after it: the store dropped the log (an evicting Redis), and it holds none, or
+        only what was appended since (a later event made the stream again). A log is never
+        cut at its start otherwise. None: no gap to refuse. Seqs a rewound log skipped
+        (``store/floors.py``), and a hub that handed out more than the log now holds, leave
+        a gap after a position too, but not at the log's start: those are nothing to send."""
         _, first = await self._log.read_rows(tenant, session_id, count=1)
-        if not first:
+        if not first or first[0][0] > after + 1:
             return jsonrpc.log_lost(session_id)
-        if first[0][0] > after + 1:
-            return jsonrpc.invalid_params("the position is no longer in the session's log")
         return None
 
     async def _join_turn(self, session: ActiveSession, seq: int, *, announce: bool) -> int | None:
