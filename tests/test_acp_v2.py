@@ -387,7 +387,7 @@ async def test_a_batched_replay_longer_than_the_queue_bound_arrives_whole(store:
         await node.stop()
 
 
-async def test_a_stale_foreign_or_malformed_replay_position_is_invalid_params(
+async def test_a_foreign_or_malformed_replay_position_is_invalid_params_a_lost_start_lost(
     broker: Broker, url: str
 ) -> None:
     client = await CheckedClient.open(url, 2)
@@ -409,13 +409,14 @@ async def test_a_stale_foreign_or_malformed_replay_position_is_invalid_params(
         reply, replayed = await resume(other, session_id, "/tmp/v2", replayFrom=replay_from)
         assert reply["error"]["code"] == -32602, (replay_from, reply)
         assert replayed == []
-    # Stale: the log no longer holds the position (trimmed), so replaying from it would
-    # leave a gap.
+    # The log's start is gone (the broker never cuts it: the store dropped it, here by a
+    # trim), so replaying from a position in it would leave a gap: the log was lost.
     log_key = SessionKeys(broker.settings.tenant, session_id).log
     await commands(broker.redis).xtrim(log_key, minid=f"{head['seq']}-0", approximate=False)
     stale = {"type": REPLAY_POSITION, "seq": 2, "epoch": head["epoch"]}
     reply, replayed = await resume(other, session_id, "/tmp/v2", replayFrom=stale)
-    assert reply["error"]["code"] == -32602 and replayed == [], reply
+    assert reply["error"]["code"] == -32002 and replayed == [], reply
+    assert reply["error"]["message"] == "this session's log was lost (the store dropped it)"
     await client.close()
     await other.close()
 
