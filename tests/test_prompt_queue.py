@@ -16,6 +16,7 @@ from broker.store.keys import lease_key
 from broker.store.log import SessionLog
 
 from .support.client import RawClient, text, wait_for
+from .test_interactions import ALLOW, asks
 from .test_operations import CWD, _client, _resumed
 from .test_operations import fronts as fronts  # the fixture: two fronts on one Redis
 from .test_scale_out import _kill_holder, cluster_of
@@ -138,13 +139,17 @@ async def test_a_queued_v2_prompt_is_answered_on_acceptance_under_its_message_id
     acceptance), with the messageId its ``user_message`` carries once its turn starts; the
     running turn's updates reach the queuing window meanwhile."""
     a, b = fronts
-    first = await _client(a, version=2)
+    first = await _client(a, version=1)
     session_id = await first.new_session(CWD)
-    await _send(first, "p1", _named(session_id, "/slow 4", "v2-1"))
-    await first.reply_to("p1", 20)
+    # The first turn runs until the test answers its agent's question: the second prompt
+    # finds it running however slow the machine is.
+    await _send(first, "p1", _named(session_id, "read it", "v2-1"))
+    await first.read_until(lambda: asks(first), 30)
     second = await _resumed(b, session_id, version=2)
     reply = await second.call("session/prompt", _named(session_id, "/notool next", "v2-2"), 10)
     message_id = reply["result"]["messageId"]
+    await first.send({"jsonrpc": "2.0", "id": asks(first)[0]["id"], "result": ALLOW})
+    await first.reply_to("p1", 30)
     await wait_for(lambda: _has(a, session_id, ("prompt_end", "v2-1")), timeout=20, what="end")
 
     def user_messages() -> list[str]:
@@ -157,7 +162,7 @@ async def test_a_queued_v2_prompt_is_answered_on_acceptance_under_its_message_id
     await second.read_until(lambda: message_id in user_messages(), 30)
     kinds = [u["update"]["sessionUpdate"] for u in second.updates(session_id)]
     # The running turn's updates reached the window that queued, before its own turn.
-    assert "agent_message_chunk" in kinds[: kinds.index("user_message")]
+    assert "tool_call_update" in kinds[: kinds.index("user_message")]
     await wait_for(lambda: _has(a, session_id, ("prompt_end", "v2-2")), timeout=20, what="end")
     assert [f for f in await _log(a, session_id) if f[0] != "prompt_end"] == [
         ("prompt", "v2-1"),
