@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..auth.principal import Principal
-from ..auth.roles import effective, permissions_of, tenant_roles
+from ..auth.roles import Role, effective, permissions_of, tenant_roles
 from ..config import Settings
 from ..protocol import presence
 from ..protocol.interactions import attachment_id, participant_id
@@ -42,6 +42,8 @@ from ..store.presence import PresenceStore
 from .session_acl import acl_of
 
 log = logging.getLogger(__name__)
+
+ALL_ROLES = frozenset(Role)
 
 BATCH = 512
 """The most changes one write of the loop takes."""
@@ -273,7 +275,13 @@ class PresenceBoard:
     async def _with_session_roles(self, tenant: str, session_id: str, run: list[Change]) -> None:
         """Give the joining attachments of ``run`` their roles on the session, its ACL read
         once for all of them."""
-        joining = [c.attachment for c in run if c.kind == "joined"]
+        joining = [
+            c.attachment
+            for c in run
+            if c.kind == "joined"
+            and c.attachment.principal is not None
+            and tenant_roles(c.attachment.principal) != ALL_ROLES  # else the ACL adds nothing
+        ]
         if not joining:
             return
         try:
