@@ -266,9 +266,8 @@ class PresenceBoard:
                 tenant, session_id, {c.attachment.attachment_id: e for c, e in entries}, len(run)
             )
             first = revision - len(run) + 1
-            for offset, (c, entry) in enumerate(entries):
-                body = presence.event_body(c.kind, first + offset, entry)
-                logged.append((tenant, session_id, body, ""))
+            made = [(c.kind, first + i, entry) for i, (c, entry) in enumerate(entries)]
+            logged.append((tenant, session_id, presence.event_body(made), ""))
         if logged:
             await self._log_all(logged)
 
@@ -312,7 +311,7 @@ class PresenceBoard:
     async def _logged(
         self, tenant: str, session_id: str, change: str, revision: int, entry: JsonObject
     ) -> None:
-        body = presence.event_body(change, revision, entry)
+        body = presence.event_body([(change, revision, entry)])
         await self._log_all([(tenant, session_id, body, "")])
 
     async def _log_all(self, items: list[tuple[str, str, JsonObject, str]]) -> None:

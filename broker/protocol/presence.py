@@ -63,24 +63,40 @@ def entry_view(entry: JsonObject) -> JsonObject:
     return {name: entry[name] for name in ENTRY_FIELDS if name in entry}
 
 
-def event_body(change: str, revision: int, entry: JsonObject) -> JsonObject:
-    """The ``presence`` log event of one change."""
+def event_body(changes: list[tuple[str, int, JsonObject]]) -> JsonObject:
+    """The ``presence`` log event of ``changes`` (each ``(change, revision, entry)``), in
+    order: one event for the changes a front writes at once (a connect storm's joins are a
+    few events, not one a window)."""
     return {
         "type": "presence",
-        "change": change,
-        "presenceRevision": str(revision),
-        "participant": entry_view(entry),
+        "changes": [
+            {"change": change, "presenceRevision": str(revision), "participant": entry_view(entry)}
+            for change, revision, entry in changes
+        ],
     }
 
 
-def info_update(body: JsonObject) -> JsonObject:
-    """A ``presence`` event as the ``session_info_update`` its followers are sent."""
-    change = {
-        "change": body.get("change"),
-        "presenceRevision": str(body.get("presenceRevision", "0")),
-        "participant": entry_view(_object(body.get("participant"))),
-    }
-    return {"sessionUpdate": "session_info_update", "_meta": {META: change}}
+def changes_of(body: JsonObject) -> list[JsonObject]:
+    """A ``presence`` event's changes, each as a follower is sent it."""
+    listed = body.get("changes")
+    return [
+        {
+            "change": change.get("change"),
+            "presenceRevision": str(change.get("presenceRevision", "0")),
+            "participant": entry_view(_object(change.get("participant"))),
+        }
+        for change in (listed if isinstance(listed, list) else [])
+        if isinstance(change, dict)
+    ]
+
+
+def info_updates(body: JsonObject) -> list[JsonObject]:
+    """A ``presence`` event as the ``session_info_update``s its followers are sent, one a
+    change."""
+    return [
+        {"sessionUpdate": "session_info_update", "_meta": {META: change}}
+        for change in changes_of(body)
+    ]
 
 
 def snapshot_update(revision: int, entries: list[JsonObject]) -> JsonObject:

@@ -163,7 +163,7 @@ def _updates_of(event: LogEvent, notices: bool) -> list[JsonObject]:
     if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
         return [interactions.info_update(body["interaction"])]
     if kind == EventType.PRESENCE:
-        return [presence.info_update(body)]
+        return presence.info_updates(body)
     if kind == EventType.SESSION_ACCESS:
         return [access_update(body)]
     return []

@@ -80,7 +80,7 @@ def updates_of(event: LogEvent, turn: int | None) -> list[JsonObject]:
     if kind == EventType.INTERACTION and isinstance(body.get("interaction"), dict):
         return [interactions.info_update(body["interaction"])]
     if kind == EventType.PRESENCE:
-        return [presence.info_update(body)]
+        return presence.info_updates(body)
     if kind == EventType.SESSION_ACCESS:
         return [access_update(body)]
     return []

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 
 from broker.front.node import FrontNode
 from broker.front.pages import PageCache
+from broker.protocol.presence import changes_of
 from broker.serve import Broker
 from broker.store.client import connect
 
@@ -77,5 +78,5 @@ async def all_left(node: Broker, session_id: str) -> bool:
     ``presence`` event ``left`` for each ``joined``): what a test that compares logs waits
     for once its windows closed, since the fronts log presence changes after the fact."""
     events = await node.log.read(node.settings.tenant, session_id)
-    changes = [e.body.get("change") for e in events if e.type == "presence"]
+    changes = [c["change"] for e in events if e.type == "presence" for c in changes_of(e.body)]
     return changes.count("joined") == changes.count("left")
