@@ -17,11 +17,13 @@ import pytest
 from mcp import Client
 
 from broker.serve import Broker
+from broker.store import hosts
 from broker.store.client import commands, connect
 from broker.store.keys import lease_key
 
 from .conftest import make_settings
 from .support.client import RawClient, tool_result_text, wait_for
+from .support.roles import role_process
 from .test_scale_out import cluster_of
 
 ALLOW = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
@@ -346,3 +348,48 @@ async def test_a_lapsed_lease_key_of_a_held_session_is_waited_out_not_taken_for_
     assert refused["error"]["data"]["condition"] == "revision_conflict", refused
     for client in (window, watcher):
         await client.close()
+
+
+async def test_with_no_agent_host_alive_the_lists_answer_empty_at_once(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The session's host is killed while its question waits and no other host is left:
+    nobody holds the session, nor will, so ACP, REST and MCP answer "nothing pending" at
+    once, not at their routing deadline (30 s)."""
+    store = connect(redis_url)
+    front = Broker(make_settings(workers=False), redis=store)
+    await front.start()
+    try:
+        lease = {"ACP_BROKER_LEASE_TTL": "2"}
+        async with role_process("agent-host", redis_url, tmp_path / "host.log", env=lease) as host:
+            window = await remote_client(front)
+            session_id = await window.new_session("/srv/i", timeout=30)
+            await window.send_prompt(1, session_id, "read it")
+            await window.read_until(lambda: asks(window), 30)
+            listed = await window.call("interaction/list", {"sessionId": session_id})
+            assert len(listed["result"]["interactions"]) == 1, listed
+            await host.kill()
+
+        async def no_host() -> bool:
+            return not await hosts.any_alive(store)
+
+        await wait_for(no_host, 30, "the killed host's announcement lapsed")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        listed = await window.call("interaction/list", {"sessionId": session_id})
+        assert listed["result"]["interactions"] == [], listed
+        assert loop.time() - started < 5
+        async with httpx.AsyncClient(base_url=http_base(front), timeout=30) as http:
+            started = loop.time()
+            answer = await http.get(f"/v1/sessions/{session_id}/interactions")
+            assert loop.time() - started < 5
+        assert answer.status_code == 200 and answer.json()["interactions"] == [], answer.text
+        async with Client(f"{http_base(front)}/mcp") as client:
+            started = loop.time()
+            result = await client.call_tool("interaction_list", {"id": session_id})
+            assert loop.time() - started < 5
+        assert tool_result_text(result) == "nothing is waiting for an answer", result
+        await window.close()
+    finally:
+        await front.stop()
+        await store.aclose()

@@ -9,8 +9,15 @@ the owner then revokes.
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
+
+import httpx2 as httpx
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from broker.auth.roles import entry_id_for
 from broker.auth.tokens import TokenStore
@@ -20,7 +27,7 @@ from broker.serve import Broker
 from broker.store.events import EventType
 from broker.store.log import SessionLog
 
-from .support.client import RawClient, text, wait_for
+from .support.client import RawClient, text, tool_result_text, wait_for
 from .test_interactions import ALLOW, asks, logged
 from .test_session_roles import CWD, TENANT, Team, _forbidden, _grant, _loaded, _session
 from .test_session_roles import team as team  # the fixture: two fronts, the tenant's tokens
@@ -180,3 +187,136 @@ async def test_a_revoke_that_takes_read_stops_delivery_on_every_front(team: Team
         await client.close()
     await owner.close()
     await watcher.close()
+
+
+async def _guest(team: Team) -> tuple[str, str]:
+    """A token whose credential holds no role of its own (what it may do on a session, its
+    entry there alone gives), and its subject."""
+    token, info = await TokenStore(team.nodes[0].redis).create(TENANT, ["read", "write"], "g", [])
+    return token, f"token:{info.id}"
+
+
+def _base(node: Broker) -> str:
+    return f"http://127.0.0.1:{node.http_port}"
+
+
+async def _frames(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """An SSE stream's event frames, each ``{"id", "event", "data"}`` (data parsed)."""
+    fields: dict[str, str] = {}
+    async for line in lines:
+        if line:
+            name, _, value = line.partition(": ")
+            fields[name] = value
+            continue
+        if "data" in fields:
+            yield {"id": int(fields["id"]), "event": fields["event"], **json.loads(fields["data"])}
+        fields = {}
+
+
+def _is_revoke_of(frame: dict[str, Any], subject: str) -> bool:
+    body = frame["event"]
+    return body.get("change") == "revoke" and body.get("entryId") == entry_id_for(subject)
+
+
+def _is_grant_of(frame: dict[str, Any], subject: str) -> bool:
+    body = frame["event"]
+    return body.get("change") == "grant" and body.get("entryId") == entry_id_for(subject)
+
+
+async def test_a_revoke_that_takes_read_ends_the_readers_event_stream(team: Team) -> None:
+    owner, sid = await _session(team)
+    guest, subject = await _guest(team)
+    assert "result" in await _grant(owner, sid, subject, ["observer"])
+    path = f"/v1/sessions/{sid}/events"
+    headers = {"Authorization": f"Bearer {guest}"}
+    on = {"sessionId": sid, "prompt": text("/notool on")}
+    async with httpx.AsyncClient(
+        base_url=_base(team.nodes[1]), headers=headers, timeout=30
+    ) as http:
+        seen: list[dict[str, Any]] = []
+        async with asyncio.timeout(60), http.stream("GET", path) as stream:
+            assert stream.status_code == 200
+            async for frame in _frames(stream.aiter_lines()):
+                seen.append(frame)
+                if _is_grant_of(frame, subject):  # the stream is live: revoke, then go on
+                    await _revoke(owner, sid, subject)
+                    assert (await owner.call("session/prompt", on))["result"]["stopReason"]
+        # It ended by itself, the revoke its last event, though the session went on.
+        last = seen[-1]
+        assert _is_revoke_of(last, subject), last
+        later = await SessionLog(team.nodes[0].redis).read(TENANT, sid)
+        assert later[-1].seq > last["id"], "the owner's turn came after the revoke"
+        reconnect = await http.get(path, headers={"Last-Event-ID": str(last["id"])})
+        assert reconnect.status_code == 403, reconnect.text
+        # Granted again, its stream from the start passes the revoke in the history by.
+        assert "result" in await _grant(owner, sid, subject, ["observer"])
+        again = {"sessionId": sid, "prompt": text("/notool again")}
+        replayed: list[dict[str, Any]] = []
+        regranted = None
+        async with asyncio.timeout(60), http.stream("GET", path) as stream:
+            async for frame in _frames(stream.aiter_lines()):
+                replayed.append(frame)
+                if frame["id"] > last["id"] and _is_grant_of(frame, subject):
+                    regranted = frame["id"]
+                    assert (await owner.call("session/prompt", again))["result"]["stopReason"]
+                if regranted is not None and frame["event"]["type"] == EventType.PROMPT_END:
+                    break  # the turn after the new grant reached it live: it did not end
+        assert any(_is_revoke_of(frame, subject) for frame in replayed)
+        assert regranted is not None and replayed[-1]["id"] > regranted
+    await owner.close()
+
+
+async def test_a_revoke_that_takes_read_answers_a_tool_driven_turn_forbidden(
+    team: Team,
+) -> None:
+    owner, sid = await _session(team)
+    guest, subject = await _guest(team)
+    assert "result" in await _grant(owner, sid, subject, ["controller"])
+    await _running_until_answered(owner, sid)  # the guest's turn queues behind the question
+    node = team.nodes[1]
+    wait = 120.0
+    async with (
+        httpx.AsyncClient(headers={"Authorization": f"Bearer {guest}"}, timeout=wait) as http,
+        Client(streamable_http_client(f"{_base(node)}/mcp", http_client=http)) as mcp,
+    ):
+        prompt = {"id": sid, "text": "/notool queued", "wait": wait}
+        call = asyncio.ensure_future(mcp.call_tool("session_prompt", prompt))
+        await owner.read_until(lambda: [c for c, _ in _queue_changes(owner, sid)], 30)
+        await _revoke(owner, sid, subject)
+        async with asyncio.timeout(30):  # at the revoke, not at the end of its wait
+            result = await call
+    answer = tool_result_text(result)
+    assert result.is_error and answer.startswith("forbidden:"), answer
+    assert "revoke" in answer and "session.read" in answer, answer
+    # The owner's turn goes on and ends; the guest's never ran.
+    await owner.send({"jsonrpc": "2.0", "id": asks(owner)[0]["id"], "result": ALLOW})
+    assert (await owner.reply_to("run", TURN_WAIT))["result"]["stopReason"] == "end_turn"
+    ran = [e["promptId"] for e in await _events(team, sid, EventType.PROMPT)]
+    assert ran == ["act-run"]
+    await owner.close()
+
+
+async def test_a_revoke_mid_turn_answers_its_rest_prompt_without_the_turns_output(
+    team: Team,
+) -> None:
+    owner, sid = await _session(team)
+    guest, subject = await _guest(team)
+    assert "result" in await _grant(owner, sid, subject, ["controller"])
+    headers = {"Authorization": f"Bearer {guest}"}
+    async with httpx.AsyncClient(
+        base_url=_base(team.nodes[1]), headers=headers, timeout=30
+    ) as http:
+        body = {"text": "/slow 600", "wait": 120}  # 2 minutes of chunks, unless stopped
+        call = asyncio.ensure_future(
+            http.post(f"/v1/sessions/{sid}/prompt", json=body, timeout=150)
+        )
+        await owner.read_until(lambda: owner.chunks(sid), 30)  # the turn is producing
+        await _revoke(owner, sid, subject)
+        async with asyncio.timeout(30):
+            refused = await call
+    assert refused.status_code == 403, refused.text
+    assert "revoke" in refused.json()["detail"]
+    assert "chunk" not in refused.text
+    await owner.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}})
+    await wait_for(lambda: _events(team, sid, EventType.PROMPT_END), TURN_WAIT, "the turn ended")
+    await owner.close()

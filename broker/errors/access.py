@@ -30,6 +30,17 @@ def forbidden(permission: str, operation: str) -> RpcError:
     )
 
 
+def revoked_while(permission: str, operation: str) -> RpcError:
+    """A revoke took ``permission`` from the caller while ``operation`` followed the session:
+    what came after it is not the caller's to see."""
+    return RpcError(
+        INVALID_REQUEST,
+        f"forbidden: a revoke took the {permission} permission on this session while "
+        f"{operation} followed it",
+        {"condition": FORBIDDEN, "retryable": False, "requiredPermission": permission},
+    )
+
+
 def last_owner(entry_id: str) -> RpcError:
     return RpcError(
         INVALID_REQUEST,

@@ -238,18 +238,22 @@ class RemoteAgents(AgentGateway):
         """The holding host's answer; ``{}`` when no host holds the session (nothing is
         pending). A lease key missing while the session is still listed as held (a late
         renewal, a takeover under way) is waited out, within the routing deadline: answered
-        "nothing" then, a pending question looked answered, or a claim looked lost."""
+        "nothing" then, a pending question looked answered, or a claim looked lost. With no
+        agent host alive (its host died and no other is left to take the session over)
+        nobody holds it nor will: ``{}`` at once, not a command sent to a dead host's inbox
+        and waited on until the deadline."""
         fields: JsonObject = {"action": action, "params": params, "principal": principal}
         if authority is not None:
             fields["authority"] = authority.to_json()
         deadline = time.monotonic() + self.route_deadline
-        while True:
+        while await hosts.any_alive(self.redis):
             reply = await self._answered(Op.INTERACT, tenant, session_id, fields, holder_only=True)
             if reply or time.monotonic() > deadline:
                 return reply if isinstance(reply, dict) else {}
             if not await held_or_due(self.redis, tenant, session_id):
                 return {}
             await asyncio.sleep(HOLDER_GAP_PAUSE)
+        return {}
 
     async def fence(self, tenant: str, session_id: str) -> None:
         """The revoke is done whatever happens here: a claim its host could not be told to

@@ -21,7 +21,7 @@ most clients): only a credential whose own roles fall short reads the session's 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from ..errors.access import forbidden, last_owner, unknown_entry
 from ..model.events import EventType, JsonObject
 from ..protocol.jsonrpc import invalid_params
 from ..protocol.operations import activity_id
-from ..store.events import SessionSnapshot
+from ..store.events import LogEvent, SessionSnapshot
 from ..store.log import SessionLog, SessionMissing
 
 ANONYMOUS = anonymous("").subject
@@ -74,6 +74,11 @@ OPERATION_PERMISSIONS: Mapping[str, Permission] = {
 }
 """The permission each ACP method on a session needs (REST and the tools ask for the same
 ones by operation: docs/shared-sessions.md has the table)."""
+
+Fence = Callable[[LogEvent], Awaitable[bool]]
+"""Whether an event took ``session.read`` from a follower of the session (a stream, a
+tool-driven turn): it stops following after it. :meth:`SessionAcl.lost_read`, bound to the
+follower's principal and the session."""
 
 
 def needed_permission(method: str, params: Mapping[str, Any]) -> Permission | None:
@@ -135,6 +140,17 @@ class SessionAcl:
             return True
         roles = effective(acl_of(snapshot).entries, principal, time.time())
         return permission in permissions_of(roles, principal)
+
+    async def lost_read(self, principal: Principal, session_id: str, event: LogEvent) -> bool:
+        """Whether ``event`` is a revoke that took ``session.read`` on ``session_id`` from
+        ``principal``, who does not hold it now: what follows it is no longer the
+        principal's to see. Read again, not taken from the event alone, because a grant may
+        have given it back since (a revoke in a history, or one a new grant followed)."""
+        if event.type != EventType.SESSION_ACCESS:
+            return False
+        if not revoke_takes(event.body, principal, Permission.READ):
+            return False
+        return not await self.allows(principal, session_id, Permission.READ)
 
     async def require(
         self, principal: Principal, session_id: str, permission: Permission, operation: str

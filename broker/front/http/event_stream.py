@@ -5,7 +5,10 @@ event as JSON: ``seq``, ``epoch``, ``ts`` and its body under ``event``). A clien
 reconnects sends ``Last-Event-ID`` (or ``?after=``) and gets every event after that
 seq, none twice: the stream joins the front's live feed first (:func:`.follow.following`),
 sends the log up to where the feed starts, then the feed. It runs until the client
-leaves, with a comment line every :data:`HEARTBEAT_SECONDS` so that proxies keep it open.
+leaves, with a comment line every :data:`HEARTBEAT_SECONDS` so that proxies keep it open,
+or until a revoke takes ``session.read`` from its reader (:meth:`.SessionAcl.lost_read`):
+the revoke's own event is the stream's last (a reconnect is then refused, 403), as an ACP
+connection stops delivery.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ...errors import invalid_argument
 from ...store.events import EventType, LogEvent
 from ...store.log import SessionLog
 from ..fanout import FanoutHub
+from ..session_acl import Fence
 from .follow import following
 
 HEARTBEAT_SECONDS = 15.0
@@ -59,8 +63,15 @@ class EventStream:
         self.hub = hub
         self.heartbeat = heartbeat
 
-    async def frames(self, tenant: str, session_id: str, after: int) -> AsyncIterator[bytes]:
-        """The stream's bytes: the history after ``after``, then live events."""
+    async def frames(
+        self, tenant: str, session_id: str, after: int, fence: Fence | None = None
+    ) -> AsyncIterator[bytes]:
+        """The stream's bytes: the history after ``after``, then live events, up to and
+        including the first that ``fence`` says took the reader's ``session.read``."""
+
+        async def ends(event: LogEvent) -> bool:
+            return fence is not None and await fence(event)
+
         yield f"retry: {RETRY_MS}\n\n".encode()
         async with following(self.hub, tenant, session_id) as (follower, live_from):
             sent = after
@@ -72,6 +83,8 @@ class EventStream:
                     break
                 for event in events:
                     yield frame(event)
+                    if await ends(event):
+                        return
                 sent = events[-1].seq
             while not follower.overflowed:  # overflowed: the client resumes from its last id
                 try:
@@ -82,3 +95,5 @@ class EventStream:
                 if event.seq > sent:
                     yield frame(event)
                     sent = event.seq
+                    if await ends(event):
+                        return

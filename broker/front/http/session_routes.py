@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -266,9 +267,10 @@ class SessionRoutes:
         after = resume_after(last_id, request.query_params.get("after"))
         await self.tools.snapshot(tenant, session_id)
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(
-            self.stream.frames(tenant, session_id, after), media_type=MEDIA_TYPE, headers=headers
-        )
+        # A revoke that takes the caller's session.read ends the stream after its event.
+        fence = partial(self.tools.acl.lost_read, caller, session_id)
+        frames = self.stream.frames(tenant, session_id, after, fence)
+        return StreamingResponse(frames, media_type=MEDIA_TYPE, headers=headers)
 
     async def interactions(self, request: Request) -> Response:
         """The session's open and claimed interactions."""

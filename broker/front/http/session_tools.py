@@ -16,6 +16,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from ...auth.authenticator import Authenticator as BrokerAuthenticator
@@ -24,7 +25,7 @@ from ...auth.principal import Principal, Scope
 from ...auth.roles import Permission
 from ...config import Settings
 from ...errors import ApiError, ErrorCode, invalid_argument
-from ...errors.access import access_api_error, forbidden
+from ...errors.access import access_api_error, forbidden, revoked_while
 from ...errors.interactions import interaction_api_error
 from ...protocol.commands import UNATTENDED_ORIGIN, AgentGateway
 from ...protocol.jsonrpc import (
@@ -37,14 +38,14 @@ from ...protocol.jsonrpc import (
 from ...store import hosts
 from ...store.client import Store
 from ...store.errors import StoreError
-from ...store.events import EventType, SessionSnapshot, Status
+from ...store.events import EventType, LogEvent, SessionSnapshot, Status
 from ...store.index import SessionIndex, row_of
 from ...store.log import SessionLog, SessionMissing
 from ...store.quotas import TenantFull, check_session_quota
 from ...store.retry import STORE_AWAY, retrying
 from ..acp.methods_v1 import _agent_params, title_update
 from ..fanout import FanoutHub
-from ..session_acl import SessionAcl
+from ..session_acl import Fence, SessionAcl
 from .console import LIVE_VIEW_PATH
 from .follow import Follower, following
 from .tool_models import CreateSession
@@ -122,6 +123,17 @@ def api_error(exc: RpcError) -> ApiError:
     if exc.code == INVALID_REQUEST and "already running" in exc.message:
         return ApiError(ErrorCode.SESSION_BUSY, exc.message)
     return ApiError(ErrorCode.UNAVAILABLE, f"the agent host could not do it: {exc.message}")
+
+
+async def _any_fenced(fence: Fence | None, events: list[LogEvent]) -> bool:
+    """Whether ``fence`` stops at one of ``events`` (a revoke logged after the follow ended,
+    before the log was read: the read holds what came after it too)."""
+    if fence is None:
+        return False
+    for event in events:
+        if await fence(event):
+            return True
+    return False
 
 
 class SessionTools:
@@ -344,11 +356,17 @@ class SessionTools:
         await self._need_hosts()
         prompt_id = secrets.token_hex(8)
         params = {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
+        # A revoke that takes the author's session.read ends the following, as it ends an
+        # event stream: the turn runs on, what it does no longer the caller's to see.
+        fence = None if author is None else partial(self.acl.lost_read, author, session_id)
         async with following(self.hub, tenant, session_id) as (follower, after):
             turn = self._spawn(self._turn(tenant, session_id, params, prompt_id, author))
             report = TurnReport(prompt_id)
-            await self._until(report, follower, turn, wait)
-            events = await self.log.read(tenant, session_id, after=after)
+            fenced = await self._until(report, follower, turn, wait, fence)
+            events = [] if fenced else await self.log.read(tenant, session_id, after=after)
+        if fenced or await _any_fenced(fence, events):
+            refused = revoked_while(Permission.READ, "the turn")
+            raise ApiError(ErrorCode.FORBIDDEN, refused.message)
         report = turn_report(prompt_id, events)
         if not report.started and turn.done() and turn.exception() is not None:
             raise turn.exception()  # type: ignore[misc]  # refused before it began
@@ -393,27 +411,33 @@ class SessionTools:
         follower: Follower,
         turn: asyncio.Future[None] | None,
         wait: float,
-    ) -> None:
+        fence: Fence | None = None,
+    ) -> bool:
         """Fold the followed events into ``report`` until its turn ended or waits for a
-        person, ``turn`` (its request) ended, or ``wait`` seconds passed."""
+        person, ``turn`` (its request) ended, or ``wait`` seconds passed; True, at once,
+        when an event took the follower's ``session.read`` (``fence`` says which)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while not (report.ended or report.waiting):
             left = deadline - loop.time()
             if left <= 0:
-                return
+                return False
             if turn is not None and turn.done():
-                return
+                return False
             waiting: set[asyncio.Future[Any]] = {nxt := asyncio.ensure_future(follower.next())}
             if turn is not None:
                 waiting.add(turn)
             done, _ = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if nxt in done:
-                see(report, nxt.result())
+                event = nxt.result()
+                if fence is not None and await fence(event):
+                    return True
+                see(report, event)
             else:
                 nxt.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await nxt
+        return False
 
     def _need_front(self) -> None:
         if self.unreachable is not None:
