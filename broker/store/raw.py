@@ -354,6 +354,13 @@ async def open_raw(
         if raw is not None:  # half open (cancelled too): not left to the garbage collector
             raw.close()
         if isinstance(exc, OSError | TimeoutError | RedisError):
-            raise RedisConnectionError(f"could not connect: {exc}") from exc
+            raise RedisConnectionError(f"could not connect to {_address(options)}: {exc}") from exc
         raise
     return raw
+
+
+def _address(options: dict[str, Any]) -> str:
+    """Where ``options`` point: ``host:port`` or the Unix socket's path."""
+    if options.get("path"):
+        return str(options["path"])
+    return f"{options.get('host', 'localhost')}:{options.get('port', 6379)}"
