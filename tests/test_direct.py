@@ -1,4 +1,5 @@
-"""The index's direct read connection: same pages as the client's path, and it recovers."""
+"""Calls on the own client's connections (``DirectCalls``, ``StoreCalls``): the same replies
+as redis-py's client path, and they recover from a cut."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.store.client import commands, connect
@@ -22,6 +24,20 @@ from broker.store.log import SessionLog, SessionMissing
 
 from .support.client import wait_for
 from .support.redis_server import password_server
+
+
+def _redis_py(url: str) -> Any:
+    """redis-py's own client of ``url``: the path TLS and a Sentinel master take."""
+    return Redis.from_url(url, decode_responses=True)
+
+
+async def _cut_every_connection(url: str) -> None:
+    """Close every client connection of the server at ``url`` but the one asking."""
+    admin = _redis_py(url)
+    try:
+        await admin.client_kill_filter(_type="normal", skipme=True)
+    finally:
+        await admin.aclose()
 
 
 def _snapshot(i: int) -> SessionSnapshot:
@@ -65,13 +81,12 @@ def test_a_single_server_reads_directly_and_others_through_the_client(redis_url:
 
 
 async def test_pages_read_directly_are_the_pages_and_survive_a_cut(redis_url: str) -> None:
-    async with _indexed_store(redis_url, 5) as (store, index):
+    async with _indexed_store(redis_url, 5) as (_, index):
         first = await index.page("t", ACP_LISTING, None, 3)
         assert [r["sessionId"] for r in first.sessions()] == ["sess_0004", "sess_0003", "sess_0002"]
         assert first.has_more
-        # The direct connection is cut: this page comes through the client, the next one
-        # through the connection opened again.
-        await store.client_kill_filter(_type="normal", skipme=True)
+        # The connections are cut: the next page comes through a connection opened again.
+        await _cut_every_connection(redis_url)
         for _ in range(3):
             again = await index.page("t", ACP_LISTING, None, 3)
             assert again == first
@@ -123,8 +138,9 @@ async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_
     async with _indexed_store(redis_url, 40) as (_, index):
         expected = await index.page("t", ACP_LISTING, None, 30)
         direct = index._direct
-        assert direct is not None and direct._connection is not None
-        transport = direct._connection._transport
+        opened = direct._open() if direct is not None else None
+        assert direct is not None and opened is not None
+        transport = opened._transport
         assert transport is not None
         # Cancelled before it is sent, while its reply waits unread, and once it is done.
         for moment in ("before", "in flight", "after"):
@@ -133,7 +149,7 @@ async def test_a_page_read_cancelled_half_way_leaves_the_next_reads_right(redis_
             task = asyncio.ensure_future(index.page("t", ACP_LISTING, None, 30))
             if moment == "in flight":
                 await wait_for(
-                    lambda: direct._connection is not None and direct._connection._waiting,
+                    lambda: bool((opened := direct._open()) and opened._waiting),
                     what="the read to be sent",
                 )
             elif moment == "after":
@@ -166,8 +182,8 @@ def test_a_server_with_a_password_and_a_database_is_read_with_both() -> None:
                 "sess_0003",
                 "sess_0002",
             ]
-            assert index._direct is not None and index._direct._connection is not None
-            assert not index._direct._connection.lost  # read directly, not through the client
+            opened = index._direct._open() if index._direct is not None else None
+            assert opened is not None and not opened.lost  # read on the own connections
         wrong = direct_calls(connect(url.replace("redis://", "redis://:wrong@")))
         assert wrong is not None
         with pytest.raises(RedisConnectionError, match="invalid username-password"):
@@ -181,7 +197,8 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
     redis_url: str,
 ) -> None:
     store: Any = connect(redis_url)
-    direct, client = SessionLog(store, direct_reads=True), SessionLog(store)
+    plain = _redis_py(redis_url)
+    direct, client = SessionLog(store), SessionLog(plain)
     try:
         await direct.create("t", "sess_0001", {"type": EventType.CREATED, "cwd": "/w"})
         for i in range(40):
@@ -195,7 +212,7 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
             ) == await client.read("t", "sess_0001", after=after, until=until, count=count)
         assert (
             direct.reader.calls.direct is not None
-            and direct.reader.calls.direct._connection is not None
+            and direct.reader.calls.direct._open() is not None
         )
         # An entry whose fields are in another order reads the same.
         key = SessionKeys("t", "sess_0001").log
@@ -204,13 +221,14 @@ async def test_a_log_read_directly_gives_the_client_s_events_and_survives_a_cut(
         assert (odd.seq, odd.ts, odd.body) == (42, 7, {"type": "update", "update": {}})
         with pytest.raises(SessionMissing):
             await direct.read("t", "sess_0002")
-        # The direct connection is cut: this read goes through the client, the next one
-        # through the connection opened again.
-        await store.client_kill_filter(_type="normal", skipme=True)
+        # The connections are cut: the next read comes through a connection opened again.
+        await _cut_every_connection(redis_url)
         for _ in range(3):
             assert len(await direct.read("t", "sess_0001")) == 42
     finally:
         direct.close()
+        await plain.aclose()
+        await store.aclose()
 
 
 async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_a_cut(
@@ -222,7 +240,7 @@ async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_
     from broker.store.log import SessionLog, SessionMissing
 
     store: Any = connect(redis_url)
-    log = SessionLog(store, direct_reads=True)
+    log = SessionLog(store)
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     on_client = SessionLog(embedded)
     try:
@@ -235,15 +253,13 @@ async def test_a_resume_reads_snapshot_and_lease_alike_on_either_path_and_after_
             await target.hset(keys.meta, "k", '"v"')
         await store.set(SessionKeys("t", "sess_0001").lease, "host-a")
         direct = await log.snapshot_and_holder("t", "sess_0001")
-        assert (
-            log.reader.calls.direct is not None and log.reader.calls.direct._connection is not None
-        )
+        assert log.reader.calls.direct is not None and log.reader.calls.direct._open() is not None
         assert direct[1] == "host-a" and direct[0] == await log.snapshot("t", "sess_0001")
         assert direct[0].meta == {"k": "v"} and direct[0].seq == 7
         assert await on_client.snapshot_and_holder("t", "sess_0001") == (direct[0], None)
         with pytest.raises(SessionMissing):
             await log.snapshot_and_holder("t", "sess_0002")
-        await store.client_kill_filter(_type="normal", skipme=True)
+        await _cut_every_connection(redis_url)
         for _ in range(3):
             assert await log.snapshot_and_holder("t", "sess_0001") == direct
     finally:
@@ -294,7 +310,7 @@ async def test_a_shared_read_whose_caller_gives_up_still_answers_the_others(
     try:
         await commands(store).set("s", "x")
         await direct.call("PING")
-        connection = direct._connection
+        connection = direct._open()
         assert connection is not None and connection._transport is not None
         connection._transport.pause_reading()
         first, second = (
@@ -318,7 +334,7 @@ async def test_calls_asked_before_a_cut_fail_and_the_next_ones_reconnect(redis_u
     assert direct is not None
     try:
         await direct.call("PING")
-        connection = direct._connection
+        connection = direct._open()
         assert connection is not None
         waiting = [asyncio.ensure_future(direct.calls(("GET", "s"), shared=True)) for _ in "ab"]
         connection.close()  # before the step's write
@@ -332,15 +348,16 @@ async def test_calls_asked_before_a_cut_fail_and_the_next_ones_reconnect(redis_u
 
 
 async def test_a_call_written_once_reads_the_same_on_every_path(redis_url: str) -> None:
-    """``StoreCalls``: the bare connection, the client of the same server and the embedded
-    store give one shape of reply (RESP's) to the same commands."""
+    """``StoreCalls``: the own client's connections, redis-py's client of the same server
+    and the embedded store give one shape of reply (RESP's) to the same commands."""
     from broker.store.direct import store_calls
 
     server: Any = connect(redis_url)
+    plain: Any = _redis_py(redis_url)
     embedded: Any = connect(None)
     paths = [
         (server, store_calls(server)),
-        (server, store_calls(server, bare=False)),
+        (plain, store_calls(plain)),
         (embedded, store_calls(embedded)),
     ]
     commands = [
@@ -365,12 +382,13 @@ async def test_a_call_written_once_reads_the_same_on_every_path(redis_url: str) 
         assert replies[0] == replies[1] == replies[2]
         assert replies[0][0] == ["a", "1", "b", "é"]
         assert replies[0][3] == [["1-0", ["ts", "5", "ev", "{}"]], ["2-0", ["ev", "{}", "ts", "6"]]]
-        assert paths[0][1].direct is not None and paths[0][1].direct._connection is not None
+        assert paths[0][1].direct is not None and paths[0][1].direct._open() is not None
         assert paths[1][1].direct is None and paths[2][1].direct is None
     finally:
         for _, calls in paths:
             calls.close()
         await server.aclose()
+        await plain.aclose()
         await embedded.aclose()
 
 
@@ -424,8 +442,9 @@ async def test_a_call_goes_one_way_a_cut_connection_is_opened_again_never_the_cl
         monkeypatch.setattr(server, "pipeline", through_the_client)
         assert await calls.call("GET", "k") == "v"
         for cut in (calls.call("GET", "k"), calls.calls(("GET", "k"), ("GET", "j"))):
-            assert calls.direct is not None and calls.direct._connection is not None
-            calls.direct._connection.close()
+            opened = calls.direct._open() if calls.direct is not None else None
+            assert opened is not None
+            opened.close()
             assert await cut in ("v", ["v", None])
         with pytest.raises(ResponseError, match="WRONGTYPE"):
             await calls.call("HGET", "k", "f")

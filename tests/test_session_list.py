@@ -264,9 +264,10 @@ def _counted_reads(broker: Broker) -> dict[str, int]:
 async def _bare_transport(broker: Broker) -> Any:
     direct = broker.index._direct
     assert direct is not None
-    await wait_for(lambda: direct._connection is not None, what="the bare connection")
-    assert direct._connection is not None and direct._connection._transport is not None
-    return direct._connection, direct._connection._transport
+    await wait_for(lambda: direct._open() is not None, what="the shared connection")
+    connection = direct._open()
+    assert connection is not None and connection._transport is not None
+    return connection, connection._transport
 
 
 @pytest.mark.parametrize("store_kind", ["redis"])

@@ -1,4 +1,5 @@
-"""The live feed on one server: redis-py's ``PubSub``, read in bulk (standalone, embedded)."""
+"""The live feed on one server: the own client's subscribed connection (standalone), or
+redis-py's ``PubSub`` read in bulk (the embedded store, TLS, a Sentinel master)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis.asyncio as redis
 
 from broker.store.client import commands, connect
 from broker.store.live import LiveFeed, Message, open_live_feed
+from broker.store.own_feed import OwnSubscriber
 from broker.store.subscriber import BulkSubscriber
 from tests.support.redis_server import password_server
 
@@ -37,14 +39,19 @@ async def _hears_what_is_published(sub: LiveFeed, store: Any) -> None:
         await sub.aclose()
 
 
-async def test_a_single_server_and_the_embedded_store_get_the_bulk_reader(redis_url: str) -> None:
+async def test_a_single_server_gets_its_own_reader_and_the_others_the_bulk_reader(
+    redis_url: str,
+) -> None:
     store = connect(redis_url)
+    plain = redis.Redis.from_url(redis_url, decode_responses=True)  # as TLS, or Sentinel
     embedded = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     try:
-        assert isinstance(open_live_feed(store), BulkSubscriber)
+        assert isinstance(open_live_feed(store), OwnSubscriber)
+        assert isinstance(open_live_feed(plain), BulkSubscriber)
         assert isinstance(open_live_feed(embedded), BulkSubscriber)
     finally:
         await store.aclose()
+        await plain.aclose()
         await embedded.aclose()
 
 

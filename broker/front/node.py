@@ -108,7 +108,6 @@ class FrontNode:
             feed_maxlen=settings.feed_maxlen,
             archive=self.archive,
             max_events=settings.max_events_per_session,
-            direct_reads=True,
         )
         self.log.wait_for_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         self.pages = PageCache(settings.list_cache_pages) if settings.list_cache else None

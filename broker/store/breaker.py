@@ -39,7 +39,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from redis.asyncio import RedisCluster
@@ -79,6 +79,7 @@ class StoreBreaker:
         """Tasks waiting for a connection (:meth:`unless_away`)."""
         self._cut: set[asyncio.Task[Any]] = set()
         """Those of them the breaker's opening cancelled."""
+        self._on_open: list[Callable[[], None]] = []
 
     def check(self) -> None:
         """Raise :class:`StoreAway` while away, but for the probe's own commands (what a
@@ -101,6 +102,17 @@ class StoreBreaker:
             for task in self._waiting - self._cut:  # released: see unless_away
                 self._cut.add(task)
                 task.cancel()
+            for cut in list(self._on_open):
+                cut()
+
+    def on_open(self, cut: Callable[[], None]) -> None:
+        """Call ``cut`` whenever the breaker opens (a pool's connections, cut so that the
+        calls waiting on them fail now)."""
+        self._on_open.append(cut)
+
+    def off_open(self, cut: Callable[[], None]) -> None:
+        if cut in self._on_open:
+            self._on_open.remove(cut)
 
     async def unless_away(self, waiting: Awaitable[T]) -> T:
         """``waiting`` (a command's wait for a connection) awaited, unless the breaker

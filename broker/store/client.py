@@ -22,6 +22,8 @@ from ..compat.redis import packed_by_hiredis as packed_by_hiredis  # found here 
 from ..retry import doubling_pause
 from .breaker import StoreBreaker
 from .cluster import patient_cluster
+from .connections import RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE, RECONNECT_RETRIES
+from .own_client import OwnClient
 from .sentinel import sentinel_master
 from .urls import SENTINEL_SCHEMES, tls_files_exist
 from .urls import masked_url as masked_url  # where callers have long found it
@@ -179,12 +181,6 @@ connections"): a pipelining client has 256 in flight."""
 COMMAND_TIMEOUT = 5.0
 """Seconds a Redis command may take (the setting ``redis_timeout``): a stalled server fails
 the command instead of hanging its caller."""
-RECONNECT_RETRIES = 2
-"""A command whose connection turns out dead (the server restarted since it was last used) is
-sent again on a fresh connection, at most this many times, after a short backoff."""
-RECONNECT_FIRST_PAUSE = 0.1
-RECONNECT_MAX_PAUSE = 0.5
-"""Seconds of the reconnecting retry's first pause, and at most (they double)."""
 
 
 def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
@@ -231,6 +227,7 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
         assert isinstance(pool, GatedPool)  # sentinel_master's BlockingSentinelPool
         pool.gate = breaker
         return master
+    own = own_connections_reach(url)
     pool = GatedPool.from_url(
         url,
         decode_responses=True,
@@ -238,11 +235,20 @@ def connect(url: str | None, *, timeout: float = COMMAND_TIMEOUT) -> Store:
         max_connections=POOL_SIZE,
         timeout=POOL_WAIT,
         retry=_reconnecting(),
+        **({"protocol": 2} if own else {}),
         **bounded,
     )
     pool.connection_class = gated(packed_by_hiredis(pool.connection_class), breaker)
     pool.gate = breaker
+    if own:
+        return OwnClient.over(pool, breaker, size=POOL_SIZE, wait=POOL_WAIT)
     return Redis.from_pool(pool)
+
+
+def own_connections_reach(url: str) -> bool:
+    """Whether the store's own connections (:mod:`.own_client`) carry every command to the
+    one server ``url`` names: over plain TCP or a Unix socket (TLS is redis-py's)."""
+    return url.partition("://")[0] in ("redis", "unix")
 
 
 def _reconnecting() -> Retry:
@@ -298,13 +304,6 @@ def server_client(redis: Store) -> Redis:
 def is_cluster(redis: Store) -> bool:
     """Whether keys of different slots must be read separately (Redis Cluster)."""
     return topology(redis) is Topology.CLUSTER
-
-
-def is_single_server(redis: Store) -> bool:
-    """Whether ``redis`` is a client of one Redis server at a fixed address (not a cluster,
-    not the master of a Sentinel set, which moves, not embedded): what the front's own
-    connections (``subscriber``, ``direct``) can talk to."""
-    return topology(redis) is Topology.STANDALONE
 
 
 def embedded_warning() -> str:

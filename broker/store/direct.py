@@ -1,22 +1,16 @@
-"""One connection for a front's hottest read, past redis-py's client layers.
+"""Calls in the shape RESP gives their replies, on the own client's connections where the
+store has its own client.
 
-``session/list`` makes one ``ZRANGE`` a page. Through redis-py's client a call
-crosses the connection pool (a lock, a condition, a timeout), a retry wrapper, an event
-dispatcher and a stream reader on its way out and back: 73 µs of CPU a call, where a bare
-connection spends 30 (``python -m bench requests``). :class:`DirectCalls` keeps one
-:class:`~.raw.RawConnection` to the store's server (its credentials, its database), on
-which calls overlap as Redis pipelines them. (The 73 and 30 µs were measured on a script
-call, when a page was one; ``docs/performance.md`` has what the client's path costs the
-fan-out, the projector and the connects.)
-
-Callers write a call once, on :class:`StoreCalls` (:func:`store_calls`), which makes that
-choice once, by topology: the bare connection where the topology allows one (a single
-server over plain TCP or a Unix socket), the client otherwise (a cluster, TLS, a Sentinel
-master, the embedded store); either way the reply has one shape (RESP's). A call never
-goes both ways: the bare connection fails as the client does, with the client's policy
-(:func:`reconnecting`: a lost connection tried again on a fresh one, with the pauses of
-the client's reconnecting retry; the client's breaker, :mod:`.breaker`; the client's
-exceptions for error replies).
+The hottest reads (a ``session/list`` page, a log's reads and batch appends, a consumer's
+stream reads) want the reply as the server sent it (a page is sent on as it was read) and
+no reply callback. :class:`DirectCalls` makes them on the connections of the store's own
+client (:class:`~.own_client.OwnClient`, one server over plain TCP or a Unix socket): its
+shared connection, on which calls overlap as Redis pipelines them, or one of its own for a
+consumer that blocks. Callers write a call once, on :class:`StoreCalls`
+(:func:`store_calls`), which decides by topology: those connections where the store has
+its own client, redis-py's client otherwise (a cluster, TLS, a Sentinel master, the
+embedded store), whose replies are put back in RESP's shape (:func:`as_resp`). Either way
+a call has one path, one breaker and one retry policy (:func:`reconnecting`).
 """
 
 from __future__ import annotations
@@ -31,44 +25,51 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from ..compat.redis import error_from_reply
-from ..retry import doubling_pause, retry
-from .breaker import StoreAway, StoreBreaker, breaker_of
-from .client import (
-    RECONNECT_FIRST_PAUSE,
-    RECONNECT_MAX_PAUSE,
-    RECONNECT_RETRIES,
-    Store,
-    commands,
-)
-from .raw import CONNECT_TIMEOUT, RawConnection, bare_options, open_raw, reply_timeout
+from .breaker import StoreBreaker
+from .client import Store, commands
+from .connections import UTF8, ServerConnections
+from .connections import reconnecting as reconnecting  # where its callers find it
+from .own_client import OwnClient
+from .raw import RawConnection
 
 T = TypeVar("T")
 
 
-def direct_calls(redis: Store, encoding: str | None = "utf-8") -> DirectCalls | None:
-    """A :class:`DirectCalls` for a single Redis server over plain TCP or a Unix socket;
-    None for the others (a cluster, TLS, the embedded store), which keep the client's path.
-    ``encoding``: how the replies' strings are decoded (None: they stay bytes)."""
-    options = bare_options(redis)
-    if options is None:
+def direct_calls(
+    redis: Store, encoding: str | None = UTF8, *, dedicated: bool = False
+) -> DirectCalls | None:
+    """A :class:`DirectCalls` on the connections of ``redis`` when it is the store's own
+    client; None for the others (a cluster, TLS, a Sentinel master, the embedded store).
+    ``encoding``: how the replies' strings are decoded (None: they stay bytes);
+    ``dedicated``: on a connection of its own (a caller whose reads block), not the shared
+    one."""
+    if not isinstance(redis, OwnClient):
         return None
-    calls = DirectCalls(options, encoding)
-    calls.breaker = breaker_of(redis)
-    return calls
+    return DirectCalls(redis.connections, encoding, dedicated=dedicated)
 
 
 class DirectCalls:
-    """Commands on a connection of this object's own."""
+    """Commands on the own client's connections, replies as RESP gives them."""
 
-    def __init__(self, options: dict[str, Any], encoding: str | None = "utf-8") -> None:
-        self._options = options
+    def __init__(
+        self, connections: ServerConnections, encoding: str | None = UTF8, *, dedicated: bool
+    ) -> None:
+        self._connections = connections
         self._encoding = encoding
-        self._connection: RawConnection | None = None
+        self._dedicated = dedicated
+        self._own: RawConnection | None = None
         self._connecting = asyncio.Lock()
-        self.timeout = reply_timeout(options)
+        self.timeout = connections.timeout
         """Seconds a call waits for its reply (then it fails)."""
-        self.breaker: StoreBreaker | None = None
+        self.breaker: StoreBreaker = connections.breaker
         """While it says the store is away, calls fail at once (see :mod:`.breaker`)."""
+
+    def _open(self) -> RawConnection | None:
+        """The connection calls go on, if it is open now."""
+        if self._dedicated:
+            own = self._own
+            return None if own is None or own.lost else own
+        return self._connections.open_shared(self._encoding)
 
     async def call(self, *command: Any, deadline: float | None = None) -> Any:
         """The reply to ``command``. Raises redis-py's errors: an error reply's (as the
@@ -76,11 +77,9 @@ class DirectCalls:
 
         ``deadline`` (the event loop's time): opening a connection (if none is open) and
         the reply share it; without one, each has its own timeout."""
-        if self.breaker is not None and self.breaker.away:
+        if self.breaker.away:
             raise self.breaker.error()
-        connection = self._connection
-        if connection is None or connection.lost:
-            connection = await self._connect(deadline)
+        connection = self._open() or await self._connect(deadline)
         return await connection.call(*command, deadline=deadline)
 
     def calls(self, *commands: tuple[Any, ...], shared: bool = False) -> Awaitable[list[Any]]:
@@ -89,10 +88,10 @@ class DirectCalls:
 
         On an open connection, its own coroutine (no frame around it on the read each
         connect's ``session/resume`` makes); the breaker's error is raised at the call."""
-        if self.breaker is not None and self.breaker.away:
+        if self.breaker.away:
             raise self.breaker.error()
-        connection = self._connection
-        if connection is None or connection.lost:
+        connection = self._open()
+        if connection is None:
             return self._calls_opening(commands, shared)
         return connection.calls(*commands, shared=shared)
 
@@ -107,38 +106,38 @@ class DirectCalls:
         :meth:`RawConnection.request`), with the connection that reads it out
         (:meth:`RawConnection.result`); None while no connection is open (:meth:`call`
         opens one)."""
-        connection = self._connection
-        if connection is None or connection.lost or (self.breaker and self.breaker.away):
+        connection = self._open()
+        if connection is None or self.breaker.away:
             return None
         return connection, connection.request(*command)
 
     async def send(self, packed: bytes, count: int, wait: float = 0.0) -> list[Any]:
         """The replies to ``count`` commands packed already (see :meth:`RawConnection.send`)."""
-        if self.breaker is not None and self.breaker.away:
+        if self.breaker.away:
             raise self.breaker.error()
-        connection = self._connection
-        if connection is None or connection.lost:
-            connection = await self._connect()
+        connection = self._open() or await self._connect()
         return await connection.send(packed, count, wait)
 
     async def _connect(self, deadline: float | None = None) -> RawConnection:
         """The open connection, or a new one, by ``deadline`` (the event loop's time;
-        default: :data:`~.raw.CONNECT_TIMEOUT` from now), waiting for another caller's
-        open included; else redis-py's ``ConnectionError``."""
+        default: the connect timeout from now), waiting for another caller's open
+        included; else redis-py's ``ConnectionError``."""
+        if not self._dedicated:
+            return await self._connections.shared(self._encoding, deadline)
         loop = asyncio.get_running_loop()
-        due = loop.time() + CONNECT_TIMEOUT if deadline is None else deadline
+        due = loop.time() + self._connections.connect_timeout if deadline is None else deadline
         try:
             async with asyncio.timeout_at(due):
                 await self._connecting.acquire()
         except TimeoutError:
             raise RedisConnectionError("could not connect: another open still waits") from None
         try:
-            connection = self._connection
-            if connection is None or connection.lost:
-                connection = self._connection = await open_raw(
-                    self._options, self._encoding, timeout=due - loop.time()
+            own = self._own
+            if own is None or own.lost:
+                own = self._own = await self._connections.dedicated(
+                    self._encoding, due - loop.time()
                 )
-            return connection
+            return own
         finally:
             self._connecting.release()
 
@@ -152,53 +151,26 @@ class DirectCalls:
             return await call()
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
+        """Close the connection of its own (the shared one is the client's)."""
+        if self._own is not None:
+            self._own.close()
 
 
-def store_calls(redis: Store, *, bare: bool = True, encoding: str | None = "utf-8") -> StoreCalls:
-    """:class:`StoreCalls` on ``redis``; ``bare``: on a bare connection where the topology
-    allows one (else always through the client)."""
-    return StoreCalls(redis, direct_calls(redis, encoding) if bare else None)
-
-
-RECONNECT_PAUSES = tuple(
-    doubling_pause(failures, RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE)
-    for failures in range(1, RECONNECT_RETRIES + 1)
-)
-"""The pauses before a call is made again on a fresh bare connection: the client's
-reconnecting retry's (:func:`~.client.connect`), the same policy on either path."""
-
-
-async def reconnecting(call: Callable[[], Awaitable[T]], deadline: float | None = None) -> T:
-    """``await call()`` (a call on a bare connection), made again on a fresh connection
-    after a lost one, as redis-py's reconnecting retry does for the client's commands: only
-    a lost connection (a timeout may hide a command that did run), at most
-    :data:`~.client.RECONNECT_RETRIES` times, not while the breaker refuses commands, and
-    not once ``deadline`` (the event loop's time) has passed."""
-    loop = asyncio.get_running_loop()
-
-    def keep(exc: BaseException) -> bool:
-        if isinstance(exc, StoreAway):
-            return False
-        return deadline is None or loop.time() < deadline
-
-    return await retry(call, RECONNECT_PAUSES, errors=(RedisConnectionError,), keep=keep)
+def store_calls(redis: Store, *, encoding: str | None = UTF8) -> StoreCalls:
+    """:class:`StoreCalls` on ``redis``."""
+    return StoreCalls(redis, direct_calls(redis, encoding))
 
 
 class StoreCalls:
-    """Commands whose callers write them once, in the shape RESP gives their replies: on a
-    bare connection (:class:`DirectCalls`) where there is one (a single server over plain
-    TCP or a Unix socket), else through the client. One path per topology, never both for
-    a call: the bare connection's failures are its own (a lost connection tried again on a
-    fresh one, with the client's reconnecting pauses; a stalled server, an error reply or
-    the breaker's refusal raised as the client raises them). The client's replies are put
-    back in RESP's shape (:func:`as_resp`)."""
+    """Commands whose callers write them once, in the shape RESP gives their replies: on the
+    own client's connections (:class:`DirectCalls`) where the store has its own client,
+    else through redis-py's client, whose replies are put back in RESP's shape
+    (:func:`as_resp`). One path per topology, never both for a call."""
 
     def __init__(self, redis: Store, direct: DirectCalls | None) -> None:
         self.redis = commands(redis)
         self.direct = direct
-        """The bare connection's calls; None where the client carries every call."""
+        """The own client's calls; None where redis-py's client carries every call."""
 
     async def call(self, *command: Any) -> Any:
         """The reply to ``command``."""

@@ -57,7 +57,7 @@ class GroupReads:
         self.batch = batch
         self.block_ms = block_ms
         self.poll_interval = 0.05
-        self._direct = direct_calls(redis)
+        self._direct = direct_calls(redis, dedicated=True)  # its reads block
         self._unacked: list[tuple[str, list[str]]] = []
         self._packed: dict[tuple[str, bool], bytes] = {}
         self._bell = Doorbell(redis, self.streams) if is_cluster(redis) else None

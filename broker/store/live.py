@@ -4,9 +4,12 @@ The roles hear what is published live (a session's events, a node's replies, the
 announcements) through a :class:`LiveFeed`, which :func:`open_live_feed` makes: the one
 place that chooses how, by the store's topology (:func:`~.client.topology`):
 
-* one Redis server (standalone, a Sentinel master, the embedded store):
+* one Redis server where the store has its own client (plain TCP or a Unix socket):
+  :class:`~.own_feed.OwnSubscriber`, a subscribed connection of that client's, every
+  message the socket brought read in one batch (the fan-out's fast path);
+* one Redis server otherwise (TLS, a Sentinel master, the embedded store):
   :class:`~.subscriber.BulkSubscriber`, redis-py's ``PubSub`` on a connection of the
-  client's pool, read in bulk (the fan-out's fast path);
+  client's pool, read in bulk;
 * a Redis Cluster: :class:`~.cluster_feed.ClusterFeed`, redis-py's sharded pub/sub with a
   reader per node the subscriptions live on, following MOVED and slot moves.
 
@@ -34,6 +37,8 @@ from typing import Protocol
 from .boundary import port
 from .client import Store, Topology, commands, topology
 from .cluster_feed import ClusterFeed
+from .own_client import OwnClient
+from .own_feed import OwnSubscriber
 from .subscriber import BulkSubscriber, Message
 
 __all__ = ["LiveFeed", "Message", "Publisher", "open_live_feed"]
@@ -75,6 +80,8 @@ def open_live_feed(redis: Store) -> LiveFeed:
     topology allows (see the module's description)."""
     if topology(redis) is Topology.CLUSTER:
         return ClusterFeed(redis)
+    if isinstance(redis, OwnClient):
+        return OwnSubscriber(redis.connections)
     return BulkSubscriber(commands(redis).pubsub())
 
 

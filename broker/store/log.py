@@ -19,7 +19,7 @@ from .archived import RESTORE_CHUNK as RESTORE_CHUNK
 from .archived import ArchivedLogs
 from .boundary import port
 from .client import Store, commands
-from .direct import direct_calls, store_calls
+from .direct import store_calls
 from .events import EventRow, JsonObject, LogEvent, Position, SessionSnapshot
 from .floors import FloorSource
 from .keys import SessionKeys
@@ -47,13 +47,12 @@ class SessionLog:
         feed_maxlen: int = 100_000,
         archive: ArchiveStore | None = None,
         max_events: int = 0,
-        direct_reads: bool = False,
     ) -> None:
         self.redis = commands(redis)
-        reads = store_calls(redis, bare=direct_reads)
+        reads = store_calls(redis)
         self.appender = LogAppender(
             redis,
-            direct=reads.direct or direct_calls(redis),
+            direct=reads.direct,
             restore=self.restore,
             feed_maxlen=feed_maxlen,
             max_events=max_events,

@@ -28,6 +28,8 @@ from ..errors.failures import describe
 from .client import Store, Topology, commands, topology
 from .errors import StoreError
 from .faults import is_noperm, missing_permission, start_problem
+from .own_client import OwnClient
+from .raw import RawConnection
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,17 @@ async def _check_subscribe(redis: Store) -> None:
     """SSUBSCRIBE on a probe channel (a refusal comes as the reply to it)."""
     if topology(redis) is Topology.CLUSTER:
         return  # the cluster's pub/sub client subscribes lazily; SPUBLISH proved the channel
+    if isinstance(redis, OwnClient):
+        connection: RawConnection = await redis.connections.dedicated()
+        try:  # RESP2: the confirmation is the command's reply
+            await connection.call("SSUBSCRIBE", PROBE_CHANNEL)
+        except ResponseError as exc:
+            if is_noperm(exc):
+                raise StoreRefused(missing_permission(exc, "SSUBSCRIBE")) from None
+            raise
+        finally:
+            connection.close()
+        return
     pubsub = commands(redis).pubsub()
     try:
         await pubsub.ssubscribe(PROBE_CHANNEL)

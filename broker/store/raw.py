@@ -1,9 +1,8 @@
 """Bare connections to one Redis server: hiredis packs and parses, asyncio carries.
 
-A front's two hottest conversations with Redis skip redis-py's client layers: the pub/sub
-reader (:mod:`.subscriber`) and the ``session/list`` page reads (:mod:`.direct`). They
-reach the server the store's client reaches, with its credentials and database, over plain
-TCP or a Unix socket; anything else (TLS, a cluster, the embedded store) keeps redis-py.
+On one Redis server over plain TCP or a Unix socket these are the store's only
+connections: :mod:`.own_client` sends every command on them. Anything else (TLS, a
+Sentinel master, a cluster, the embedded store) is redis-py's throughout.
 """
 
 from __future__ import annotations
@@ -13,34 +12,18 @@ import collections
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import hiredis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..compat.redis import error_from_reply
-from .client import Store, is_single_server, server_client
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
-
-
-def bare_options(redis: Store) -> dict[str, Any] | None:
-    """redis-py's connection options of ``redis`` when a bare connection can stand in for
-    its own (one server, plain TCP or a Unix socket); None otherwise."""
-    if not is_single_server(redis):
-        return None
-    pool = server_client(redis).connection_pool
-    kind = pool.connection_class
-    if issubclass(kind, SSLConnection) or not issubclass(
-        kind, Connection | UnixDomainSocketConnection
-    ):
-        return None
-    return dict(pool.connection_kwargs)
 
 
 def reply_timeout(options: dict[str, Any]) -> float:
@@ -50,7 +33,12 @@ def reply_timeout(options: dict[str, Any]) -> float:
 
 
 def command(*args: Any) -> bytes:
-    """A command in RESP (hiredis's stubs take a one-element tuple; any length works)."""
+    """A command in RESP (hiredis's stubs take a one-element tuple; any length works). A
+    name of two words (``"SCRIPT LOAD"``, as redis-py's command builders name some) is two
+    arguments, as redis-py packs it."""
+    name = args[0]
+    if type(name) is str and " " in name:
+        args = (*name.split(), *args[1:])
     return hiredis.pack_command(cast(Any, args))
 
 
@@ -82,6 +70,7 @@ class RawConnection(asyncio.Protocol):
 
     def __init__(self, encoding: str | None = "utf-8") -> None:
         # ``encoding`` None: strings come as bytes (a page sent on as it was read).
+        self.encoding = encoding
         self._reader = hiredis.Reader(encoding=encoding) if encoding else hiredis.Reader()
         # A reply's waiter: one future, or a shared read's list of them (one per caller).
         self._waiting: collections.deque[asyncio.Future[Any] | list[asyncio.Future[Any]]] = (
@@ -225,19 +214,25 @@ class RawConnection(asyncio.Protocol):
         """:meth:`calls` for ``count`` commands packed already (a command made again and
         again, such as a read of 256 streams, is packed once); ``wait`` is how much longer
         than :attr:`timeout` they may take (a blocking read among them)."""
+        return [_checked(reply) for reply in await self.replies(packed, count, wait, shared=shared)]
+
+    async def replies(
+        self, packed: bytes, count: int, wait: float = 0.0, *, shared: bool = False
+    ) -> list[Any]:
+        """:meth:`send`'s replies as they came, error replies among them (hiredis's
+        ``ReplyError``): a pipeline's caller decides what each error means."""
         if self.lost or self._transport is None:
             raise RedisConnectionError("connection lost")
         loop = self._loop
         futures = self._queue(packed, count, shared=shared)
         timer = loop.call_at(loop.time() + self.timeout + wait, _expire, *futures)
         try:
-            replies = [await future for future in futures]  # answered in order
+            return [await future for future in futures]  # answered in order
         except _Stalled:
             raise self._stalled(self.timeout + wait) from None
         finally:
             timer.cancel()
             _settle(futures)
-        return [_checked(reply) for reply in replies]
 
     def _queue(self, packed: bytes, count: int, *, shared: bool) -> list[asyncio.Future[Any]]:
         """The futures of ``count`` replies to ``packed``: written now, or in this step's
@@ -327,17 +322,24 @@ def _checked(reply: Any) -> Any:
     return reply
 
 
+R = TypeVar("R", bound=RawConnection)
+
+
 async def open_raw(
-    options: dict[str, Any], encoding: str | None = "utf-8", *, timeout: float = CONNECT_TIMEOUT
-) -> RawConnection:
+    options: dict[str, Any],
+    encoding: str | None = "utf-8",
+    *,
+    timeout: float = CONNECT_TIMEOUT,
+    kind: type[R] = RawConnection,  # type: ignore[assignment]  # the default is an R
+) -> R:
     """A :class:`RawConnection` to the server ``options`` name, authenticated, its database
     selected; raises redis-py's ``ConnectionError`` when it cannot be had within ``timeout``
     seconds (connect and handshake together: a caller with a deadline of its own passes
     what is left of it). ``encoding``: how its replies' strings are decoded (None: left as
     bytes)."""
     loop = asyncio.get_running_loop()
-    raw: RawConnection | None = None
-    made = functools.partial(RawConnection, encoding)
+    raw: R | None = None
+    made = functools.partial(kind, encoding)
     try:
         async with asyncio.timeout(timeout):
             if options.get("path"):
@@ -352,6 +354,13 @@ async def open_raw(
         if raw is not None:  # half open (cancelled too): not left to the garbage collector
             raw.close()
         if isinstance(exc, OSError | TimeoutError | RedisError):
-            raise RedisConnectionError(f"could not connect: {exc}") from exc
+            raise RedisConnectionError(f"could not connect to {_address(options)}: {exc}") from exc
         raise
     return raw
+
+
+def _address(options: dict[str, Any]) -> str:
+    """Where ``options`` point: ``host:port`` or the Unix socket's path."""
+    if options.get("path"):
+        return str(options["path"])
+    return f"{options.get('host', 'localhost')}:{options.get('port', 6379)}"

@@ -26,9 +26,9 @@ class LogReader:
     def __init__(self, redis: Store, calls: StoreCalls, archives: ArchivedLogs) -> None:
         self.redis = commands(redis)
         self.calls = calls
-        """The reads of :meth:`read` and :meth:`snapshot_and_holder`: with ``direct_reads``,
-        on a connection of their own where the topology allows one, past redis-py's layers
-        (a front's replays: they parsed a 10,000-event range in 28 ms, raw in 9)."""
+        """The reads of :meth:`read` and :meth:`snapshot_and_holder`, replies as RESP gives
+        them (a front's replays: redis-py's callbacks parsed a 10,000-event range in 28 ms,
+        the raw reply took 9)."""
         self.archives = archives
 
     async def read(
@@ -135,10 +135,9 @@ class LogReader:
         does), in one round trip; :class:`SessionMissing` if there is no snapshot.
 
         What a reconnecting client's ``session/resume`` reads before it answers: a node's
-        clients reconnecting elsewhere at once make thousands a second, so with
-        ``direct_reads`` they are read on this log's own connection (:mod:`.direct`), all
-        three commands in one write with the other reads of the step, once for all of a
-        step's resumes of one session; on any error, and elsewhere, through the client."""
+        clients reconnecting elsewhere at once make thousands a second, so on the own
+        client's shared connection (:mod:`.direct`) all three commands go in one write with
+        the other reads of the step, once for all of a step's resumes of one session."""
         keys = SessionKeys(tenant, session_id)
         try:  # translated here: the log hands this coroutine on as it is (no port's wrapper)
             flat_snap, flat_meta, holder = await self.calls.calls(

@@ -70,7 +70,7 @@ class BulkSubscriber:
             return []
         except (RedisError, OSError) as exc:
             raise ConnectionError(f"pub/sub connection failed: {exc}") from exc
-        return _messages(replies)
+        return messages(replies)
 
     async def _connection(self) -> Any:
         """The subscription's connection, opened again (every channel subscribed again by
@@ -100,7 +100,7 @@ class BulkSubscriber:
         await self._pubsub.aclose()
 
 
-def _messages(replies: list[Any]) -> list[Message]:
+def messages(replies: list[Any]) -> list[Message]:
     """The hub's messages in ``replies`` as read off a subscribed connection."""
     messages: list[Message] = []
     for reply in replies:

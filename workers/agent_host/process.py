@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 _LINE_LIMIT = 64 * 1024 * 1024
 _LAST_WORDS_WAIT = 1.0
+_EXIT_SAYS_WAIT = _LAST_WORDS_WAIT + 1.0
+"""Seconds a broken input pipe waits for the process's exit to say why (its code, then up
+to :data:`_LAST_WORDS_WAIT` for its last words)."""
 """Seconds an exited process's last lines on stderr are waited for, to say why it exited."""
 
 
@@ -82,6 +85,7 @@ class AgentProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._pending = PendingRequests()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._exit_watch: asyncio.Future[Any] | None = None
         self._write_lock = asyncio.Lock()
         self._last_stderr = ""
 
@@ -108,7 +112,7 @@ class AgentProcess:
             raise AgentFailed(f"agent {self.name!r} could not start: {exc}") from exc
         self._spawn(self._read_stdout())
         stderr = self._spawn(self._read_stderr())
-        self._spawn(self._watch_exit(stderr))
+        self._exit_watch = self._spawn(self._watch_exit(stderr))
         result = await self.request(
             "initialize",
             {
@@ -161,6 +165,11 @@ class AgentProcess:
                 self._proc.stdin.write(data)
                 await self._proc.stdin.drain()
             except (ConnectionError, RuntimeError) as exc:
+                # A pipe broken by an agent that exited (one that could not start, say):
+                # its exit code and last words say why, not the pipe.
+                if self._exit_watch is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self._exit_watch), _EXIT_SAYS_WAIT)
                 self.fail(f"agent {self.name!r} stopped reading its input: {exc}")
                 raise AgentFailed(self.failed or "") from None
 
