@@ -91,6 +91,8 @@ class Attachment:
     principal: Principal | None = None  # whose roles ``roles`` are (never shown)
     state: str = presence.ONLINE
     last_active: float = field(default_factory=time.time)
+    written: float = 0.0
+    """When its entry was last put or refreshed in the store (``time.monotonic()``)."""
 
     def entry(self) -> JsonObject:
         """The stored entry: the public fields only (privacy: see ``protocol/presence``)."""
@@ -265,6 +267,9 @@ class PresenceBoard:
             revision = await self.store.put(
                 tenant, session_id, {c.attachment.attachment_id: e for c, e in entries}, len(run)
             )
+            now = time.monotonic()
+            for change in run:
+                change.attachment.written = now
             first = revision - len(run) + 1
             made = [(c.kind, first + i, entry) for i, (c, entry) in enumerate(entries)]
             logged.append((tenant, session_id, presence.event_body(made), ""))
@@ -299,9 +304,19 @@ class PresenceBoard:
             await self._logged(attachment.tenant, attachment.session_id, "left", revision, entry)
 
     async def _sweep(self, tenant: str, session_id: str, attachments: list[Attachment]) -> None:
-        live = [a for a in attachments if self.attachments.get((a.conn_id, a.session_id)) is a]
+        # Refreshed: the entries that would lapse before the tick after next (one written in
+        # the last third of the TTL lives past it: a connect storm's are not written twice).
+        due = time.monotonic() - self.settings.presence_ttl / 3
+        live = [
+            a
+            for a in attachments
+            if a.written <= due and self.attachments.get((a.conn_id, a.session_id)) is a
+        ]
         if live:
             await self.store.refresh(tenant, session_id, {a.attachment_id: a.entry() for a in live})
+            now = time.monotonic()
+            for attachment in live:
+                attachment.written = now
         read = await self.store.read(tenant, session_id)
         for gone, entry in read.expired.items():
             revision = await self.store.remove(tenant, session_id, gone)

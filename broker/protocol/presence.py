@@ -14,6 +14,7 @@ a snapshot is ``{"change": "snapshot", "presenceRevision": …, "participants": 
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from datetime import UTC, datetime
 from typing import Any
@@ -55,7 +56,13 @@ def display_name(params: JsonObject) -> str | None:
 
 def coarse_time(at: float) -> str:
     """``at`` (Unix seconds) as an ISO 8601 UTC time, to the whole second."""
-    return datetime.fromtimestamp(int(at), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _second(int(at))
+
+
+@functools.lru_cache(maxsize=8)
+def _second(at: int) -> str:
+    # Cached: a connect storm's thousands of entries fall in a few seconds.
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def entry_view(entry: JsonObject) -> JsonObject:
