@@ -372,9 +372,10 @@ class FanoutHub:
     def _hand_out(self, feed: SessionFeed, event: LogEvent, *, alone: bool = False) -> None:
         feed.last = event.seq
         feed.heard = True
-        subscribers = list(feed.subscribers)
-        if feed.deaf_counts.get(event.type, 0) >= len(subscribers):
-            subscribers = []  # an opt-in type nobody here takes
+        if feed.deaf_counts.get(event.type, 0) >= len(feed.subscribers):
+            subscribers = []  # an opt-in type nobody here takes (not even copied)
+        else:
+            subscribers = list(feed.subscribers)
         with tracing.span("acp-broker fanout", seq=event.seq, connections=len(subscribers)):
             for subscriber in subscribers:
                 subscriber.deliver(feed.keys.session_id, event, alone=alone)

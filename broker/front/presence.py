@@ -48,6 +48,11 @@ ALL_ROLES = frozenset(Role)
 BATCH = 512
 """The most changes one write of the loop takes."""
 
+GATHER_SECONDS = 0.05
+"""How long the loop lets changes gather after the first before it writes them: a connect
+storm's thousands of joins are a few writes and a few ``presence`` events, not one each
+(each event is appended, published and read by every front)."""
+
 MAX_QUEUED_WRITES = 10_000
 """Presence writes a front keeps waiting for the store; past it new ones are dropped (a
 store away for long: entries then lapse and come back with the next refresh)."""
@@ -195,6 +200,8 @@ class PresenceBoard:
                     async with asyncio.timeout(wait):
                         first = await self._changes.get()
             if first is not None:
+                if self._changes.qsize() < BATCH - 1:
+                    await asyncio.sleep(GATHER_SECONDS)
                 await self._run_write(functools.partial(self._write, self._drained(first)))
                 continue
             await self._tick()
