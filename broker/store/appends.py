@@ -223,7 +223,9 @@ class LogAppender:
             self.feed_maxlen,
             *self._bounds(),
         ]
-        floor = self.floors.floor
+        # As for a single append, the floor includes what a source saw (a front's presence
+        # events are batched: after a failover, its hub alone knows the seqs it delivered).
+        floor = self.floors.asked
         for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
             keys += _script_keys(tenant, session_id)
             ops = snapshot_ops(body)
@@ -240,7 +242,7 @@ class LogAppender:
                 session_id,
                 call or _call_id(),
                 flags,
-                floor(session_id),
+                floor(tenant, session_id),
                 len(ops),
             )
             for op in ops:
