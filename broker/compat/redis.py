@@ -72,7 +72,7 @@ def error_from_reply(text: str) -> RedisError:
     as ``ReadOnlyError``, ``NOSCRIPT …`` as ``NoScriptError``, ``OOM …`` as
     ``OutOfMemoryError``, an unknown code as ``ResponseError`` with the whole text): its
     parsers' own mapping (``parse_error`` of ``redis.connection.DefaultParser``, the parser
-    class its connections take by default), so that a reply read on a bare connection
+    class its connections take by default), so that a reply read on the broker's own connections
     fails as the same reply through the client does."""
     error: RedisError = DefaultParser.parse_error(text)
     return error

@@ -49,9 +49,10 @@ BATCH = 512
 """The most changes one write of the loop takes."""
 
 GATHER_SECONDS = 0.05
-"""How long the loop lets changes gather after the first before it writes them: a connect
-storm's thousands of joins are a few writes and a few ``presence`` events, not one each
-(each event is appended, published and read by every front)."""
+"""The loop writes at most once in this time: a change after a quiet spell is written at
+once, those that come sooner gather until it has passed, so that a connect storm's thousands
+of joins are a few writes and a few ``presence`` events, not one each (each event is
+appended, published and read by every front)."""
 
 MAX_QUEUED_WRITES = 10_000
 """Presence writes a front keeps waiting for the store; past it new ones are dropped (a
@@ -137,6 +138,8 @@ class PresenceBoard:
         self.attachments: dict[tuple[str, str], Attachment] = {}
         """By (connection id, session id)."""
         self._changes: asyncio.Queue[Change] = asyncio.Queue(MAX_QUEUED_WRITES)
+        self._written = 0.0
+        """When the loop last began a write of changes (``time.monotonic()``)."""
 
     # -- changes, from the connections -------------------------------------------------------
 
@@ -200,8 +203,10 @@ class PresenceBoard:
                     async with asyncio.timeout(wait):
                         first = await self._changes.get()
             if first is not None:
-                if self._changes.qsize() < BATCH - 1:
-                    await asyncio.sleep(GATHER_SECONDS)
+                since = time.monotonic() - self._written
+                if since < GATHER_SECONDS and self._changes.qsize() < BATCH - 1:
+                    await asyncio.sleep(GATHER_SECONDS - since)
+                self._written = time.monotonic()
                 await self._run_write(functools.partial(self._write, self._drained(first)))
                 continue
             await self._tick()

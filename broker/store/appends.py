@@ -65,7 +65,7 @@ class LogAppender:
     ) -> None:
         self.redis = redis
         self.calls = StoreCalls(redis, direct)
-        """Where :meth:`append_many` goes: first on a bare connection on a single server
+        """Where :meth:`append_many` goes: first on the own client's connection on a single server
         (opened on first use)."""
         self.restore = restore
         self.feed_maxlen = feed_maxlen
@@ -223,7 +223,9 @@ class LogAppender:
             self.feed_maxlen,
             *self._bounds(),
         ]
-        floor = self.floors.floor
+        # As for a single append, the floor includes what a source saw (a front's presence
+        # events are batched: after a failover, its hub alone knows the seqs it delivered).
+        floor = self.floors.asked
         for (tenant, session_id, body, fence), call in zip(items, ids, strict=True):
             keys += _script_keys(tenant, session_id)
             ops = snapshot_ops(body)
@@ -240,7 +242,7 @@ class LogAppender:
                 session_id,
                 call or _call_id(),
                 flags,
-                floor(session_id),
+                floor(tenant, session_id),
                 len(ops),
             )
             for op in ops:
@@ -313,13 +315,13 @@ class LogAppender:
 
     @property
     def direct_appends(self) -> DirectCalls | None:
-        """The bare connection :meth:`append_many` goes on first (None: there is none)."""
+        """The own client's calls :meth:`append_many` goes on first (None: there is none)."""
         return self.calls.direct
 
     async def _batch_script(self, keys: list[str], args: list[Any]) -> list[Any]:
         """One ``append_batch.lua`` call: its replies, an event's error as ``ResponseError``.
 
-        On a single server it goes on a bare connection (:meth:`.StoreCalls.script`):
+        On a single server it goes on the own client's connection (:meth:`.StoreCalls.script`):
         redis-py's layers (its packing walks the ~900 arguments of 64 events once more in
         Python, then the pool, the retry and the timeout) were about half of a batch
         append's CPU in the agent host's process. A lost connection sends the same call

@@ -194,7 +194,7 @@ class StoreCalls:
     async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         """The reply of ``script`` (what ``redis.register_script`` made) run on ``keys`` and
         ``args``, an error among its replies as the client gives it: by ``EVALSHA`` on the
-        bare connection (the script loaded there first if the server does not know it: a
+        own client's connection (the script loaded there first if the server does not know it: a
         restart emptied its cache), else through the client (:meth:`run_script`). A script
         sent twice after a lost connection must be one that a second run does no harm (the
         log's appends carry their call ids)."""
@@ -235,7 +235,7 @@ def _errors_as_redis_py(reply: Any) -> Any:
 
 
 def as_resp(name: str, reply: Any) -> Any:
-    """``reply`` as a bare connection reads it: redis-py's reply callbacks undone for the
+    """``reply`` as the own client's connections read it: redis-py's reply callbacks undone for the
     commands read through :class:`StoreCalls` whose shape they change (a hash's fields and
     values as one flat list, a stream entry's too)."""
     kind = name.upper()

@@ -2,7 +2,7 @@
 few round trips as the store's topology allows.
 
 * One Redis server over plain TCP or a Unix socket: the acknowledgements of the previous
-  read and the next read go in one write on a bare connection (:mod:`.direct`), the reply
+  read and the next read go in one write on a connection of its own (:mod:`.direct`), the reply
   parsed by hiredis (redis-py's pipeline, its packing and its reply callbacks were a
   quarter of a projector's samples at the soak). A lost connection is read again on a fresh
   one, as the client would (:func:`~.direct.reconnecting`); any other failure is the
@@ -71,7 +71,7 @@ class GroupReads:
 
     @property
     def bare(self) -> bool:
-        """Whether reads have gone on the bare connection (one server over TCP or Unix)."""
+        """Whether reads have gone on the own client's connection (one server over TCP or Unix)."""
         return bool(self._packed)
 
     def ack(self, stream: str, ids: list[str]) -> None:
@@ -183,7 +183,7 @@ class GroupReads:
         self._unacked = []
 
     async def _read_direct(self, start: str, pending: bool) -> list[tuple[str, Entries]]:
-        """:meth:`read` on the bare connection: the acknowledgements and the read in one
+        """:meth:`read` on the own client's connection: the acknowledgements and the read in one
         write."""
         assert self._direct is not None
         acks, self._unacked = self._unacked, []

@@ -115,7 +115,7 @@ def lower_bound(after: str | None) -> str:
 
 
 PageRead = tuple[RawConnection, "asyncio.Future[Any]"]
-"""A page read in flight on a bare connection (:meth:`SessionIndex.begin_page`)."""
+"""A page read in flight on the own client's connection (:meth:`SessionIndex.begin_page`)."""
 
 
 def page_command(tenant: str, listing: str, after: str | None, limit: int) -> tuple[Any, ...]:
@@ -619,7 +619,7 @@ class SessionIndex:
 
     async def _run_touch(self, calls: Sequence[_TouchCall]) -> list[int]:
         """One ``lua/touch.lua`` call for ``calls`` (one slot's, on a cluster), then their
-        tenants announced (on a bare connection, in the same write)."""
+        tenants announced (on the own client's connection, in the same write)."""
         keys: list[str] = []
         args: list[Any] = [len(calls)]
         for call in calls:
@@ -795,9 +795,9 @@ class SessionIndex:
         self, tenant: str, listing: str, after: str | None, limit: int
     ) -> PageRead | None:
         """:meth:`page`'s read sent now, for a caller that answers in a callback: the future
-        of its reply (then :meth:`read_page`); None when no bare connection is open (or
-        there is none), or the listing holds bare positions (a cwd's): :meth:`page` reads
-        it."""
+        of its reply (then :meth:`read_page`); None when the own client's shared connection
+        is not open (or the store has no own client), or the listing holds bare positions (a
+        cwd's): :meth:`page` reads it."""
         if self._direct is None or not carries_info(listing):
             return None
         return self._direct.request(*page_command(tenant, listing, after, limit))

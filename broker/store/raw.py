@@ -27,7 +27,7 @@ CONNECT_TIMEOUT = 5.0
 
 
 def reply_timeout(options: dict[str, Any]) -> float:
-    """Seconds a bare connection to the server ``options`` name waits for a reply: the
+    """Seconds a connection to the server ``options`` name waits for a reply: the
     client's own ``socket_timeout``."""
     return float(options.get("socket_timeout") or CONNECT_TIMEOUT)
 

@@ -211,7 +211,7 @@ class LogReader:
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:
-    """A hash as HGETALL answers it on a bare connection (field, value, …), as a dict."""
+    """A hash as HGETALL answers it in RESP2 (field, value, …), as a dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 

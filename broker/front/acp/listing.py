@@ -7,11 +7,11 @@ paging through): :meth:`AcpListing.answer_now` answers in the step that read the
 
 - a page the cache holds, at once;
 - a page being read ahead, when that read lands (:class:`~.dispatch.PendingRead`);
-- a missing page, from the callback of its read, sent on the index's bare connection
+- a missing page, from the callback of its read, sent on the store's shared connection
   while one is open and its reply's timeout bounds the read within the request's deadline;
 
 and hands anything else to :meth:`AcpListing.session_list` in a task (a traced request, no
-bare connection, a page that did not land). Pages read in the step are kept and read ahead
+shared connection open, a page that did not land). Pages read in the step are kept and read ahead
 as the service keeps them (:meth:`~..listing.Listing.keep`).
 """
 
@@ -144,7 +144,7 @@ class AcpListing:
 
     def _read_now(self, tenant: str, conn: Any, request: Request) -> PendingRead | InTask:
         """``session/list`` answered from the callback of its page's read, sent now on the
-        index's bare connection (or, none being open, in a task)."""
+        store's shared connection (or, none being open, in a task)."""
         query = self.query(tenant, request.params)
         limit = self.settings.list_page_size
         read = self.index.begin_page(tenant, query.listing, query.after, limit)
