@@ -235,6 +235,21 @@ async def test_an_operation_record_is_claimed_once_fenced_settled_and_forgotten(
     assert await ledger.read(gone, "fp") is None
 
 
+async def test_a_claim_renewed_in_the_same_millisecond_still_fences_its_old_holder(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import broker.store.operations as operations
+
+    monkeypatch.setattr(operations.time, "time", lambda: 1_800_000_000.0)  # a frozen clock
+    ledger = OperationLedger(store)
+    key = OperationKey(TENANT, "", "rest", "same-ms")
+    mine = await ledger.begin(key, "fp", 60)
+    renewed = await ledger.renew(key, mine, 60)
+    assert renewed is not None and renewed.raw != mine.raw
+    assert await ledger.renew(key, mine, 60) is None
+    assert not await ledger.settle(key, "fp", {"result": 2}, held=mine)
+
+
 async def test_presence_entries_are_put_refreshed_lapse_and_leave(store: Any) -> None:
     lasting, lapsing = PresenceStore(store, 60.0), PresenceStore(store, 0.001)
     first = await lasting.put(TENANT, "sess_p", {"attachment_a": {"state": "online"}})

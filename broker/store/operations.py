@@ -246,11 +246,14 @@ class OperationLedger:
 
 def _pending(fingerprint: str, lease: float, token: str | None = None) -> str:
     """A claim's record: its fencing token (the claim's own, kept by its renewals) makes it
-    differ from any other claim's, whatever the clock."""
+    differ from any other claim's, and its version from any other write of the same claim
+    (a renewal in the same millisecond would otherwise read as the claim it replaced, which
+    a stale holder could then swap), whatever the clock."""
     record = {
         "fp": fingerprint,
         "state": "pending",
         "until": round(time.time() + lease, 3),
         "by": token or secrets.token_hex(8),
+        "v": secrets.token_hex(4),
     }
     return json.dumps(record, separators=(",", ":"))
