@@ -196,6 +196,15 @@ async def _guest(team: Team) -> tuple[str, str]:
     return token, f"token:{info.id}"
 
 
+async def _session_with_guest(team: Team, roles: list[str]) -> tuple[RawClient, str, str, str]:
+    """The owner, a new session of theirs, and a guest (:func:`_guest`: its token and
+    subject) granted ``roles`` on it."""
+    owner, sid = await _session(team)
+    guest, subject = await _guest(team)
+    assert "result" in await _grant(owner, sid, subject, roles)
+    return owner, sid, guest, subject
+
+
 def _base(node: Broker) -> str:
     return f"http://127.0.0.1:{node.http_port}"
 
@@ -224,9 +233,7 @@ def _is_grant_of(frame: dict[str, Any], subject: str) -> bool:
 
 
 async def test_a_revoke_that_takes_read_ends_the_readers_event_stream(team: Team) -> None:
-    owner, sid = await _session(team)
-    guest, subject = await _guest(team)
-    assert "result" in await _grant(owner, sid, subject, ["observer"])
+    owner, sid, guest, subject = await _session_with_guest(team, ["observer"])
     path = f"/v1/sessions/{sid}/events"
     headers = {"Authorization": f"Bearer {guest}"}
     on = {"sessionId": sid, "prompt": text("/notool on")}
@@ -269,9 +276,7 @@ async def test_a_revoke_that_takes_read_ends_the_readers_event_stream(team: Team
 async def test_a_revoke_that_takes_read_answers_a_tool_driven_turn_forbidden(
     team: Team,
 ) -> None:
-    owner, sid = await _session(team)
-    guest, subject = await _guest(team)
-    assert "result" in await _grant(owner, sid, subject, ["controller"])
+    owner, sid, guest, subject = await _session_with_guest(team, ["controller"])
     await _running_until_answered(owner, sid)  # the guest's turn queues behind the question
     node = team.nodes[1]
     wait = 120.0
@@ -299,9 +304,7 @@ async def test_a_revoke_that_takes_read_answers_a_tool_driven_turn_forbidden(
 async def test_a_revoke_mid_turn_answers_its_rest_prompt_without_the_turns_output(
     team: Team,
 ) -> None:
-    owner, sid = await _session(team)
-    guest, subject = await _guest(team)
-    assert "result" in await _grant(owner, sid, subject, ["controller"])
+    owner, sid, guest, subject = await _session_with_guest(team, ["controller"])
     headers = {"Authorization": f"Bearer {guest}"}
     async with httpx.AsyncClient(
         base_url=_base(team.nodes[1]), headers=headers, timeout=30
