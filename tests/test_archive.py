@@ -150,12 +150,13 @@ async def test_an_unreadable_archive_is_a_clear_error(store: Any, tmp_path: Path
 
 
 async def archive_now(broker: Broker, session_id: str) -> None:
-    """Archive the session once it is quiet (the agent host may still log a status)."""
+    """Archive the session once it is quiet: the agent host may still log a status, and a
+    window's front its ``left`` presence (an archive the log moved on from is not kept)."""
     assert broker.archive is not None
     archiver = Archiver(broker.redis, broker.archive, session_log=broker.log)
 
     async def archived() -> bool:
-        return await archiver.archive_session(TENANT, session_id) > 0
+        return await archiver.archive_session(broker.settings.tenant, session_id) > 0
 
     await wait_for(archived, 10.0, f"session {session_id} to stay quiet long enough to archive")
 

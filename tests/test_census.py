@@ -10,12 +10,12 @@ import pytest
 
 from broker.ops import metrics
 from broker.serve import Broker
-from broker.store.archive import DirectoryArchive
 from broker.store.census import census
-from workers.projector.archiving import Archiver, count_sessions
+from workers.projector.archiving import count_sessions
 
 from .conftest import make_settings
 from .support.client import RawClient, text, wait_for
+from .test_archive import archive_now
 
 
 @pytest.fixture
@@ -44,9 +44,8 @@ async def test_hot_and_archived_sessions_are_counted_and_exported(
         await wait_for(indexed, 30.0, "the projector to index the three sessions")
         counted = await census(store)
         assert (counted.hot, counted.archived) == (3, 0)
-        archiver = Archiver(store, DirectoryArchive(tmp_path))
         for session_id in sessions[:2]:
-            assert await archiver.archive_session(node.settings.tenant, session_id)
+            await archive_now(node, session_id)
         counted = await census(store)
         assert (counted.hot, counted.indexed, counted.archived) == (1, 3, 2)
         await count_sessions(store)
