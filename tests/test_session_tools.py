@@ -224,13 +224,26 @@ async def test_bad_calls_are_error_results_naming_the_code(node: Broker) -> None
             assert "\n" not in text
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
 async def test_a_tool_call_an_agent_never_answers_is_failed_within_its_deadline(
-    redis_url: str,
+    redis_url: str, tmp_path: Path
 ) -> None:
     """An agent that starts and never speaks: the host takes the command and goes quiet
     (its own bound on the agent is a minute); the MCP caller is told ``unavailable`` once
-    the request deadline (2 s) has passed, not left waiting."""
-    mute = AgentSpec(name="mute", command=[sys.executable, "-c", "import time; time.sleep(300)"])
+    the request deadline (2 s) has passed, not left waiting. The broker stopped while the
+    agent is still starting leaves no process of it behind."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    speechless = f"import os, time; open({str(pids)!r} + f'/{{os.getpid()}}', 'w'); time.sleep(300)"
+    mute = AgentSpec(name="mute", command=[sys.executable, "-c", speechless])
     store = connect(redis_url)
     broker = Broker(make_settings(agents=[mute], request_timeout=2.0), redis=store)
     await broker.start()
@@ -247,6 +260,11 @@ async def test_a_tool_call_an_agent_never_answers_is_failed_within_its_deadline(
     finally:
         await broker.stop()
         await store.aclose()
+    started_pids = [int(path.name) for path in pids.iterdir()]
+    assert started_pids  # the session's agent (and the host's start-up check) ran
+    await wait_for(
+        lambda: not any(running(pid) for pid in started_pids), 10.0, "the mute agents to end"
+    )
 
 
 def stdio_server(redis_url: str, tmp_path: Path) -> StdioServerParameters:

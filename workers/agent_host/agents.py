@@ -141,12 +141,17 @@ class AgentPool:
         )
         try:
             await process.start(CLIENT_CAPABILITIES)
+            metrics.AGENT_STARTS.inc()
+            if self.on_agent_started is not None:
+                await self.on_agent_started(spec.name, process.capabilities)
         except AgentFailed as exc:
             await process.stop()
             raise RpcError(INTERNAL_ERROR, str(exc)) from None
-        metrics.AGENT_STARTS.inc()
-        if self.on_agent_started is not None:
-            await self.on_agent_started(spec.name, process.capabilities)
+        except BaseException:
+            # Cancelled (its host stopping) before the pool holds it: nothing else would
+            # ever stop this process, so it is killed here, at once.
+            process.fail(f"agent {spec.name!r} was stopped while it started")
+            raise
         return process
 
     def kind_of(self, agent: str) -> str:
