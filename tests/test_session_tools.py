@@ -242,7 +242,9 @@ async def test_a_tool_call_an_agent_never_answers_is_failed_within_its_deadline(
     agent is still starting leaves no process of it behind."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    speechless = f"import os, time; open({str(pids)!r} + f'/{{os.getpid()}}', 'w'); time.sleep(300)"
+    # Leaves its pid where the test finds it, then waits for a signal, saying nothing.
+    pid_file = f"{pids}/{{os.getpid()}}"
+    speechless = f"import os, signal; open(f{pid_file!r}, 'w'); signal.pause()"
     mute = AgentSpec(name="mute", command=[sys.executable, "-c", speechless])
     store = connect(redis_url)
     broker = Broker(make_settings(agents=[mute], request_timeout=2.0), redis=store)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker.model.events import EventType
-from broker.store import hosts
+from broker.store import hosts, operations
 from broker.store.bus import CommandBus, CommandMarks
 from broker.store.client import commands
 from broker.store.errors import StoreError, StoreReplyError, group_missing
@@ -238,8 +238,6 @@ async def test_an_operation_record_is_claimed_once_fenced_settled_and_forgotten(
 async def test_a_claim_renewed_in_the_same_millisecond_still_fences_its_old_holder(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import broker.store.operations as operations
-
     monkeypatch.setattr(operations.time, "time", lambda: 1_800_000_000.0)  # a frozen clock
     ledger = OperationLedger(store)
     key = OperationKey(TENANT, "", "rest", "same-ms")

@@ -148,8 +148,9 @@ class AgentPool:
             await process.stop()
             raise RpcError(INTERNAL_ERROR, str(exc)) from None
         except BaseException:
-            # Cancelled (its host stopping) before the pool holds it: nothing else would
-            # ever stop this process, so it is killed here, at once.
+            # Cancelled (its host stopping) or failed otherwise before the pool holds it:
+            # nothing else would ever stop this process, so it is killed here, at once,
+            # and the error goes on to the caller.
             process.fail(f"agent {spec.name!r} was stopped while it started")
             raise
         return process
