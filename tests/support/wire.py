@@ -92,6 +92,7 @@ class CheckedClient(RawClient):
 
     async def new(self, cwd: str = "/tmp/v2", **params: Any) -> str:
         reply = await self.call("session/new", {"cwd": cwd, **params})
+        assert "result" in reply, reply
         return str(reply["result"]["sessionId"])
 
     async def prompt(self, session_id: str, words: str) -> dict[str, Any]:
