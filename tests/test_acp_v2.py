@@ -364,7 +364,7 @@ async def test_a_batched_replay_longer_than_the_queue_bound_arrives_whole(store:
     url = f"ws://127.0.0.1:{node.port}/acp"
     try:
         # 12 MB through the agent, the log, two replays and two clients' schema checks, all
-        # in this one process: 3 s alone, 20 s beside the suite's other worker on 2 cores.
+        # in this one process: 2 s alone, under 15 s beside the suite's other worker on 2 cores.
         async with asyncio.timeout(HEAVY):
             session_id = await _twelve_megabytes_of_history(node, url)
             per_event = await CheckedClient.open(url, 2)
