@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from broker.ops.metrics import METRICS_PATH
 from broker.store.breaker import INTERVAL, PROBE_TIMEOUT, StoreAway, breaker_of
 from broker.store.client import commands, connect
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
-from .support.outage import listed_ids, rest_list, served_again, timed
+from .support.outage import (
+    kept_by_the_cache,
+    listed_ids,
+    metrics_page,
+    rest_list,
+    served_again,
+    timed,
+)
 from .support.redis_server import free_port
 from .test_redis_faults import SLACK, _readyz
 
@@ -39,13 +44,7 @@ machine is shared; it takes milliseconds)."""
 
 async def _store_away(http_port: int) -> bool:
     """Whether the front's ``/metrics`` says its breaker is open."""
-    page = await asyncio.to_thread(_read, f"http://127.0.0.1:{http_port}{METRICS_PATH}")
-    return b"\nacp_broker_store_away 1.0\n" in page
-
-
-def _read(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return bytes(response.read())
+    return "\nacp_broker_store_away 1.0\n" in await metrics_page(http_port)
 
 
 async def test_a_cluster_client_fails_at_once_while_its_breaker_is_open(
@@ -95,11 +94,11 @@ async def test_requests_fail_fast_while_every_master_is_stalled_and_are_served_o
         client = await RawClient.initialized(node.url)
         reply = await client.call("session/new", {"cwd": "/cb", "mcpServers": []}, 30)
         session_id = reply["result"]["sessionId"]
-        for _ in range(3):  # kept by the front's page cache
-            _, listed = await timed(client, "session/list", {})
-            assert session_id in listed_ids(listed), listed
-            status, rest = await rest_list(http_port)
-            assert status == 200, rest
+        store = connect(cluster.url)
+        try:
+            await kept_by_the_cache(client, http_port, commands(store), session_id)
+        finally:
+            await store.aclose()
 
         masters = cluster.masters()
         for port in masters:

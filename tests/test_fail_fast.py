@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from broker.store.breaker import PROBE_TIMEOUT
+from broker.store.client import commands, connect
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
-from .support.outage import listed_ids, rest_list, served_again, timed
+from .support.outage import kept_by_the_cache, listed_ids, rest_list, served_again, timed
 from .support.redis_server import free_port, restartable_redis
 from .test_redis_faults import ENV, SLACK, _readyz
 
@@ -43,11 +44,11 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
             client = await RawClient.initialized(node.url)
             reply = await client.call("session/new", {"cwd": "/ff", "mcpServers": []}, 30)
             session_id = reply["result"]["sessionId"]
-            for _ in range(3):  # kept by the front's page cache (read again if announced)
-                _, listed = await timed(client, "session/list", {})
-                assert session_id in listed_ids(listed), listed
-                status, rest = await rest_list(http_port)  # GET /v1/sessions: its own page
-                assert status == 200, rest
+            store = connect(redis.url)
+            try:
+                await kept_by_the_cache(client, http_port, commands(store), session_id)
+            finally:
+                await store.aclose()
 
             redis.pause()
             try:

@@ -13,15 +13,14 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker.serve import Broker
 
 from .support.client import RawClient, text, wait_for
 from .support.roles import role_process
+from .support.scrape import samples, total
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -34,20 +33,6 @@ def _get(url: str) -> tuple[int, str, str]:
 
 async def get(url: str) -> tuple[int, str, str]:
     return await asyncio.to_thread(_get, url)
-
-
-def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a ``/metrics`` page, by name and labels."""
-    found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def total(found: dict[Any, float], name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in found.items() if n == name and wanted <= set(ls))
 
 
 async def test_livez_and_readyz_answer_json_with_each_check_on_both_ports(

@@ -10,7 +10,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .client import RawClient, text
+from broker.ops.metrics import METRICS_PATH
+
+from .client import RawClient, text, wait_for
+from .projection import feeds_of, until_consumed
+from .scrape import samples, total
 
 
 def get_json(url: str) -> tuple[int, Any]:
@@ -32,6 +36,54 @@ async def timed(client: RawClient, method: str, params: dict[str, object]) -> tu
     started = time.monotonic()
     reply = await client.call(method, params, timeout=30)
     return time.monotonic() - started, reply
+
+
+async def kept_by_the_cache(
+    client: RawClient, http_port: int, store: Any, session_id: str, tenant: str = "default"
+) -> None:
+    """Have the front's page cache keep the first page of ``session/list`` and of
+    ``GET /v1/sessions`` with ``session_id`` on it, and nothing left on its way to drop them.
+
+    A page is dropped when its tenant's index changes, and the index changes after
+    ``session/new`` answers: the agent's first update (the demo agent's
+    ``available_commands_update``) moves the session's ``updatedAt``, and the projectors
+    announce that some tens of milliseconds later. A test that stalls the store right after
+    listing may stall it before that page is read again, leaving nothing to answer from. So:
+    that update received, the projectors done with the session's feed (they announce before
+    they acknowledge), then both lists asked until the front answers both from its cache."""
+    await client.read_until(
+        lambda: any(
+            u["update"]["sessionUpdate"] == "available_commands_update"
+            for u in client.updates(session_id)
+        )
+    )
+    await until_consumed(store, feeds_of(tenant, [session_id]))
+
+    async def both_kept() -> bool:
+        hits = await _cache_hits(http_port)
+        _, listed = await timed(client, "session/list", {})
+        assert session_id in listed_ids(listed), listed
+        status, rest = await rest_list(http_port)
+        assert status == 200 and session_id in [s["id"] for s in rest["data"]], rest
+        return await _cache_hits(http_port) == hits + 2
+
+    await wait_for(both_kept, what="both lists answered from the front's page cache")
+
+
+async def metrics_page(http_port: int) -> str:
+    """The ``/metrics`` page of the broker whose HTTP port is ``http_port``."""
+    url = f"http://127.0.0.1:{http_port}{METRICS_PATH}"
+    return await asyncio.to_thread(_read_text, url)
+
+
+async def _cache_hits(http_port: int) -> float:
+    page = await metrics_page(http_port)
+    return total(samples(page), "acp_broker_page_cache_total", outcome="hit")
+
+
+def _read_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
 
 
 def listed_ids(listed: dict[str, Any]) -> list[str]:
