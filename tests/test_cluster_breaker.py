@@ -94,11 +94,7 @@ async def test_requests_fail_fast_while_every_master_is_stalled_and_are_served_o
         client = await RawClient.initialized(node.url)
         reply = await client.call("session/new", {"cwd": "/cb", "mcpServers": []}, 30)
         session_id = reply["result"]["sessionId"]
-        store = connect(cluster.url)
-        try:
-            await kept_by_the_cache(client, http_port, commands(store), session_id)
-        finally:
-            await store.aclose()
+        await kept_by_the_cache(client, http_port, cluster.url, session_id)
 
         masters = cluster.masters()
         for port in masters:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from broker.store.breaker import PROBE_TIMEOUT
-from broker.store.client import commands, connect
 
 from .support.broker_process import broker_process
 from .support.client import RawClient, text
@@ -44,11 +43,7 @@ async def test_requests_fail_fast_while_redis_is_stalled_and_are_served_once_bac
             client = await RawClient.initialized(node.url)
             reply = await client.call("session/new", {"cwd": "/ff", "mcpServers": []}, 30)
             session_id = reply["result"]["sessionId"]
-            store = connect(redis.url)
-            try:
-                await kept_by_the_cache(client, http_port, commands(store), session_id)
-            finally:
-                await store.aclose()
+            await kept_by_the_cache(client, http_port, redis.url, session_id)
 
             redis.pause()
             try:

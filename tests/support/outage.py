@@ -11,6 +11,7 @@ import urllib.request
 from typing import Any
 
 from broker.ops.metrics import METRICS_PATH
+from broker.store.client import commands, connect
 
 from .client import RawClient, text, wait_for
 from .projection import feeds_of, until_consumed
@@ -39,7 +40,7 @@ async def timed(client: RawClient, method: str, params: dict[str, object]) -> tu
 
 
 async def kept_by_the_cache(
-    client: RawClient, http_port: int, store: Any, session_id: str, tenant: str = "default"
+    client: RawClient, http_port: int, redis_url: str, session_id: str, tenant: str = "default"
 ) -> None:
     """Have the front's page cache keep the first page of ``session/list`` and of
     ``GET /v1/sessions`` with ``session_id`` on it, and nothing left on its way to drop them.
@@ -49,15 +50,20 @@ async def kept_by_the_cache(
     ``available_commands_update``) moves the session's ``updatedAt``, and the projectors
     announce that some tens of milliseconds later. A test that stalls the store right after
     listing may stall it before that page is read again, leaving nothing to answer from. So:
-    that update received, the projectors done with the session's feed (they announce before
-    they acknowledge), then both lists asked until the front answers both from its cache."""
+    that update received, the projectors done with the session's feed (asked of the store at
+    ``redis_url``; they announce before they acknowledge), then both lists asked until the
+    front answers both from its cache."""
     await client.read_until(
         lambda: any(
             u["update"]["sessionUpdate"] == "available_commands_update"
             for u in client.updates(session_id)
         )
     )
-    await until_consumed(store, feeds_of(tenant, [session_id]))
+    store = connect(redis_url)
+    try:
+        await until_consumed(commands(store), feeds_of(tenant, [session_id]))
+    finally:
+        await store.aclose()
 
     async def both_kept() -> bool:
         hits = await _cache_hits(http_port)
